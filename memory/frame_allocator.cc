@@ -1,0 +1,159 @@
+// memory/frame_allocator.cc
+#include "memory/frame_allocator.h"
+
+#include <bit>
+#include <cassert>
+
+namespace tierkv {
+
+FrameAllocator::FrameAllocator(uint32_t n_frames) : n_frames_(n_frames), n_free_(n_frames) {
+  size_t words = (static_cast<size_t>(n_frames) + 63) / 64;
+  levels_.emplace_back(words, ~uint64_t{0});
+  if (n_frames % 64 != 0 && words > 0) levels_[0].back() = (uint64_t{1} << (n_frames % 64)) - 1;
+  while (levels_.back().size() > 1) {
+    const auto& below = levels_.back();
+    std::vector<uint64_t> level((below.size() + 63) / 64, 0);
+    for (size_t i = 0; i < below.size(); ++i) {
+      if (below[i] != 0) level[i / 64] |= uint64_t{1} << (i % 64);
+    }
+    levels_.push_back(std::move(level));
+  }
+}
+
+std::optional<FrameId> FrameAllocator::Allocate() {
+  if (n_free_ == 0) return std::nullopt;
+  // Descend from the top: at each level the first set bit names the child word.
+  size_t index = 0;
+  for (size_t k = levels_.size(); k-- > 0;) {
+    const uint64_t word = levels_[k][index];
+    assert(word != 0);
+    index = index * 64 + static_cast<size_t>(std::countr_zero(word));
+  }
+  const auto frame = static_cast<uint32_t>(index);
+  SetRange(frame, 1, /*free=*/false);
+  return FrameId(frame);
+}
+
+template <typename Fn>
+void FrameAllocator::ForEachFreeRun(Fn&& fn) const {
+  const auto& bits = levels_[0];
+  uint32_t run_start = 0, run_len = 0;
+  for (size_t w = 0; w < bits.size(); ++w) {
+    uint64_t word = bits[w];
+    const uint32_t base = static_cast<uint32_t>(w * 64);
+    if (word == ~uint64_t{0}) {  // all free: extend the run
+      if (run_len == 0) run_start = base;
+      run_len += 64;
+      continue;
+    }
+    uint32_t pos = 0;
+    while (pos < 64) {
+      const uint64_t rest = word >> pos;
+      if (rest == 0) {  // no more free bits in this word: close the run
+        if (run_len) { if (!fn(run_start, run_len)) return; run_len = 0; }
+        break;
+      }
+      const int zeros = std::countr_zero(rest);  // used frames first
+      if (zeros > 0) {
+        if (run_len) { if (!fn(run_start, run_len)) return; run_len = 0; }
+        pos += static_cast<uint32_t>(zeros);
+        continue;
+      }
+      const int ones = std::countr_one(rest);
+      if (run_len == 0) run_start = base + pos;
+      run_len += static_cast<uint32_t>(ones);
+      pos += static_cast<uint32_t>(ones);
+    }
+  }
+  if (run_len) fn(run_start, run_len);
+}
+
+std::optional<FrameId> FrameAllocator::AllocateRun(uint32_t n) {
+  assert(n >= 1);
+  if (n == 1) return Allocate();
+  if (n > n_free_) return std::nullopt;
+  std::optional<FrameId> found;
+  ForEachFreeRun([&](uint32_t start, uint32_t len) {
+    if (len >= n) { found = FrameId(start); return false; }
+    return true;
+  });
+  if (found) SetRange(found->value, n, /*free=*/false);
+  return found;
+}
+
+void FrameAllocator::Free(FrameId first, uint32_t n) {
+  assert(first.valid() && first.value + n <= n_frames_);
+  SetRange(first.value, n, /*free=*/true);
+}
+
+bool FrameAllocator::IsFree(FrameId f) const {
+  assert(f.value < n_frames_);
+  return (levels_[0][f.value / 64] >> (f.value % 64)) & 1;
+}
+
+void FrameAllocator::SetRange(uint32_t first, uint32_t n, bool free) {
+  uint32_t pos = first;
+  const uint32_t end = first + n;
+  while (pos < end) {
+    const uint32_t w = pos / 64, bit = pos % 64;
+    const uint32_t take = std::min<uint32_t>(64 - bit, end - pos);
+    const uint64_t mask = (take == 64 ? ~uint64_t{0} : ((uint64_t{1} << take) - 1)) << bit;
+    uint64_t& word = levels_[0][w];
+    const bool was_empty = word == 0;
+    if (free) {
+      assert((word & mask) == 0 && "double free of a frame");
+      word |= mask;
+      n_free_ += take;
+    } else {
+      assert((word & mask) == mask && "allocating a used frame");
+      word &= ~mask;
+      n_free_ -= take;
+    }
+    if (was_empty != (word == 0)) UpdateParents(w);
+    pos += take;
+  }
+}
+
+void FrameAllocator::UpdateParents(uint32_t word_index) {
+  size_t index = word_index;
+  for (size_t k = 1; k < levels_.size(); ++k) {
+    const bool child_nonzero = levels_[k - 1][index] != 0;
+    uint64_t& parent = levels_[k][index / 64];
+    const bool was_nonzero = parent != 0;
+    const uint64_t bit = uint64_t{1} << (index % 64);
+    parent = child_nonzero ? (parent | bit) : (parent & ~bit);
+    if (was_nonzero == (parent != 0)) break;  // summary above is unchanged
+    index /= 64;
+  }
+}
+
+uint32_t FrameAllocator::LargestFreeRun() const {
+  uint32_t best = 0;
+  ForEachFreeRun([&](uint32_t, uint32_t len) { best = std::max(best, len); return true; });
+  return best;
+}
+
+uint32_t FrameAllocator::FreeFramesUnusableFor(uint32_t n) const {
+  uint32_t unusable = 0;
+  ForEachFreeRun([&](uint32_t, uint32_t len) { if (len < n) unusable += len; return true; });
+  return unusable;
+}
+
+bool FrameAllocator::CheckInvariants() const {
+  uint64_t count = 0;
+  for (uint64_t w : levels_[0]) count += static_cast<uint64_t>(std::popcount(w));
+  bool ok = count == n_free_;
+  if (!levels_[0].empty() && n_frames_ % 64 != 0) {
+    ok = ok && (levels_[0].back() >> (n_frames_ % 64)) == 0;  // no bits past the end
+  }
+  for (size_t k = 1; k < levels_.size(); ++k) {
+    for (size_t i = 0; i < levels_[k - 1].size(); ++i) {
+      const bool bit = (levels_[k][i / 64] >> (i % 64)) & 1;
+      ok = ok && bit == (levels_[k - 1][i] != 0);
+    }
+  }
+  assert(ok);
+  return ok;
+}
+
+}  // namespace tierkv

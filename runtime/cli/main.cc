@@ -1,0 +1,35 @@
+// runtime/cli/main.cc
+//
+// The tierkv command line (DESIGN.md, CLI contract). Each subcommand registers itself
+// with Add<Name>Command(app, exit_code) and sets exit_code from its callback; errors are
+// one line on stderr and a non-zero exit.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "bench/tools/fragbench.h"
+#include "bench/tools/probe.h"
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv"));
+  spdlog::set_pattern("%^%l%$: %v");
+
+  CLI::App app{"tierkv: tiered memory runtime for long-context LLM decoding"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  tierkv::tools::AddProbeCommand(app, exit_code);
+  tierkv::tools::AddFragbenchCommand(app, exit_code);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return exit_code;
+}

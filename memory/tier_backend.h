@@ -44,6 +44,9 @@ class TierBackend {
   virtual uint64_t capacity() const = 0;
   // Host-addressable base of the arena (Host, sim Device); nullptr for Disk and CUDA.
   virtual std::byte* base() = 0;
+  // Base of the arena in the address space its compute uses: base() for Host and sim,
+  // the device pointer for CUDA, nullptr for Disk. Pins hand out pointers into it.
+  virtual std::byte* arena_address() { return base(); }
   // Seconds spent reserving and touching the arena at creation (warmup).
   virtual double warmup_seconds() const = 0;
 
@@ -59,6 +62,8 @@ struct HostBackendOptions {
   MlockMode mlock = MlockMode::kTry;  // try: warn and continue unpinned when refused
   bool warmup = true;                 // touch every OS page now, not on first use
   bool huge_pages = true;             // MADV_HUGEPAGE: fewer TLB misses on big arenas
+  // Test seam replacing mlock(2) (fault injection: a refused mlock). nullptr = mlock.
+  int (*mlock_fn)(const void*, size_t) = nullptr;
 };
 // The pinned-RAM tier. In CUDA builds the arena is also registered with
 // cudaHostRegister when a GPU is present, so device copies are DMA, not staged.
@@ -87,6 +92,11 @@ Result<std::unique_ptr<TierBackend>> CreateSimDeviceBackend(const SimDeviceOptio
 Result<std::unique_ptr<TierBackend>> CreateCudaDeviceBackend(uint64_t bytes, bool warmup);
 // True when this binary was built with CUDA and a device is visible.
 bool CudaDeviceAvailable(std::string* why_not = nullptr);
+
+// CUDA builds: page-locks an existing host range (cudaHostRegister) so device copies
+// from it are DMA. Returns kUnsupported in CPU builds or without a GPU.
+Status RegisterHostMemoryForDevice(std::byte* base, uint64_t bytes);
+void UnregisterHostMemoryForDevice(std::byte* base);
 
 // mlock probe shared by the Host backend and `tierkv probe`: RLIMIT_MEMLOCK soft
 // limit in bytes (UINT64_MAX = unlimited).

@@ -1,0 +1,207 @@
+// memory/memory_manager.h
+//
+// The tiered page memory: one arena per tier (Device, Host, Disk) cut into frames, the
+// page table, the residency policy, and migration on a copy stream. KV blocks and
+// expert weights are both pages here and share one budget per tier.
+//
+// Model. A page is `bytes` long and occupies a run of n = ceil(bytes / frame_bytes)
+// contiguous frames wherever it has a copy. Copies move only between adjacent present
+// tiers (Device <-> Host <-> Disk); the Host arena is the host side of every copy, so
+// a page goes Disk -> Host -> Device and back. Promotion keeps the copy below (a later
+// eviction of the clean page is then a drop); Acquire(..., kWrite) discards the copies
+// below, since they are about to be stale. A full tier evicts the policy's victims:
+// clean copies are dropped, dirty ones demoted one tier down (recursively making room
+// there); the last tier can only drop copies that also exist above.
+//
+// Concurrency. Every operation that allocates frames or copies bytes runs on the copy
+// stream (one worker), planned and applied under mu_ with the copies themselves done
+// outside it; pages being moved are in flight and other threads wait for them.
+// Acquire of a page already on the tier (a hit) never touches the stream.
+// A failed copy leaves every page valid where it was and reports the error.
+//
+// Invariants (CheckInvariants):
+//   for each tier t: used_frames(t) == sum of n_frames over copies on t + pending(t)
+//   no frame is held by two copies; every held frame is allocated
+//   pinned(p) => resident(p, pin_tier(p)) and pin_tier(p) == top(p)
+//   policy.Size(t) == number of copies on t
+//   gauges == sums over copies
+//
+// Thread-safety: all public methods are thread-safe. Pins must be released before the
+// MemoryManager is destroyed.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "memory/frame_allocator.h"
+#include "memory/page_table.h"
+#include "memory/policy.h"
+#include "memory/stats.h"
+#include "memory/status.h"
+#include "memory/stream.h"
+#include "memory/tier_backend.h"
+
+namespace tierkv {
+
+enum class DeviceKind { kNone, kSim, kCuda };
+Result<DeviceKind> ParseDeviceKind(std::string_view text);  // "none" | "sim" | "cuda"
+
+struct MemoryOptions {
+  // Frame size: 64 KiB .. 4 MiB, a multiple of 4 KiB. Small frames waste less in the
+  // last block of a sequence; large frames make fewer, larger copies.
+  uint64_t frame_bytes = 256 * kKiB;
+  DeviceKind device = DeviceKind::kNone;
+  uint64_t device_bytes = 0;
+  double sim_gbps = 0;                 // --device sim copy bandwidth; 0 = unthrottled
+  uint64_t host_bytes = 256 * kMiB;    // the Host tier is always present
+  uint64_t disk_bytes = 0;             // 0 = no Disk tier
+  std::string disk_dir = "/tmp";
+  bool direct_io = true;               // O_DIRECT where the filesystem accepts it
+  MlockMode mlock = MlockMode::kTry;
+  bool warmup = true;                  // reserve and touch every arena at start-up
+  PolicyKind policy = PolicyKind::kDecayedLfu;
+  PolicyOptions policy_options;
+};
+
+enum class Access { kRead, kWrite };
+
+class MemoryManager;
+
+// Keeps a page resident on one tier while it is used. Move-only; releases on
+// destruction. data() is a pointer in the tier's compute address space (a device
+// pointer for CUDA), valid until the pin is released.
+class Pin {
+ public:
+  Pin() = default;
+  Pin(Pin&& o) noexcept { *this = std::move(o); }
+  Pin& operator=(Pin&& o) noexcept;
+  Pin(const Pin&) = delete;
+  Pin& operator=(const Pin&) = delete;
+  ~Pin() { Release(); }
+
+  bool valid() const { return mm_ != nullptr; }
+  PageId page() const { return page_; }
+  Tier tier() const { return tier_; }
+  std::byte* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+  void Release();
+
+ private:
+  friend class MemoryManager;
+  Pin(MemoryManager* mm, PageId page, Tier tier, std::byte* data, uint64_t bytes)
+      : mm_(mm), page_(page), tier_(tier), data_(data), bytes_(bytes) {}
+  MemoryManager* mm_ = nullptr;
+  PageId page_;
+  Tier tier_ = Tier::kHost;
+  std::byte* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+class MemoryManager {
+ public:
+  using Backends = std::array<std::unique_ptr<TierBackend>, kNumTiers>;
+
+  // Builds the tiers the options ask for (warmup, mlock) and the policy.
+  static Result<std::unique_ptr<MemoryManager>> Create(const MemoryOptions& options);
+  // Tests and tools: tiers from caller-made backends (for instance wrapped in a
+  // FaultyBackend); a null entry is an absent tier. REQUIRES: a Host backend.
+  static Result<std::unique_ptr<MemoryManager>> CreateWithBackends(Backends backends, uint64_t frame_bytes,
+                                                                   PolicyKind policy,
+                                                                   const PolicyOptions& policy_options = {});
+  ~MemoryManager();
+  MemoryManager(const MemoryManager&) = delete;
+  MemoryManager& operator=(const MemoryManager&) = delete;
+
+  bool has_tier(Tier t) const { return tiers_[TierIndex(t)].backend != nullptr; }
+  // Where compute reads pages: Device when present, else Host.
+  Tier compute_tier() const { return has_tier(Tier::kDevice) ? Tier::kDevice : Tier::kHost; }
+  uint64_t frame_bytes() const { return frame_bytes_; }
+  PolicyKind policy_kind() const { return policy_->kind(); }
+
+  // A new page of `bytes` with its only copy on `tier` (dirty; contents unspecified),
+  // evicting other pages if the tier is full.
+  Result<PageId> Allocate(uint64_t bytes, Tier tier, uint32_t tag = 0);
+  // Releases every copy. REQUIRES: not pinned (else kFailedPrecondition).
+  Status Free(PageId page);
+
+  // Makes `tier` the page's top copy (promoting or demoting as needed) and pins it
+  // there. kWrite also discards the copies below. Counts a hit or a miss on `tier`.
+  Result<Pin> Acquire(PageId page, Tier tier, Access access = Access::kRead);
+  // Asynchronous promotion of a batch to `tier` (gathered copies per tier step).
+  // Pages already on `tier` or above, and pinned pages, are left as they are.
+  Ticket Prefetch(std::vector<PageId> pages, Tier tier);
+  // Asynchronous demotion: the pages' top copy ends on `tier` (copied down where no
+  // valid copy exists below, upper copies dropped). Pinned pages are left alone.
+  Ticket Demote(std::vector<PageId> pages, Tier tier);
+
+  // Copies the page's copy on `tier` into out (for verification; changes no state).
+  // REQUIRES: out.size() <= page bytes.
+  Status ReadCopy(PageId page, Tier tier, std::span<std::byte> out);
+  bool HasCopy(PageId page, Tier tier) const;
+  std::optional<Tier> TopTier(PageId page) const;
+  size_t live_pages() const;
+
+  TierStats Stats(Tier tier) const;
+  // Whole-structure validation (expensive: O(pages + frames)); false + why on failure.
+  bool CheckInvariants(std::string* why = nullptr) const;
+
+ private:
+  struct TierState {
+    std::unique_ptr<TierBackend> backend;
+    std::unique_ptr<FrameAllocator> frames;
+    TierStats stats;
+    uint64_t pending_frames = 0;  // allocated for copies not yet applied
+  };
+  struct Move {
+    PageId page;
+    FrameId upper;  // frame on the upper tier of the pair
+    FrameId lower;  // frame on the lower tier
+  };
+  using Lock = std::unique_lock<std::mutex>;
+
+  MemoryManager(Backends backends, uint64_t frame_bytes, PolicyKind policy, const PolicyOptions& options);
+
+  // Runs fn(lock) on the copy stream with mu_ held and waits for its status.
+  Status RunOnStream(std::function<Status(Lock&)> fn);
+  Ticket RunOnStreamAsync(std::function<Status(Lock&)> fn);
+
+  // --- copy-stream side; REQUIRE: on the stream, lock held (released during copies).
+  Status PromoteLocked(Lock& lock, std::vector<PageId> pages, Tier to);
+  Status DemoteLocked(Lock& lock, std::vector<PageId> pages, Tier to);
+  Status AllocateFramesLocked(Lock& lock, Tier t, const std::vector<PageId>& pages, std::vector<FrameId>* out);
+  Status EvictLocked(Lock& lock, Tier t, uint64_t want_frames);
+  // Copies between tier `upper` and the next present tier below; up = towards upper.
+  Status CopyLocked(Lock& lock, Tier upper, bool up, const std::vector<Move>& moves);
+
+  // --- bookkeeping; REQUIRE: mu_ held.
+  std::optional<Tier> Below(Tier t) const;
+  std::optional<Tier> Above(Tier t) const;
+  void AddCopy(PageId p, Tier t, FrameId f);
+  void DropCopy(PageId p, Tier t);
+  void SetInFlight(const std::vector<PageId>& pages, bool in_flight);
+  void WaitNotInFlight(Lock& lock, PageId p);
+  std::byte* FrameAddress(Tier t, FrameId f) const;
+  void ReleasePin(PageId p);
+
+  friend class Pin;
+
+  const uint64_t frame_bytes_;
+  mutable std::mutex mu_;
+  std::condition_variable in_flight_cv_;  // signalled when pages leave the in-flight state
+  std::array<TierState, kNumTiers> tiers_;  // GUARDED_BY(mu_) (backends: stream only)
+  PageTable table_;                          // GUARDED_BY(mu_)
+  std::unique_ptr<ResidencyPolicy> policy_;  // GUARDED_BY(mu_)
+  uint64_t access_tick_ = 0;                 // GUARDED_BY(mu_)
+  uint32_t max_page_frames_ = 1;             // GUARDED_BY(mu_)
+  bool host_registered_ = false;
+  std::unique_ptr<Stream> stream_;  // last: destroyed (joined) first
+};
+
+}  // namespace tierkv

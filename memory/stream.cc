@@ -1,0 +1,77 @@
+// memory/stream.cc
+#include "memory/stream.h"
+
+#include <cassert>
+
+namespace tierkv {
+
+Ticket::Ticket() : s_(std::make_shared<Shared>()) { s_->state = TicketState::kReady; }
+
+Ticket Ticket::Pending() { return Ticket(std::make_shared<Shared>()); }
+
+TicketState Ticket::state() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->state;
+}
+
+Status Ticket::Wait() const {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  s_->cv.wait(lock, [&] { return s_->state != TicketState::kPending; });
+  return s_->status;
+}
+
+void Ticket::WaitOn(Stream& stream) const {
+  Ticket self = *this;
+  stream.Enqueue([self] { (void)self.Wait(); });
+}
+
+void Ticket::Complete(Status status) const {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    assert(s_->state == TicketState::kPending && "ticket completed twice");
+    s_->state = status.ok() ? TicketState::kReady : TicketState::kFailed;
+    s_->status = std::move(status);
+  }
+  s_->cv.notify_all();
+}
+
+Stream::Stream(std::string name) : name_(std::move(name)), worker_([this] { Run(); }) {}
+
+Stream::~Stream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void Stream::Enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+Ticket Stream::Record() {
+  Ticket t = Ticket::Pending();
+  Enqueue([t] { t.Complete(Status::Ok()); });
+  return t;
+}
+
+void Stream::Run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace tierkv

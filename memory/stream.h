@@ -1,0 +1,87 @@
+// memory/stream.h
+//
+// Streams and tickets: ordered queues of work and the markers that order one stream
+// after another (DESIGN.md). In CPU builds a Stream is one worker thread running its
+// tasks in FIFO order; CUDA copies run inside those tasks on a CUDA stream, so the
+// semantics are the same in both builds.
+//
+// A Ticket is the handle of an asynchronous operation. States: pending -> ready, or
+// pending -> failed (with a Status). Wait() blocks until it is not pending and returns
+// the status; WaitOn(stream) makes the stream's later tasks wait for it. A Ticket may be
+// copied and waited on from any thread; it must not be completed twice.
+//
+// Thread-safety: Stream and Ticket are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "memory/status.h"
+
+namespace tierkv {
+
+enum class TicketState { kPending, kReady, kFailed };
+
+class Stream;
+
+class Ticket {
+ public:
+  // A ticket that is already ready (nothing to wait for).
+  Ticket();
+  // A pending ticket; the producer completes it with Complete().
+  static Ticket Pending();
+
+  TicketState state() const;
+  bool done() const { return state() != TicketState::kPending; }
+  // Blocks until done; returns Ok when ready, the failure otherwise.
+  Status Wait() const;
+  // Tasks enqueued on `stream` after this call run only once this ticket is done.
+  void WaitOn(Stream& stream) const;
+
+  // Producer side. REQUIRES: state() == kPending.
+  void Complete(Status status) const;
+
+ private:
+  struct Shared {
+    mutable std::mutex mu;
+    std::condition_variable cv;
+    TicketState state = TicketState::kPending;  // GUARDED_BY(mu)
+    Status status;                              // GUARDED_BY(mu)
+  };
+  explicit Ticket(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+  std::shared_ptr<Shared> s_;
+};
+
+class Stream {
+ public:
+  explicit Stream(std::string name);
+  ~Stream();  // runs what is queued, then joins
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  const std::string& name() const { return name_; }
+  void Enqueue(std::function<void()> task);
+  // A ticket that becomes ready when every task enqueued before it has run (an event).
+  Ticket Record();
+  // Blocks until every task enqueued so far has run.
+  void Synchronize() { (void)Record().Wait(); }
+  // True when called from this stream's worker (tasks must not Synchronize themselves).
+  bool OnWorker() const { return std::this_thread::get_id() == worker_.get_id(); }
+
+ private:
+  void Run();
+
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                        // GUARDED_BY(mu_)
+  std::thread worker_;
+};
+
+}  // namespace tierkv

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# scripts/build.sh <release|asan> [targets...]: configures and builds into build/<kind>.
+# asan = AddressSanitizer + UBSan, CPU-only, no micro-benchmarks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-release}; shift || true
+case "$kind" in
+  release) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
+  asan)    flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTIERKV_SANITIZE=ON -DTIERKV_WITH_CUDA=OFF -DTIERKV_BUILD_BENCH=OFF) ;;
+  *) echo "error: unknown build kind '$kind' (release, asan)" >&2; exit 2 ;;
+esac
+cmake -S . -B "build/$kind" -G Ninja "${flags[@]}" >/dev/null
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "build/$kind" -j"$(nproc)" "${targets[@]}"

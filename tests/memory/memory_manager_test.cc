@@ -1,0 +1,308 @@
+// tests/memory/memory_manager_test.cc
+#include "memory/memory_manager.h"
+
+#include <atomic>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/memory/mm_test_util.h"
+
+namespace tierkv {
+namespace {
+
+using testing::AllCopiesEqual;
+using testing::Invariants;
+using testing::MakeManager;
+using testing::Pattern;
+using testing::SmallTiers;
+using testing::TempDir;
+using testing::WritePage;
+
+TEST(MemoryManagerTest, AllocateWriteReadOnEachTier) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    auto p = mm->Allocate(3000, t);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    const auto data = Pattern(3000, p->value + 7);
+    ASSERT_TRUE(WritePage(*mm, *p, t, data).ok());
+    EXPECT_EQ(mm->TopTier(*p), t);
+    EXPECT_TRUE(AllCopiesEqual(*mm, *p, data));
+  }
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, PromotionKeepsCleanCopyAndEvictionDropsIt) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 1;
+  auto mm = MakeManager(s, dir.path());
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  const auto da = Pattern(4096, 1);
+  ASSERT_TRUE(WritePage(*mm, a, Tier::kHost, da).ok());
+  {
+    auto pin = mm->Acquire(a, Tier::kDevice);  // promote Host -> Device
+    ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+    EXPECT_EQ(std::memcmp(pin->data(), da.data(), da.size()), 0);
+  }
+  EXPECT_TRUE(mm->HasCopy(a, Tier::kDevice));
+  EXPECT_TRUE(mm->HasCopy(a, Tier::kHost));  // clean copy kept below
+  const uint64_t host_in_before = mm->Stats(Tier::kHost).bytes_in;
+  // A second page needs the only device frame: a is clean, so it is dropped, not copied.
+  auto b = mm->Allocate(4096, Tier::kDevice).value();
+  EXPECT_FALSE(mm->HasCopy(a, Tier::kDevice));
+  EXPECT_EQ(mm->Stats(Tier::kDevice).drops, 1u);
+  EXPECT_EQ(mm->Stats(Tier::kDevice).evictions, 0u);
+  EXPECT_EQ(mm->Stats(Tier::kHost).bytes_in, host_in_before);
+  EXPECT_TRUE(AllCopiesEqual(*mm, a, da));
+  EXPECT_TRUE(mm->HasCopy(b, Tier::kDevice));
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, DirtyPageIsDemotedNotDropped) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 1;
+  auto mm = MakeManager(s, dir.path());
+  auto a = mm->Allocate(4096, Tier::kDevice).value();
+  const auto da = Pattern(4096, 2);
+  ASSERT_TRUE(WritePage(*mm, a, Tier::kDevice, da).ok());
+  auto b = mm->Allocate(4096, Tier::kDevice).value();  // evicts a: must copy it down
+  (void)b;
+  EXPECT_EQ(mm->TopTier(a), Tier::kHost);
+  EXPECT_EQ(mm->Stats(Tier::kDevice).evictions, 1u);
+  EXPECT_EQ(mm->Stats(Tier::kHost).bytes_in, 4096u);
+  EXPECT_TRUE(AllCopiesEqual(*mm, a, da));
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, WriteDiscardsStaleLowerCopies) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  ASSERT_TRUE(WritePage(*mm, a, Tier::kHost, Pattern(4096, 3)).ok());
+  ASSERT_TRUE(mm->Demote({a}, Tier::kDisk).Wait().ok());
+  ASSERT_TRUE(mm->Prefetch({a}, Tier::kHost).Wait().ok());
+  EXPECT_TRUE(mm->HasCopy(a, Tier::kDisk));
+  const auto v2 = Pattern(4096, 4);
+  ASSERT_TRUE(WritePage(*mm, a, Tier::kHost, v2).ok());
+  EXPECT_FALSE(mm->HasCopy(a, Tier::kDisk));
+  EXPECT_TRUE(AllCopiesEqual(*mm, a, v2));
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, PinnedPagesAreNeverEvicted) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 2;
+  auto mm = MakeManager(s, dir.path());
+  auto a = mm->Allocate(4096, Tier::kDevice).value();
+  auto b = mm->Allocate(4096, Tier::kDevice).value();
+  auto pa = mm->Acquire(a, Tier::kDevice).value();
+  auto pb = mm->Acquire(b, Tier::kDevice).value();
+  auto c = mm->Allocate(4096, Tier::kDevice);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kExhausted);
+  EXPECT_NE(c.status().message().find("device tier full"), std::string::npos) << c.status().message();
+  pb.Release();
+  auto d = mm->Allocate(4096, Tier::kDevice);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(mm->TopTier(a), Tier::kDevice);
+  EXPECT_EQ(mm->TopTier(b), Tier::kHost);
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, MultiFramePagesUseContiguousRuns) {
+  TempDir dir;
+  SmallTiers s;
+  s.host_frames = 8;
+  auto mm = MakeManager(s, dir.path());
+  auto big = mm->Allocate(3 * 4096, Tier::kHost).value();  // an expert of 3 frames
+  const auto data = Pattern(3 * 4096, 9);
+  ASSERT_TRUE(WritePage(*mm, big, Tier::kHost, data).ok());
+  ASSERT_TRUE(mm->Demote({big}, Tier::kDisk).Wait().ok());
+  ASSERT_TRUE(mm->Prefetch({big}, Tier::kDevice).Wait().ok());
+  EXPECT_EQ(mm->TopTier(big), Tier::kDevice);
+  EXPECT_TRUE(AllCopiesEqual(*mm, big, data));
+  const TierStats host = mm->Stats(Tier::kHost);
+  EXPECT_EQ(host.requested_bytes.current, 3u * 4096);
+  EXPECT_EQ(host.used_bytes.current, 3u * 4096);
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, HitsMissesAndInternalFragmentation) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto a = mm->Allocate(1024, Tier::kHost).value();  // a quarter of a frame
+  ASSERT_TRUE(mm->Acquire(a, Tier::kHost).ok());      // hit
+  ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());    // miss on device
+  ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());    // hit on device
+  const TierStats dev = mm->Stats(Tier::kDevice);
+  const TierStats host = mm->Stats(Tier::kHost);
+  EXPECT_EQ(host.hits, 1u);
+  EXPECT_EQ(dev.misses, 1u);
+  EXPECT_EQ(dev.hits, 1u);
+  EXPECT_DOUBLE_EQ(dev.internal_fragmentation(), 0.75);
+  EXPECT_DOUBLE_EQ(dev.hit_rate(), 0.5);
+}
+
+TEST(MemoryManagerTest, DemoteAndPromoteThroughAllTiers) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  std::vector<PageId> pages;
+  std::vector<std::vector<std::byte>> data;
+  for (int i = 0; i < 4; ++i) {
+    pages.push_back(mm->Allocate(4096, Tier::kDevice).value());
+    data.push_back(Pattern(4096, 100 + i));
+    ASSERT_TRUE(WritePage(*mm, pages.back(), Tier::kDevice, data.back()).ok());
+  }
+  ASSERT_TRUE(mm->Demote(pages, Tier::kDisk).Wait().ok());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(mm->TopTier(pages[i]), Tier::kDisk);
+    EXPECT_FALSE(mm->HasCopy(pages[i], Tier::kHost));
+    EXPECT_TRUE(AllCopiesEqual(*mm, pages[i], data[i]));
+  }
+  // One gathered batch per step: Disk -> Host, then Host -> Device.
+  const uint64_t batches_before = mm->Stats(Tier::kDisk).copy_batches;
+  ASSERT_TRUE(mm->Prefetch(pages, Tier::kDevice).Wait().ok());
+  EXPECT_EQ(mm->Stats(Tier::kDisk).copy_batches, batches_before + 1);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(mm->TopTier(pages[i]), Tier::kDevice);
+    EXPECT_TRUE(AllCopiesEqual(*mm, pages[i], data[i]));
+  }
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, FreeReleasesEveryCopyAndRefusesPinned) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  ASSERT_TRUE(mm->Prefetch({a}, Tier::kDevice).Wait().ok());
+  {
+    auto pin = mm->Acquire(a, Tier::kDevice).value();
+    EXPECT_EQ(mm->Free(a).code(), StatusCode::kFailedPrecondition);
+  }
+  ASSERT_TRUE(mm->Free(a).ok());
+  EXPECT_EQ(mm->live_pages(), 0u);
+  for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kDisk}) EXPECT_EQ(mm->Stats(t).used_bytes.current, 0u);
+  EXPECT_EQ(mm->Free(a).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, LastTierFullIsExhaustedAndLosesNothing) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 0;
+  s.host_frames = 2;
+  s.disk_frames = 2;
+  auto mm = MakeManager(s, dir.path());
+  std::vector<PageId> pages;
+  for (int i = 0; i < 4; ++i) {
+    auto p = mm->Allocate(4096, Tier::kHost);
+    ASSERT_TRUE(p.ok()) << i << ": " << p.status().ToString();
+    pages.push_back(*p);
+    ASSERT_TRUE(WritePage(*mm, *p, Tier::kHost, Pattern(4096, 50 + i)).ok());
+  }
+  auto fifth = mm->Allocate(4096, Tier::kHost);
+  ASSERT_FALSE(fifth.ok());
+  EXPECT_EQ(fifth.status().code(), StatusCode::kExhausted);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(AllCopiesEqual(*mm, pages[i], Pattern(4096, 50 + i)));
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, CreateRejectsImpossibleBudgets) {
+  MemoryOptions o;
+  o.host_bytes = 100 * kKiB;
+  auto r = MemoryManager::Create(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("impossible budget: --host"), std::string::npos) << r.status().message();
+
+  o.host_bytes = 1 * kMiB;
+  o.frame_bytes = 1000;
+  EXPECT_EQ(MemoryManager::Create(o).status().code(), StatusCode::kInvalidArgument);
+
+  o.frame_bytes = 64 * kKiB;
+  o.device = DeviceKind::kSim;
+  o.device_bytes = 0;
+  EXPECT_NE(MemoryManager::Create(o).status().message().find("--vram"), std::string::npos);
+
+  o.device = DeviceKind::kNone;
+  o.disk_bytes = 1 * kMiB;
+  o.disk_dir = "/nonexistent/tierkv";
+  auto d = MemoryManager::Create(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("/nonexistent/tierkv"), std::string::npos) << d.status().message();
+}
+
+TEST(MemoryManagerTest, CreateBuildsRequestedTiers) {
+  TempDir dir;
+  MemoryOptions o;
+  o.frame_bytes = 64 * kKiB;
+  o.host_bytes = 1 * kMiB;
+  o.device = DeviceKind::kSim;
+  o.device_bytes = 512 * kKiB + 1000;  // rounded down to whole frames
+  o.disk_bytes = 2 * kMiB;
+  o.disk_dir = dir.path();
+  o.mlock = MlockMode::kOff;
+  auto mm = MemoryManager::Create(o);
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+  EXPECT_EQ((*mm)->compute_tier(), Tier::kDevice);
+  EXPECT_EQ((*mm)->Stats(Tier::kDevice).frames, 8u);
+  EXPECT_EQ((*mm)->Stats(Tier::kHost).budget_bytes, 1 * kMiB);
+  EXPECT_EQ((*mm)->Stats(Tier::kDisk).frames, 32u);
+  EXPECT_GE((*mm)->Stats(Tier::kHost).warmup_s, 0.0);
+}
+
+int RefuseMlock(const void*, size_t) {
+  errno = EPERM;
+  return -1;
+}
+
+TEST(MemoryManagerTest, FailedMlockWarnsUnderTryAndFailsUnderRequire) {
+  HostBackendOptions h;
+  h.bytes = 1 * kMiB;
+  h.mlock_fn = &RefuseMlock;
+  h.mlock = MlockMode::kTry;
+  auto ok = CreateHostBackend(h);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_NE((*ok)->Describe().find("not locked"), std::string::npos);
+  h.mlock = MlockMode::kRequire;
+  auto bad = CreateHostBackend(h);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(bad.status().message().find("RLIMIT_MEMLOCK"), std::string::npos) << bad.status().message();
+}
+
+TEST(MemoryManagerTest, ConcurrentAcquireOfResidentPagesFromManyThreads) {
+  TempDir dir;
+  SmallTiers s;
+  s.host_frames = 16;
+  auto mm = MakeManager(s, dir.path());
+  std::vector<PageId> pages;
+  for (int i = 0; i < 8; ++i) {
+    pages.push_back(mm->Allocate(4096, Tier::kHost).value());
+    ASSERT_TRUE(WritePage(*mm, pages.back(), Tier::kHost, Pattern(4096, i)).ok());
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        const PageId p = pages[(i + t) % pages.size()];
+        auto pin = mm->Acquire(p, Tier::kHost);
+        if (!pin.ok()) { ++failures; continue; }
+        const auto want = Pattern(4096, (i + t) % pages.size());
+        if (std::memcmp(pin->data(), want.data(), 4096) != 0) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mm->Stats(Tier::kHost).hits, 808u);  // 8 write pins + 800 reads
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -324,13 +324,48 @@ Status MemoryManager::EvictLocked(Lock& lock, Tier t, uint64_t want_frames) {
   return st.Annotate(std::string("evicting from the ") + TierName(t) + " tier");
 }
 
+Status MemoryManager::ReadFromSourcesLocked(Lock& lock, Tier dst, const std::vector<PageId>& batch,
+                                            const std::vector<FrameId>& frames, const std::vector<size_t>& which,
+                                            std::vector<bool>* landed) {
+  // Sources are read into the Host arena only (promotion always passes through Host).
+  assert(dst == Tier::kHost);
+  struct Read {
+    size_t index;
+    PageSource* source;
+    uint64_t key;
+    std::span<std::byte> out;
+  };
+  std::vector<Read> reads;
+  for (size_t i : which) {
+    const PageEntry& e = table_.at(batch[i]);
+    reads.push_back({i, sources_[static_cast<size_t>(e.source)].get(), e.source_key,
+                     std::span<std::byte>(FrameAddress(dst, frames[i]), static_cast<uint64_t>(e.n_frames) * frame_bytes_)});
+  }
+  lock.unlock();
+  Status first;
+  uint64_t bytes = 0;
+  for (Read& r : reads) {
+    Status st = r.source->ReadPage(r.key, r.out);
+    (*landed)[r.index] = st.ok();
+    if (st.ok()) bytes += r.out.size();
+    else if (first.ok()) first = st;
+  }
+  lock.lock();
+  TierStats& s = tiers_[TierIndex(dst)].stats;
+  s.bytes_in += bytes;
+  ++s.copy_batches;
+  if (!first.ok()) ++s.failed_copies;
+  return first;
+}
+
 // ------------------------------------------------------------ promotion / demotion
 Status MemoryManager::PromoteLocked(Lock& lock, std::vector<PageId> pages, Tier to) {
   // One gathered batch per tier step: Disk -> Host, then Host -> Device.
   for (int d = kNumTiers - 1; d >= TierIndex(to); --d) {
     const Tier dst = TierAt(d);
     if (!has_tier(dst)) continue;
-    const std::optional<Tier> src = Below(dst);
+    // A backing counts as Disk data even when there is no Disk arena.
+    const std::optional<Tier> src = dst == Tier::kHost ? Below(dst).value_or(Tier::kDisk) : Below(dst);
     if (!src) continue;
     std::vector<PageId> batch;
     for (PageId p : pages) if (table_.at(p).top() == *src) batch.push_back(p);
@@ -338,12 +373,22 @@ Status MemoryManager::PromoteLocked(Lock& lock, std::vector<PageId> pages, Tier 
     std::vector<FrameId> frames;
     TIERKV_RETURN_IF_ERROR(AllocateFramesLocked(lock, dst, batch, &frames));
     std::vector<Move> moves;
-    for (size_t i = 0; i < batch.size(); ++i) moves.push_back({batch[i], frames[i], table_.at(batch[i]).frame[TierIndex(*src)]});
+    std::vector<size_t> from_source;  // indices into batch: backed pages with no Disk frame
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const PageEntry& e = table_.at(batch[i]);
+      if (e.has_copy(*src)) moves.push_back({batch[i], frames[i], e.frame[TierIndex(*src)]});
+      else from_source.push_back(i);
+    }
     Status st = CopyLocked(lock, dst, /*up=*/true, moves);
+    std::vector<bool> landed(batch.size(), st.ok());
+    if (!from_source.empty()) {
+      Status sst = ReadFromSourcesLocked(lock, dst, batch, frames, from_source, &landed);
+      if (st.ok()) st = sst;
+    }
     TierState& ts = tiers_[d];
     for (size_t i = 0; i < batch.size(); ++i) {
       ts.pending_frames -= table_.at(batch[i]).n_frames;
-      if (st.ok()) AddCopy(batch[i], dst, frames[i]);  // the copy below stays: clean
+      if (landed[i]) AddCopy(batch[i], dst, frames[i]);  // the copy below stays: clean
       else ts.frames->Free(frames[i], table_.at(batch[i]).n_frames);
     }
     TIERKV_RETURN_IF_ERROR(st);
@@ -358,9 +403,12 @@ Status MemoryManager::DemoteLocked(Lock& lock, std::vector<PageId> pages, Tier t
     const Tier lower = *Below(upper);
     std::vector<PageId> batch, need_copy;
     for (PageId p : pages) {
-      if (table_.at(p).top() != upper) continue;
+      const PageEntry& e = table_.at(p);
+      if (e.top() != upper) continue;
       batch.push_back(p);
-      if (!table_.at(p).has_copy(lower)) need_copy.push_back(p);
+      // Copy down unless the data is already there, or the copy is clean and this is
+      // only a step on the way further down.
+      if (!e.has_data(lower) && (lower == to || !e.has_copy_below(upper))) need_copy.push_back(p);
     }
     if (!need_copy.empty()) {
       std::vector<FrameId> frames;
@@ -411,6 +459,28 @@ Result<PageId> MemoryManager::Allocate(uint64_t bytes, Tier tier, uint32_t tag) 
   return page;
 }
 
+int32_t MemoryManager::AddSource(std::shared_ptr<PageSource> source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sources_.push_back(std::move(source));
+  return static_cast<int32_t>(sources_.size() - 1);
+}
+
+Result<PageId> MemoryManager::RegisterBacked(uint64_t bytes, int32_t source, uint64_t key, uint32_t tag) {
+  if (bytes == 0) return Status::InvalidArgument("a page of zero bytes");
+  const uint64_t n = (bytes + frame_bytes_ - 1) / frame_bytes_;
+  if (n > tiers_[TierIndex(Tier::kHost)].stats.frames) {
+    return Status::InvalidArgument("a backed page of " + FormatBytes(bytes) + " does not fit the host tier");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (source < 0 || static_cast<size_t>(source) >= sources_.size()) return Status::InvalidArgument("unknown page source");
+  const PageId page = table_.Insert(bytes, static_cast<uint32_t>(n), tag);
+  PageEntry& e = table_.at(page);
+  e.source = source;
+  e.source_key = key;
+  max_page_frames_ = std::max(max_page_frames_, static_cast<uint32_t>(n));
+  return page;
+}
+
 Status MemoryManager::Free(PageId page) {
   Lock lock(mu_);
   if (!table_.Contains(page)) return Status::NotFound("free of unknown page " + std::to_string(page.value));
@@ -447,6 +517,7 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
       policy_->OnAccess(page);
       if (access == Access::kWrite) {
         for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
+        e.source = -1;  // the backing is stale from now on
       }
       return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes);
     }
@@ -520,17 +591,28 @@ Status MemoryManager::ReadCopy(PageId page, Tier tier, std::span<std::byte> out)
   return RunOnStream([&](Lock& lock) {
     if (!table_.Contains(page)) return Status::NotFound("page " + std::to_string(page.value));
     const PageEntry& e = table_.at(page);
-    if (!e.has_copy(tier)) return Status::NotFound("page " + std::to_string(page.value) + " has no copy on the " + TierName(tier) + " tier");
+    if (!e.has_data(tier)) return Status::NotFound("page " + std::to_string(page.value) + " has no copy on the " + TierName(tier) + " tier");
     if (out.size() > e.bytes) return Status::InvalidArgument("read past the page end");
+    const uint64_t len = static_cast<uint64_t>(e.n_frames) * frame_bytes_;
+    std::unique_ptr<std::byte, decltype(&std::free)> bounce(static_cast<std::byte*>(std::aligned_alloc(4096, len)), &std::free);
+    if (!e.has_copy(tier)) {  // backing only
+      PageSource* src = sources_[static_cast<size_t>(e.source)].get();
+      const uint64_t key = e.source_key;
+      SetInFlight({page}, true);
+      lock.unlock();
+      Status st = src->ReadPage(key, std::span<std::byte>(bounce.get(), len));
+      lock.lock();
+      SetInFlight({page}, false);
+      if (st.ok()) std::memcpy(out.data(), bounce.get(), out.size());
+      return st;
+    }
     TierState& ts = tiers_[TierIndex(tier)];
     const FrameId f = e.frame[TierIndex(tier)];
     if (std::byte* base = ts.backend->base()) {
       std::memcpy(out.data(), base + static_cast<uint64_t>(f.value) * frame_bytes_, out.size());
       return Status::Ok();
     }
-    // Not host-addressable: read whole frames into an aligned bounce buffer.
-    const uint64_t len = static_cast<uint64_t>(e.n_frames) * frame_bytes_;
-    std::unique_ptr<std::byte, decltype(&std::free)> bounce(static_cast<std::byte*>(std::aligned_alloc(4096, len)), &std::free);
+    // Not host-addressable: read whole frames into the aligned bounce buffer.
     CopyOp op{static_cast<uint64_t>(f.value) * frame_bytes_, bounce.get(), len};
     SetInFlight({page}, true);
     lock.unlock();
@@ -544,7 +626,7 @@ Status MemoryManager::ReadCopy(PageId page, Tier tier, std::span<std::byte> out)
 
 bool MemoryManager::HasCopy(PageId page, Tier tier) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return table_.Contains(page) && table_.at(page).has_copy(tier);
+  return table_.Contains(page) && table_.at(page).has_data(tier);
 }
 
 std::optional<Tier> MemoryManager::TopTier(PageId page) const {

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "memory/frame_allocator.h"
+#include "memory/page_source.h"
 #include "memory/page_table.h"
 #include "memory/policy.h"
 #include "memory/stats.h"
@@ -128,6 +129,10 @@ class MemoryManager {
   // A new page of `bytes` with its only copy on `tier` (dirty; contents unspecified),
   // evicting other pages if the tier is full.
   Result<PageId> Allocate(uint64_t bytes, Tier tier, uint32_t tag = 0);
+  // Backed pages (lazy restore): registers `source` once, then one page per block.
+  // O(1) each, reads nothing; the page's data is the source's until it is written.
+  int32_t AddSource(std::shared_ptr<PageSource> source);
+  Result<PageId> RegisterBacked(uint64_t bytes, int32_t source, uint64_t key, uint32_t tag = 0);
   // Releases every copy. REQUIRES: not pinned (else kFailedPrecondition).
   Status Free(PageId page);
 
@@ -144,6 +149,7 @@ class MemoryManager {
   // Copies the page's copy on `tier` into out (for verification; changes no state).
   // REQUIRES: out.size() <= page bytes.
   Status ReadCopy(PageId page, Tier tier, std::span<std::byte> out);
+  // A frame copy on `tier`, or for Disk also the backing.
   bool HasCopy(PageId page, Tier tier) const;
   std::optional<Tier> TopTier(PageId page) const;
   size_t live_pages() const;
@@ -177,6 +183,10 @@ class MemoryManager {
   Status DemoteLocked(Lock& lock, std::vector<PageId> pages, Tier to);
   Status AllocateFramesLocked(Lock& lock, Tier t, const std::vector<PageId>& pages, std::vector<FrameId>* out);
   Status EvictLocked(Lock& lock, Tier t, uint64_t want_frames);
+  // Reads backed pages batch[which[i]] from their sources into their new frames on dst.
+  Status ReadFromSourcesLocked(Lock& lock, Tier dst, const std::vector<PageId>& batch,
+                               const std::vector<FrameId>& frames, const std::vector<size_t>& which,
+                               std::vector<bool>* landed);
   // Copies between tier `upper` and the next present tier below; up = towards upper.
   Status CopyLocked(Lock& lock, Tier upper, bool up, const std::vector<Move>& moves);
 
@@ -198,6 +208,7 @@ class MemoryManager {
   std::array<TierState, kNumTiers> tiers_;  // GUARDED_BY(mu_) (backends: stream only)
   PageTable table_;                          // GUARDED_BY(mu_)
   std::unique_ptr<ResidencyPolicy> policy_;  // GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<PageSource>> sources_;  // GUARDED_BY(mu_)
   uint64_t access_tick_ = 0;                 // GUARDED_BY(mu_)
   uint32_t max_page_frames_ = 1;             // GUARDED_BY(mu_)
   bool host_registered_ = false;

@@ -38,7 +38,7 @@ bool PageTable::CheckInvariants(std::string* why) const {
     if (!e.live()) continue;
     ++live;
     const std::string name = "page " + std::to_string(i);
-    bool any = false;
+    bool any = e.backed();
     for (const FrameId& f : e.frame) any = any || f.valid();
     if (!any) { *why = name + " is live but has no copy"; return false; }
     if (e.pins > 0 && (!e.has_copy(e.pin_tier) || e.pin_tier != e.top())) {

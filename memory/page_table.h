@@ -4,8 +4,12 @@
 // on several tiers at once: promotion keeps the copy below (so a later eviction of a
 // clean page is a drop, not a copy); a write discards every copy but the top one.
 //
+// A page may also be backed by a read-only PageSource (a session file's block): the
+// backing counts as Disk-tier data without a Disk frame, is read (and verified) on
+// promotion, and is forgotten when the page is written.
+//
 // Invariants (PageTable::CheckInvariants; MemoryManager adds the frame accounting):
-//   live(p)                      => p has at least one copy
+//   live(p)                      => p has data somewhere (a frame copy, or its backing)
 //   pinned(p)                    => p has a copy on pin_tier(p) and pin_tier(p) == top(p)
 //   dirty(p) := no copy below top(p) and top(p) != Disk    (derived, never stored)
 //   in_flight(p)                 => the migration stream owns p's frames until it is done
@@ -32,18 +36,24 @@ struct PageEntry {
   uint32_t pins = 0;
   Tier pin_tier = Tier::kHost;
   PageState state = PageState::kResident;
+  int32_t source = -1;       // index of the backing PageSource, -1 = not backed
+  uint64_t source_key = 0;   // the page's key within its source
   uint64_t accesses = 0;     // lifetime uses
   uint64_t last_access = 0;  // access tick of the last use
 
   bool live() const { return n_frames != 0; }
+  bool backed() const { return source >= 0; }
+  // A frame copy on tier t (what the frame accounting counts).
   bool has_copy(Tier t) const { return frame[TierIndex(t)].valid(); }
-  // Fastest tier holding a copy. REQUIRES: live().
+  // Valid data on tier t: a frame copy, or for Disk the backing.
+  bool has_data(Tier t) const { return has_copy(t) || (t == Tier::kDisk && backed()); }
+  // Fastest tier holding data. REQUIRES: live().
   Tier top() const {
-    for (int t = 0; t < kNumTiers; ++t) if (frame[t].valid()) return TierAt(t);
+    for (int t = 0; t < kNumTiers; ++t) if (has_data(TierAt(t))) return TierAt(t);
     return Tier::kDisk;
   }
   bool has_copy_below(Tier t) const {
-    for (int i = TierIndex(t) + 1; i < kNumTiers; ++i) if (frame[i].valid()) return true;
+    for (int i = TierIndex(t) + 1; i < kNumTiers; ++i) if (has_data(TierAt(i))) return true;
     return false;
   }
   bool dirty() const { return top() != Tier::kDisk && !has_copy_below(top()); }

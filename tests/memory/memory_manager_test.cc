@@ -2,6 +2,7 @@
 #include "memory/memory_manager.h"
 
 #include <atomic>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -302,6 +303,92 @@ TEST(MemoryManagerTest, ConcurrentAcquireOfResidentPagesFromManyThreads) {
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(mm->Stats(Tier::kHost).hits, 808u);  // 8 write pins + 800 reads
   EXPECT_TRUE(Invariants(*mm));
+}
+
+}  // namespace
+}  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+// A source that serves Pattern(bytes, key) and reports corruption for keys in `bad`.
+class PatternSource : public PageSource {
+ public:
+  explicit PatternSource(uint64_t bytes) : bytes_(bytes) {}
+  Status ReadPage(uint64_t key, std::span<std::byte> out) override {
+    ++reads;
+    if (bad.count(key)) {
+      std::memset(out.data(), 0xEE, out.size());  // what a torn file would give
+      return Status::Corruption("block " + std::to_string(key) + " checksum mismatch");
+    }
+    const auto data = testing::Pattern(bytes_, key);
+    std::memcpy(out.data(), data.data(), data.size());
+    return Status::Ok();
+  }
+  std::set<uint64_t> bad;
+  int reads = 0;
+
+ private:
+  uint64_t bytes_;
+};
+
+TEST(MemoryManagerBackedTest, RegisterReadsNothingAndPromotionVerifies) {
+  testing::TempDir dir;
+  testing::SmallTiers s;
+  s.disk_frames = 0;  // backing works without a Disk arena
+  auto mm = testing::MakeManager(s, dir.path());
+  auto src = std::make_shared<PatternSource>(3000);
+  const int32_t id = mm->AddSource(src);
+  std::vector<PageId> pages;
+  for (uint64_t k = 0; k < 20; ++k) pages.push_back(mm->RegisterBacked(3000, id, k).value());
+  EXPECT_EQ(src->reads, 0);
+  EXPECT_EQ(mm->TopTier(pages[5]), Tier::kDisk);
+  EXPECT_TRUE(testing::Invariants(*mm));
+  {
+    auto pin = mm->Acquire(pages[5], Tier::kDevice);
+    ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+    const auto want = testing::Pattern(3000, 5);
+    EXPECT_EQ(std::memcmp(pin->data(), want.data(), 3000), 0);
+  }
+  EXPECT_EQ(src->reads, 1);
+  // Many more pages than the Host tier holds: clean backed pages are dropped, not copied.
+  for (PageId p : pages) ASSERT_TRUE(mm->Acquire(p, Tier::kHost).ok());
+  EXPECT_EQ(mm->Stats(Tier::kHost).evictions, 0u);
+  EXPECT_GT(mm->Stats(Tier::kHost).drops, 0u);
+  for (uint64_t k = 0; k < 20; ++k) EXPECT_TRUE(testing::AllCopiesEqual(*mm, pages[k], testing::Pattern(3000, k)));
+  EXPECT_TRUE(testing::Invariants(*mm));
+}
+
+TEST(MemoryManagerBackedTest, CorruptBlockIsRefusedAtPageIn) {
+  testing::TempDir dir;
+  auto mm = testing::MakeManager({}, dir.path());
+  auto src = std::make_shared<PatternSource>(4096);
+  src->bad.insert(3);
+  const int32_t id = mm->AddSource(src);
+  auto good = mm->RegisterBacked(4096, id, 2).value();
+  auto bad = mm->RegisterBacked(4096, id, 3).value();
+  ASSERT_TRUE(mm->Prefetch({good}, Tier::kHost).Wait().ok());
+  auto pin = mm->Acquire(bad, Tier::kHost);
+  ASSERT_FALSE(pin.ok());
+  EXPECT_EQ(pin.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(pin.status().message().find("block 3"), std::string::npos) << pin.status().message();
+  EXPECT_FALSE(mm->HasCopy(bad, Tier::kHost));  // never became data
+  EXPECT_TRUE(testing::Invariants(*mm));
+}
+
+TEST(MemoryManagerBackedTest, WriteForgetsTheBacking) {
+  testing::TempDir dir;
+  auto mm = testing::MakeManager({}, dir.path());
+  auto src = std::make_shared<PatternSource>(4096);
+  const int32_t id = mm->AddSource(src);
+  auto p = mm->RegisterBacked(4096, id, 7).value();
+  const auto v2 = testing::Pattern(4096, 99);
+  ASSERT_TRUE(testing::WritePage(*mm, p, Tier::kHost, v2).ok());
+  EXPECT_FALSE(mm->HasCopy(p, Tier::kDisk));
+  // Dirty now: demotion must write it to the Disk arena.
+  ASSERT_TRUE(mm->Demote({p}, Tier::kDisk).Wait().ok());
+  EXPECT_TRUE(testing::AllCopiesEqual(*mm, p, v2));
+  EXPECT_EQ(mm->Stats(Tier::kDisk).bytes_in, 4096u);
 }
 
 }  // namespace

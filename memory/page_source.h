@@ -1,0 +1,27 @@
+// memory/page_source.h
+//
+// Read-only backing for pages that live outside the arenas, such as the blocks of a
+// saved session file. Registering a backed page costs O(1) and reads nothing; the bytes
+// are read, and verified, the first time the page is promoted. A source that finds its
+// bytes corrupt returns kCorruption naming the block, and the page stays unpromoted:
+// a corrupt block never becomes data.
+//
+// Thread-safety: ReadPage is called from the copy stream only (one thread at a time).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "memory/status.h"
+
+namespace tierkv {
+
+class PageSource {
+ public:
+  virtual ~PageSource() = default;
+  // Fills `out` (the page's frames; out.size() >= the page's bytes) with the page's
+  // bytes and verifies them. `key` is what the page was registered with.
+  virtual Status ReadPage(uint64_t key, std::span<std::byte> out) = 0;
+};
+
+}  // namespace tierkv

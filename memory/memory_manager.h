@@ -124,6 +124,9 @@ class MemoryManager {
   // Where compute reads pages: Device when present, else Host.
   Tier compute_tier() const { return has_tier(Tier::kDevice) ? Tier::kDevice : Tier::kHost; }
   uint64_t frame_bytes() const { return frame_bytes_; }
+  // True when pins on tier t hand out host pointers (Host, sim Device), so CPU code
+  // can read and write the page in place.
+  bool host_addressable(Tier t) const { return has_tier(t) && tiers_[TierIndex(t)].backend->base() != nullptr; }
   PolicyKind policy_kind() const { return policy_->kind(); }
 
   // A new page of `bytes` with its only copy on `tier` (dirty; contents unspecified),

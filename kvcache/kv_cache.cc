@@ -1,0 +1,320 @@
+// kvcache/kv_cache.cc
+#include "kvcache/kv_cache.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <limits>
+
+namespace tierkv {
+
+std::string KvGeometry::ToString() const {
+  return "layers " + std::to_string(n_layers) + ", kv heads " + std::to_string(n_kv_heads) + ", head_dim " +
+         std::to_string(head_dim) + ", block " + std::to_string(block_tokens) + " tokens, " + KvCodecName(codec);
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::Create(MemoryManager* mm, KvGeometry g, uint32_t page_tag) {
+  if (g.n_layers <= 0 || g.n_kv_heads <= 0 || g.head_dim <= 0) {
+    return Status::InvalidArgument("KV geometry needs positive layers, kv heads and head_dim (" + g.ToString() + ")");
+  }
+  auto codec = VectorCodec::Create(g.codec, g.head_dim, g.codec_seed);
+  if (!codec.ok()) return codec.status().Annotate("KV cache");
+  const uint64_t per_token = 2ull * static_cast<uint64_t>(g.n_kv_heads) * (*codec)->vector_bytes();
+  if (g.block_tokens == 0) {
+    int bt = 16;
+    while (per_token * static_cast<uint64_t>(bt) * 2 <= mm->frame_bytes()) bt *= 2;
+    g.block_tokens = bt;
+  }
+  if (g.block_tokens < 1 || g.block_tokens > (1 << 20)) return Status::InvalidArgument("block_tokens out of range");
+  return std::unique_ptr<KvCache>(new KvCache(mm, g, std::move(codec).value(), page_tag));
+}
+
+KvCache::KvCache(MemoryManager* mm, KvGeometry g, std::unique_ptr<VectorCodec> codec, uint32_t tag)
+    : mm_(mm), g_(g), codec_(std::move(codec)), tag_(tag) {
+  block_bytes_ = 2ull * g_.n_kv_heads * g_.block_tokens * codec_->vector_bytes();
+}
+
+KvCache::~KvCache() {
+  for (BlockMeta& b : blocks_) {
+    if (b.refs > 0) (void)mm_->Free(b.page);
+  }
+}
+
+Tier KvCache::write_tier() const {
+  const Tier t = mm_->compute_tier();
+  return mm_->host_addressable(t) ? t : Tier::kHost;
+}
+
+KvCache::Sequence* KvCache::Seq(SeqId s) {
+  if (!s.valid() || s.value >= seqs_.size() || !seqs_[s.value].live) return nullptr;
+  return &seqs_[s.value];
+}
+const KvCache::Sequence* KvCache::Seq(SeqId s) const {
+  if (!s.valid() || s.value >= seqs_.size() || !seqs_[s.value].live) return nullptr;
+  return &seqs_[s.value];
+}
+
+BlockId KvCache::AddBlockMeta(PageId page) {
+  uint32_t id;
+  if (!free_blocks_.empty()) {
+    id = free_blocks_.back();
+    free_blocks_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(blocks_.size());
+    blocks_.emplace_back();
+  }
+  BlockMeta& b = blocks_[id];
+  const size_t n = static_cast<size_t>(g_.n_kv_heads) * g_.head_dim;
+  b.page = page;
+  b.refs = 1;
+  b.kmin.assign(n, std::numeric_limits<float>::infinity());
+  b.kmax.assign(n, -std::numeric_limits<float>::infinity());
+  b.saved = BlockSaveState{};
+  return BlockId(id);
+}
+
+Result<BlockId> KvCache::NewBlock() {
+  const Tier t = write_tier();
+  TIERKV_ASSIGN_OR_RETURN(PageId page, mm_->Allocate(block_bytes_, t, tag_));
+  // Zero it, so unwritten slots (and session files) are deterministic.
+  auto pin = mm_->Acquire(page, t, Access::kWrite);
+  if (!pin.ok()) {
+    (void)mm_->Free(page);
+    return pin.status();
+  }
+  std::memset(pin->data(), 0, block_bytes_);
+  return AddBlockMeta(page);
+}
+
+void KvCache::Unref(BlockId b) {
+  BlockMeta& m = blocks_[b.value];
+  assert(m.refs > 0);
+  if (--m.refs == 0) {
+    (void)mm_->Free(m.page);  // cannot be pinned: pins never outlive a KvCache call
+    m.kmin.clear();
+    m.kmax.clear();
+    free_blocks_.push_back(b.value);
+  }
+}
+
+SeqId KvCache::NewSequence() {
+  uint32_t id = 0;
+  while (id < seqs_.size() && seqs_[id].live) ++id;
+  if (id == seqs_.size()) seqs_.emplace_back();
+  Sequence& s = seqs_[id];
+  s.live = true;
+  s.length = 0;
+  s.table.assign(static_cast<size_t>(g_.n_layers), {});
+  return SeqId(id);
+}
+
+Result<SeqId> KvCache::Fork(SeqId src) {
+  if (!Seq(src)) return Status::NotFound("fork of unknown sequence " + std::to_string(src.value));
+  const SeqId dst = NewSequence();  // may reallocate seqs_: look src up again
+  Sequence& from = *Seq(src);
+  Sequence& to = *Seq(dst);
+  to.length = from.length;
+  to.table = from.table;
+  for (const auto& layer : to.table) {
+    for (BlockId b : layer) ++blocks_[b.value].refs;
+  }
+  return dst;
+}
+
+Status KvCache::Truncate(SeqId s, int n) {
+  Sequence* seq = Seq(s);
+  if (!seq) return Status::NotFound("truncate of unknown sequence " + std::to_string(s.value));
+  if (n < 0 || n > seq->length) {
+    return Status::InvalidArgument("truncate to " + std::to_string(n) + " tokens of a sequence of " +
+                                   std::to_string(seq->length));
+  }
+  const size_t keep = (static_cast<size_t>(n) + g_.block_tokens - 1) / g_.block_tokens;
+  for (auto& layer : seq->table) {
+    while (layer.size() > keep) {
+      Unref(layer.back());
+      layer.pop_back();
+    }
+  }
+  seq->length = n;
+  return Status::Ok();
+}
+
+Status KvCache::FreeSequence(SeqId s) {
+  TIERKV_RETURN_IF_ERROR(Truncate(s, 0));
+  seqs_[s.value].live = false;
+  seqs_[s.value].table.clear();
+  return Status::Ok();
+}
+
+int KvCache::Length(SeqId s) const {
+  const Sequence* seq = Seq(s);
+  return seq ? seq->length : -1;
+}
+
+size_t KvCache::live_sequences() const {
+  return static_cast<size_t>(std::count_if(seqs_.begin(), seqs_.end(), [](const Sequence& s) { return s.live; }));
+}
+
+Result<int> KvCache::AppendToken(SeqId s) {
+  Sequence* seq = Seq(s);
+  if (!seq) return Status::NotFound("append to unknown sequence " + std::to_string(s.value));
+  const int pos = seq->length;
+  if (pos % g_.block_tokens == 0 && static_cast<size_t>(pos / g_.block_tokens) == seq->table[0].size()) {
+    // A new block on every layer; on failure undo the ones already added.
+    for (int l = 0; l < g_.n_layers; ++l) {
+      auto b = NewBlock();
+      if (!b.ok()) {
+        for (int u = 0; u < l; ++u) {
+          Unref(seq->table[static_cast<size_t>(u)].back());
+          seq->table[static_cast<size_t>(u)].pop_back();
+        }
+        return b.status().Annotate("KV cache append at token " + std::to_string(pos));
+      }
+      seq = Seq(s);
+      seq->table[static_cast<size_t>(l)].push_back(*b);
+    }
+  }
+  seq->length = pos + 1;
+  return pos;
+}
+
+Status KvCache::MakeExclusive(Sequence& seq, int layer, int block) {
+  BlockId& ref = seq.table[static_cast<size_t>(layer)][static_cast<size_t>(block)];
+  if (blocks_[ref.value].refs == 1) return Status::Ok();
+  const Tier t = write_tier();
+  TIERKV_ASSIGN_OR_RETURN(PageId page, mm_->Allocate(block_bytes_, t, tag_));
+  {
+    auto src = mm_->Acquire(blocks_[ref.value].page, Tier::kHost);
+    if (!src.ok()) {
+      (void)mm_->Free(page);
+      return src.status();
+    }
+    // Copy through the host: read the shared block, write the private one.
+    std::vector<std::byte> tmp(block_bytes_);
+    std::memcpy(tmp.data(), src->data(), block_bytes_);
+    src->Release();
+    auto dst = mm_->Acquire(page, t, Access::kWrite);
+    if (!dst.ok()) {
+      (void)mm_->Free(page);
+      return dst.status();
+    }
+    std::memcpy(dst->data(), tmp.data(), block_bytes_);
+  }
+  const BlockId old = ref;
+  const BlockId fresh = AddBlockMeta(page);  // may reallocate blocks_
+  blocks_[fresh.value].kmin = blocks_[old.value].kmin;
+  blocks_[fresh.value].kmax = blocks_[old.value].kmax;
+  seq.table[static_cast<size_t>(layer)][static_cast<size_t>(block)] = fresh;
+  Unref(old);
+  return Status::Ok();
+}
+
+Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* v) {
+  Sequence* seq = Seq(s);
+  if (!seq) return Status::NotFound("write to unknown sequence " + std::to_string(s.value));
+  if (layer < 0 || layer >= g_.n_layers || pos < 0 || pos >= seq->length) {
+    return Status::InvalidArgument("KV write at layer " + std::to_string(layer) + ", token " + std::to_string(pos) +
+                                   " outside the sequence (" + std::to_string(seq->length) + " tokens)");
+  }
+  const int block = pos / g_.block_tokens, slot = pos % g_.block_tokens;
+  TIERKV_RETURN_IF_ERROR(MakeExclusive(*seq, layer, block));
+  BlockMeta& b = blocks_[seq->table[static_cast<size_t>(layer)][static_cast<size_t>(block)].value];
+  TIERKV_ASSIGN_OR_RETURN(Pin pin, mm_->Acquire(b.page, write_tier(), Access::kWrite));
+  const size_t vb = vector_bytes();
+  const size_t half = static_cast<size_t>(g_.n_kv_heads) * g_.block_tokens * vb;
+  for (int h = 0; h < g_.n_kv_heads; ++h) {
+    const size_t off = (static_cast<size_t>(h) * g_.block_tokens + slot) * vb;
+    codec_->Encode(k + static_cast<size_t>(h) * g_.head_dim, pin.data() + off);
+    codec_->Encode(v + static_cast<size_t>(h) * g_.head_dim, pin.data() + half + off);
+  }
+  const size_t n = static_cast<size_t>(g_.n_kv_heads) * g_.head_dim;
+  for (size_t i = 0; i < n; ++i) {
+    b.kmin[i] = std::min(b.kmin[i], k[i]);
+    b.kmax[i] = std::max(b.kmax[i], k[i]);
+  }
+  return Status::Ok();
+}
+
+Status KvCache::Read(SeqId s, int layer, int pos, float* k, float* v) {
+  const Sequence* seq = Seq(s);
+  if (!seq) return Status::NotFound("read of unknown sequence " + std::to_string(s.value));
+  if (layer < 0 || layer >= g_.n_layers || pos < 0 || pos >= seq->length) {
+    return Status::InvalidArgument("KV read outside the sequence");
+  }
+  const int block = pos / g_.block_tokens, slot = pos % g_.block_tokens;
+  const BlockMeta& b = blocks_[seq->table[static_cast<size_t>(layer)][static_cast<size_t>(block)].value];
+  const Tier t = write_tier();
+  TIERKV_ASSIGN_OR_RETURN(Pin pin, mm_->Acquire(b.page, t));
+  const size_t vb = vector_bytes();
+  const size_t half = static_cast<size_t>(g_.n_kv_heads) * g_.block_tokens * vb;
+  for (int h = 0; h < g_.n_kv_heads; ++h) {
+    const size_t off = (static_cast<size_t>(h) * g_.block_tokens + slot) * vb;
+    codec_->Decode(pin.data() + off, k + static_cast<size_t>(h) * g_.head_dim);
+    codec_->Decode(pin.data() + half + off, v + static_cast<size_t>(h) * g_.head_dim);
+  }
+  return Status::Ok();
+}
+
+int KvCache::NumBlocks(SeqId s) const {
+  const Sequence* seq = Seq(s);
+  return seq ? static_cast<int>(seq->table[0].size()) : 0;
+}
+
+BlockId KvCache::Block(SeqId s, int layer, int block) const {
+  return Seq(s)->table[static_cast<size_t>(layer)][static_cast<size_t>(block)];
+}
+
+PageId KvCache::BlockPage(SeqId s, int layer, int block) const { return blocks_[Block(s, layer, block).value].page; }
+
+int KvCache::BlockFill(SeqId s, int block) const {
+  const Sequence* seq = Seq(s);
+  return std::min(g_.block_tokens, seq->length - block * g_.block_tokens);
+}
+
+Result<SeqId> KvCache::AdoptBackedSequence(int length, const std::vector<std::vector<PageId>>& pages,
+                                           const std::vector<std::vector<BlockSaveState>>& saved) {
+  const size_t n_blocks = (static_cast<size_t>(length) + g_.block_tokens - 1) / g_.block_tokens;
+  if (pages.size() != static_cast<size_t>(g_.n_layers)) return Status::InvalidArgument("adopt: wrong layer count");
+  for (const auto& l : pages) if (l.size() != n_blocks) return Status::InvalidArgument("adopt: wrong block count");
+  const SeqId s = NewSequence();
+  Sequence& seq = *Seq(s);
+  seq.length = length;
+  for (int l = 0; l < g_.n_layers; ++l) {
+    for (size_t b = 0; b < n_blocks; ++b) {
+      const BlockId id = AddBlockMeta(pages[static_cast<size_t>(l)][b]);
+      // Key bounds of restored blocks are unknown until rewritten: the widest bound.
+      std::fill(blocks_[id.value].kmin.begin(), blocks_[id.value].kmin.end(), -std::numeric_limits<float>::infinity());
+      std::fill(blocks_[id.value].kmax.begin(), blocks_[id.value].kmax.end(), std::numeric_limits<float>::infinity());
+      blocks_[id.value].saved = saved[static_cast<size_t>(l)][b];
+      seqs_[s.value].table[static_cast<size_t>(l)].push_back(id);
+    }
+  }
+  return s;
+}
+
+bool KvCache::CheckInvariants(std::string* why) const {
+  std::vector<int> refs(blocks_.size(), 0);
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    const Sequence& s = seqs_[i];
+    if (!s.live) continue;
+    const size_t want = (static_cast<size_t>(s.length) + g_.block_tokens - 1) / g_.block_tokens;
+    for (const auto& layer : s.table) {
+      if (layer.size() != want) {
+        *why = "sequence " + std::to_string(i) + " has " + std::to_string(layer.size()) + " blocks in a layer, wants " +
+               std::to_string(want);
+        return false;
+      }
+      for (BlockId b : layer) ++refs[b.value];
+    }
+  }
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    if (refs[b] != blocks_[b].refs) {
+      *why = "block " + std::to_string(b) + " has refs " + std::to_string(blocks_[b].refs) + " but " +
+             std::to_string(refs[b]) + " table entries";
+      return false;
+    }
+  }
+  return mm_->CheckInvariants(why);
+}
+
+}  // namespace tierkv

@@ -1,0 +1,146 @@
+// kvcache/kv_cache.h
+//
+// The KV cache on paged memory. A block is `block_tokens` consecutive tokens of one
+// sequence's K and V for one layer, stored in one page of the MemoryManager, so blocks
+// move between tiers under the shared budget like any page. Per-layer blocks let the
+// decoder stream one layer's KV at a time.
+//
+// Block layout (one page, HND; vb = codec vector bytes):
+//   K: [n_kv_heads][block_tokens][vb]  then  V: [n_kv_heads][block_tokens][vb]
+// Sequences own per-layer block tables; Fork shares every block copy-on-write (reference
+// counts); the first write into a shared block copies it. Each block also has a key
+// summary (per-channel min and max of its keys, in host memory beside the block table)
+// for selective attention; after Truncate a summary may be looser than the keys it
+// covers, never tighter (still a valid bound).
+//
+// Invariants (CheckInvariants):
+//   refs(b) == number of (sequence, layer, index) table entries naming b
+//   every sequence's layer tables have ceil(length / block_tokens) blocks
+//
+// Thread-safety: not thread-safe; one decoder thread drives a KvCache. The pages it
+// owns are thread-safe through the MemoryManager.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvcache/codec.h"
+#include "memory/memory_manager.h"
+
+namespace tierkv {
+
+struct SeqIdTag {};
+using SeqId = StrongId<SeqIdTag>;
+struct BlockIdTag {};
+using BlockId = StrongId<BlockIdTag>;
+
+struct KvGeometry {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  // 0 = derive: the largest power of two (>= 16) whose block fits one frame, so blocks
+  // waste no frame space. Explicit values are kept.
+  int block_tokens = 0;
+  KvCodec codec = KvCodec::kF16;
+  uint64_t codec_seed = 0x746b76636f646563ull;  // tq rotation seed; stored in sessions
+
+  bool operator==(const KvGeometry&) const = default;
+  std::string ToString() const;  // "layers 2, kv heads 4, head_dim 32, block 128 tokens, f16"
+};
+
+// Where a block stands with respect to a session file (see kvcache/session_file.h).
+struct BlockSaveState {
+  uint64_t file_id = 0;     // the session file's id (from its header), 0 = never saved
+  uint64_t offset = 0;      // its record's offset in that file
+  uint64_t checksum = 0;    // xxh3 of the block bytes
+  int tokens = 0;           // tokens it held when saved
+};
+
+class KvCache {
+ public:
+  // REQUIRES: geometry valid for the codec (head_dim rules in codec.h).
+  static Result<std::unique_ptr<KvCache>> Create(MemoryManager* mm, KvGeometry geometry, uint32_t page_tag = 1);
+  ~KvCache();  // frees every block
+
+  const KvGeometry& geometry() const { return g_; }
+  const VectorCodec& codec() const { return *codec_; }
+  size_t vector_bytes() const { return codec_->vector_bytes(); }
+  uint64_t block_bytes() const { return block_bytes_; }
+  // Bytes of one token's K and V over all layers.
+  uint64_t token_bytes() const { return 2ull * g_.n_layers * g_.n_kv_heads * vector_bytes(); }
+  MemoryManager& memory() { return *mm_; }
+
+  SeqId NewSequence();
+  // A new sequence sharing every block of src (copy-on-write).
+  Result<SeqId> Fork(SeqId src);
+  // Keeps the first n tokens. REQUIRES: n <= Length(s).
+  Status Truncate(SeqId s, int n);
+  Status FreeSequence(SeqId s);
+  int Length(SeqId s) const;
+  size_t live_sequences() const;
+
+  // Grows s by one token (a new block per layer when the last is full); returns its
+  // position. The token's K/V are then written layer by layer with Write.
+  Result<int> AppendToken(SeqId s);
+  // Encodes one token's K and V (each [n_kv_heads][head_dim] f32) for one layer at pos.
+  // REQUIRES: pos < Length(s).
+  Status Write(SeqId s, int layer, int pos, const float* k, const float* v);
+  // Decodes one token's K and V for one layer (tests, reference paths).
+  Status Read(SeqId s, int layer, int pos, float* k, float* v);
+
+  // The layer's blocks in order (the decoder pins or prefetches these pages).
+  int NumBlocks(SeqId s) const;
+  PageId BlockPage(SeqId s, int layer, int block) const;
+  BlockId Block(SeqId s, int layer, int block) const;
+  // Tokens held by block `block` of s: block_tokens, or fewer for the last one.
+  int BlockFill(SeqId s, int block) const;
+  // Per-channel key bounds of a block: [n_kv_heads * head_dim] each.
+  const float* KeyMin(BlockId b) const { return blocks_[b.value].kmin.data(); }
+  const float* KeyMax(BlockId b) const { return blocks_[b.value].kmax.data(); }
+  int BlockRefs(BlockId b) const { return blocks_[b.value].refs; }
+
+  // Session-file bookkeeping (kvcache/session_file.cc).
+  BlockSaveState& SaveState(BlockId b) { return blocks_[b.value].saved; }
+  // A sequence whose blocks are backed pages (lazy restore). pages: [n_layers][n_blocks].
+  Result<SeqId> AdoptBackedSequence(int length, const std::vector<std::vector<PageId>>& pages,
+                                    const std::vector<std::vector<BlockSaveState>>& saved);
+
+  bool CheckInvariants(std::string* why) const;
+
+ private:
+  struct BlockMeta {
+    PageId page;
+    int refs = 0;               // 0 = free slot
+    std::vector<float> kmin;    // [n_kv_heads * head_dim]
+    std::vector<float> kmax;
+    BlockSaveState saved;
+  };
+  struct Sequence {
+    bool live = false;
+    int length = 0;
+    std::vector<std::vector<BlockId>> table;  // [n_layers][n_blocks]
+  };
+
+  KvCache(MemoryManager* mm, KvGeometry g, std::unique_ptr<VectorCodec> codec, uint32_t tag);
+  Result<BlockId> NewBlock();
+  BlockId AddBlockMeta(PageId page);
+  void Unref(BlockId b);
+  // Makes table[layer][block] exclusively owned by s (copies it if shared).
+  Status MakeExclusive(Sequence& seq, int layer, int block);
+  Sequence* Seq(SeqId s);
+  const Sequence* Seq(SeqId s) const;
+  Tier write_tier() const;
+
+  MemoryManager* mm_;
+  KvGeometry g_;
+  std::unique_ptr<VectorCodec> codec_;
+  uint32_t tag_;
+  uint64_t block_bytes_;
+  std::vector<BlockMeta> blocks_;      // [block ids]
+  std::vector<uint32_t> free_blocks_;
+  std::vector<Sequence> seqs_;         // [sequence ids]
+};
+
+}  // namespace tierkv

@@ -1,0 +1,590 @@
+// kvcache/session_file.cc
+#include "kvcache/session_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include "memory/size.h"
+
+namespace tierkv {
+namespace {
+
+constexpr char kMagic[8] = {'T', 'I', 'E', 'R', 'K', 'V', 'S', 'F'};
+constexpr char kSlotMagic[8] = {'T', 'K', 'V', 'S', 'L', 'O', 'T', '1'};
+constexpr char kManifestMagic[8] = {'T', 'K', 'V', 'M', 'A', 'N', 'I', 'F'};
+constexpr uint32_t kRecordMagic = 0x424b564b;  // "KVKB"
+constexpr uint64_t kHeaderBytes = 4096;
+constexpr uint64_t kHeaderChecked = 2040;      // header checksum covers [0, 2040)
+constexpr uint64_t kSlotOffset[2] = {2048, 3072};
+constexpr uint64_t kSlotBytes = 64;
+constexpr uint64_t kRecordHeaderBytes = 32;
+constexpr uint64_t kManifestEntryBytes = 32;
+constexpr size_t kMaxDescription = 1024;
+constexpr uint64_t kWriteBatchBytes = 8 * kMiB;  // gather block records into writes this large
+
+uint64_t Hash(const void* p, size_t n) { return XXH3_64bits(p, n); }
+
+// Little-endian field access (the format is little-endian; so is every host we build for).
+template <typename T>
+void Put(std::vector<std::byte>& buf, size_t off, T v) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  std::memcpy(buf.data() + off, &v, sizeof v);
+}
+template <typename T>
+T Get(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+void Append(std::vector<std::byte>& buf, T v) {
+  const size_t off = buf.size();
+  buf.resize(off + sizeof v);
+  Put(buf, off, v);
+}
+
+Status ReadAt(int fd, void* buf, size_t n, uint64_t off, const std::string& what) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = pread(fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno(errno, "reading " + what);
+    if (r == 0) return Status::Corruption("truncated: " + what + " ends past the end of the file");
+    done += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
+
+struct Header {
+  uint32_t version = 0;
+  uint64_t file_id = 0;
+  ModelFingerprint model;
+  KvGeometry geometry;
+  uint64_t vector_bytes = 0;
+  uint64_t block_bytes = 0;
+};
+
+std::vector<std::byte> EncodeHeader(const Header& h) {
+  std::vector<std::byte> buf(kHeaderBytes, std::byte{0});
+  std::memcpy(buf.data(), kMagic, 8);
+  Put<uint32_t>(buf, 8, kSessionFormatVersion);
+  Put<uint32_t>(buf, 12, static_cast<uint32_t>(kHeaderBytes));
+  Put<uint64_t>(buf, 16, h.file_id);
+  Put<uint64_t>(buf, 24, h.model.hash);
+  Put<uint32_t>(buf, 32, static_cast<uint32_t>(h.geometry.n_layers));
+  Put<uint32_t>(buf, 36, static_cast<uint32_t>(h.geometry.n_kv_heads));
+  Put<uint32_t>(buf, 40, static_cast<uint32_t>(h.geometry.head_dim));
+  Put<uint32_t>(buf, 44, static_cast<uint32_t>(h.geometry.block_tokens));
+  Put<uint32_t>(buf, 48, static_cast<uint32_t>(h.geometry.codec));
+  Put<uint32_t>(buf, 52, static_cast<uint32_t>(h.vector_bytes));
+  Put<uint64_t>(buf, 56, h.geometry.codec_seed);
+  Put<uint64_t>(buf, 64, h.block_bytes);
+  const size_t n = std::min(h.model.description.size(), kMaxDescription);
+  Put<uint32_t>(buf, 72, static_cast<uint32_t>(n));
+  std::memcpy(buf.data() + 76, h.model.description.data(), n);
+  Put<uint64_t>(buf, kHeaderChecked, Hash(buf.data(), kHeaderChecked));
+  return buf;
+}
+
+Result<Header> DecodeHeader(const std::byte* p, const std::string& path) {
+  if (std::memcmp(p, kMagic, 8) != 0) return Status::InvalidArgument(path + " is not a tierkv session file (bad magic)");
+  Header h;
+  h.version = Get<uint32_t>(p + 8);
+  if (h.version != kSessionFormatVersion) {
+    return Status::Unsupported(path + ": session file format version " + std::to_string(h.version) +
+                               "; this tierkv reads version " + std::to_string(kSessionFormatVersion));
+  }
+  if (Get<uint64_t>(p + kHeaderChecked) != Hash(p, kHeaderChecked)) {
+    return Status::Corruption(path + ": session header checksum mismatch");
+  }
+  h.file_id = Get<uint64_t>(p + 16);
+  h.model.hash = Get<uint64_t>(p + 24);
+  h.geometry.n_layers = static_cast<int>(Get<uint32_t>(p + 32));
+  h.geometry.n_kv_heads = static_cast<int>(Get<uint32_t>(p + 36));
+  h.geometry.head_dim = static_cast<int>(Get<uint32_t>(p + 40));
+  h.geometry.block_tokens = static_cast<int>(Get<uint32_t>(p + 44));
+  const uint32_t codec = Get<uint32_t>(p + 48);
+  h.vector_bytes = Get<uint32_t>(p + 52);
+  h.geometry.codec_seed = Get<uint64_t>(p + 56);
+  h.block_bytes = Get<uint64_t>(p + 64);
+  const uint32_t desc = Get<uint32_t>(p + 72);
+  const auto& g = h.geometry;
+  if (codec > static_cast<uint32_t>(KvCodec::kTq3) || desc > kMaxDescription || g.n_layers <= 0 || g.n_layers > 4096 ||
+      g.n_kv_heads <= 0 || g.n_kv_heads > 4096 || g.head_dim <= 0 || g.head_dim > kMaxCodecHeadDim ||
+      g.block_tokens <= 0 || g.block_tokens > (1 << 20) || h.vector_bytes == 0 || h.vector_bytes > 4 * kMaxCodecHeadDim ||
+      h.block_bytes != 2ull * static_cast<uint64_t>(g.n_kv_heads) * static_cast<uint64_t>(g.block_tokens) * h.vector_bytes ||
+      h.block_bytes > 1 * kGiB) {
+    return Status::Corruption(path + ": session header has impossible geometry");
+  }
+  h.geometry.codec = static_cast<KvCodec>(codec);
+  h.model.description.assign(reinterpret_cast<const char*>(p + 76), desc);
+  return h;
+}
+
+struct Slot {
+  bool valid = false;
+  uint64_t seq = 0;
+  uint64_t manifest_offset = 0;
+  uint64_t manifest_bytes = 0;
+  uint64_t manifest_hash = 0;
+  uint64_t data_end = 0;
+};
+
+std::vector<std::byte> EncodeSlot(const Slot& s) {
+  std::vector<std::byte> buf(kSlotBytes, std::byte{0});
+  std::memcpy(buf.data(), kSlotMagic, 8);
+  Put<uint64_t>(buf, 8, s.seq);
+  Put<uint64_t>(buf, 16, s.manifest_offset);
+  Put<uint64_t>(buf, 24, s.manifest_bytes);
+  Put<uint64_t>(buf, 32, s.manifest_hash);
+  Put<uint64_t>(buf, 40, s.data_end);
+  Put<uint64_t>(buf, 56, Hash(buf.data(), 56));
+  return buf;
+}
+
+Slot DecodeSlot(const std::byte* p) {
+  Slot s;
+  if (std::memcmp(p, kSlotMagic, 8) != 0 || Get<uint64_t>(p + 56) != Hash(p, 56)) return s;
+  s.seq = Get<uint64_t>(p + 8);
+  s.manifest_offset = Get<uint64_t>(p + 16);
+  s.manifest_bytes = Get<uint64_t>(p + 24);
+  s.manifest_hash = Get<uint64_t>(p + 32);
+  s.data_end = Get<uint64_t>(p + 40);
+  s.valid = true;
+  return s;
+}
+
+uint64_t NewFileId() {
+  std::random_device rd;
+  const uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ (t * 0x9E3779B97F4A7C15ull);
+  return id == 0 ? 1 : id;
+}
+
+std::string GeometryMismatch(const KvGeometry& file, const KvGeometry& want, const std::string& path) {
+  if (file.codec != want.codec) {
+    return std::string("wrong codec: ") + path + " stores " + KvCodecName(file.codec) + " KV, this run uses " +
+           KvCodecName(want.codec) + " (--kv-type)";
+  }
+  if (file.codec_seed != want.codec_seed) return "wrong codec seed: " + path + " was encoded with another rotation seed";
+  return "wrong KV geometry: " + path + " has " + file.ToString() + ", this run has " + want.ToString();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- I/O seam
+Status SessionIo::PWrite(int fd, const void* data, size_t bytes, uint64_t offset) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = pwrite(fd, static_cast<const char*>(data) + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "writing the session file");
+    if (n == 0) return Status::IoError("short write on the session file");
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status SessionIo::Sync(int fd) {
+  if (fdatasync(fd) != 0) return Status::FromErrno(errno, "fsync of the session file");
+  return Status::Ok();
+}
+
+Status SessionIo::Rename(const std::string& from, const std::string& to) {
+  if (rename(from.c_str(), to.c_str()) != 0) return Status::FromErrno(errno, "renaming " + from + " to " + to);
+  return Status::Ok();
+}
+
+SessionIo* SessionIo::Default() {
+  static SessionIo io;
+  return &io;
+}
+
+// ---------------------------------------------------------------------------- loading
+struct SessionFile::Loaded {
+  Header header;
+  Slot slot;
+  uint64_t file_bytes = 0;
+  std::vector<int32_t> tokens;
+  std::vector<Record> records;  // [layer][block], layer-major
+  std::string note;             // why an older commit was used, if it was
+};
+
+Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat " + path);
+  Loaded L;
+  L.file_bytes = static_cast<uint64_t>(st.st_size);
+  if (L.file_bytes < kHeaderBytes) {
+    return Status::Corruption(path + " is truncated: " + std::to_string(L.file_bytes) +
+                              " bytes, shorter than the 4096-byte session header");
+  }
+  std::vector<std::byte> head(kHeaderBytes);
+  TIERKV_RETURN_IF_ERROR(ReadAt(fd, head.data(), kHeaderBytes, 0, "the session header"));
+  TIERKV_ASSIGN_OR_RETURN(L.header, DecodeHeader(head.data(), path));
+  const KvGeometry& g = L.header.geometry;
+
+  // The newest commit whose slot and manifest are intact.
+  std::array<Slot, 2> slots = {DecodeSlot(head.data() + kSlotOffset[0]), DecodeSlot(head.data() + kSlotOffset[1])};
+  std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) { return a.seq > b.seq; });
+  Status last_error = Status::Corruption(path + " holds no complete save (both commit slots are empty or damaged)");
+  for (const Slot& s : slots) {
+    if (!s.valid) continue;
+    if (s.manifest_offset < kHeaderBytes || s.manifest_bytes > L.file_bytes ||
+        s.manifest_offset > L.file_bytes - s.manifest_bytes) {
+      last_error = Status::Corruption(path + " is truncated: save " + std::to_string(s.seq) + "'s manifest at offset " +
+                                      std::to_string(s.manifest_offset) + " ends past the end of the file (" +
+                                      std::to_string(L.file_bytes) + " bytes)");
+      continue;
+    }
+    std::vector<std::byte> m(s.manifest_bytes);
+    TIERKV_RETURN_IF_ERROR(ReadAt(fd, m.data(), m.size(), s.manifest_offset, "the session manifest"));
+    if (Hash(m.data(), m.size()) != s.manifest_hash) {
+      last_error = Status::Corruption(path + ": manifest of save " + std::to_string(s.seq) + " fails its checksum");
+      continue;
+    }
+    // Parse: magic, n_tokens, tokens, n_records, entries.
+    const auto bad = [&](const std::string& why) {
+      return Status::Corruption(path + ": manifest of save " + std::to_string(s.seq) + " is malformed (" + why + ")");
+    };
+    if (m.size() < 32 || std::memcmp(m.data(), kManifestMagic, 8) != 0) return bad("magic");
+    const uint32_t n_layers = Get<uint32_t>(m.data() + 12);
+    const uint64_t n_tokens = Get<uint64_t>(m.data() + 16);
+    const uint64_t n_records = Get<uint64_t>(m.data() + 24);
+    if (n_layers != static_cast<uint32_t>(g.n_layers)) return bad("layer count");
+    if (n_tokens > (uint64_t{1} << 31)) return bad("token count");
+    const uint64_t n_blocks = (n_tokens + static_cast<uint64_t>(g.block_tokens) - 1) / static_cast<uint64_t>(g.block_tokens);
+    if (n_records != n_blocks * n_layers) return bad("record count");
+    if (m.size() != 32 + n_tokens * 4 + n_records * kManifestEntryBytes) return bad("size");
+    L.tokens.resize(n_tokens);
+    std::memcpy(L.tokens.data(), m.data() + 32, n_tokens * 4);
+    L.records.resize(n_records);
+    const std::byte* e = m.data() + 32 + n_tokens * 4;
+    for (uint64_t i = 0; i < n_records; ++i, e += kManifestEntryBytes) {
+      Record& r = L.records[i];
+      r.layer = Get<uint32_t>(e);
+      r.block = Get<uint32_t>(e + 4);
+      r.tokens = Get<uint32_t>(e + 8);
+      r.offset = Get<uint64_t>(e + 16);
+      r.checksum = Get<uint64_t>(e + 24);
+      const uint64_t want_layer = i / n_blocks, want_block = i % n_blocks;
+      const uint64_t fill = std::min<uint64_t>(static_cast<uint64_t>(g.block_tokens), n_tokens - want_block * static_cast<uint64_t>(g.block_tokens));
+      if (r.layer != want_layer || r.block != want_block || r.tokens != fill) return bad("entry " + std::to_string(i));
+      if (r.offset < kHeaderBytes || r.offset > s.manifest_offset ||
+          s.manifest_offset - r.offset < kRecordHeaderBytes + L.header.block_bytes) {
+        return bad("entry " + std::to_string(i) + " points outside the block area");
+      }
+    }
+    L.slot = s;
+    if (s.seq != slots[0].seq) L.note = last_error.message() + "; using the previous save " + std::to_string(s.seq);
+    return L;
+  }
+  return last_error;
+}
+
+// ---------------------------------------------------------------------------- saving
+Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& tokens, const ModelFingerprint& model,
+                         const std::string& path, SessionSaveStats* stats, SessionIo* io) {
+  if (io == nullptr) io = SessionIo::Default();
+  const int n = cache.Length(s);
+  if (n < 0) return Status::NotFound("save of unknown sequence");
+  if (tokens.size() != static_cast<size_t>(n)) {
+    return Status::InvalidArgument("save: " + std::to_string(tokens.size()) + " token ids for a KV cache of " +
+                                   std::to_string(n) + " tokens");
+  }
+  const KvGeometry& g = cache.geometry();
+  const uint64_t bb = cache.block_bytes();
+  SessionSaveStats local;
+  SessionSaveStats& out = stats ? *stats : local;
+  out = SessionSaveStats{};
+
+  // Open the existing session (append) or start a temporary file (renamed at the end).
+  Header header;
+  Slot prev;
+  uint64_t append_at = kHeaderBytes;
+  std::string write_path = path;
+  bool fresh = false;
+  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd >= 0) {
+    auto loaded = Load(path, fd);
+    if (!loaded.ok()) {
+      close(fd);
+      return loaded.status().Annotate("refusing to overwrite " + path);
+    }
+    header = loaded->header;
+    if (header.model.hash != model.hash) {
+      close(fd);
+      return Status::FailedPrecondition("wrong model: " + path + " holds a session of " + header.model.description +
+                                        ", not " + model.description + "; refusing to overwrite it");
+    }
+    if (!(header.geometry == g)) {
+      close(fd);
+      return Status::FailedPrecondition(GeometryMismatch(header.geometry, g, path) + "; refusing to overwrite it");
+    }
+    prev = loaded->slot;
+    append_at = prev.data_end;
+  } else if (errno == ENOENT) {
+    fresh = true;
+    write_path = path + ".tmp." + std::to_string(getpid());
+    fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::FromErrno(errno, "creating " + write_path);
+    header.file_id = NewFileId();
+    header.model = model;
+    header.geometry = g;
+    header.vector_bytes = cache.vector_bytes();
+    header.block_bytes = bb;
+  } else {
+    return Status::FromErrno(errno, "opening " + path);
+  }
+  auto fail = [&](Status st) {
+    close(fd);
+    if (fresh) unlink(write_path.c_str());
+    return st.Annotate("saving session " + path);
+  };
+  if (fresh) {
+    const auto h = EncodeHeader(header);
+    Status st = io->PWrite(fd, h.data(), h.size(), 0);
+    if (!st.ok()) return fail(st);
+    out.bytes_written += h.size();
+  }
+
+  // Blocks: reuse what the file already holds, append the rest in gathered writes.
+  const int n_blocks = cache.NumBlocks(s);
+  std::vector<Record> records;
+  records.reserve(static_cast<size_t>(g.n_layers) * n_blocks);
+  std::vector<std::pair<BlockId, BlockSaveState>> updates;
+  std::vector<std::byte> batch;
+  uint64_t batch_at = append_at;
+  auto flush = [&]() -> Status {
+    if (batch.empty()) return Status::Ok();
+    TIERKV_RETURN_IF_ERROR(io->PWrite(fd, batch.data(), batch.size(), batch_at));
+    out.bytes_written += batch.size();
+    batch_at += batch.size();
+    batch.clear();
+    return Status::Ok();
+  };
+  MemoryManager& mm = cache.memory();
+  for (int l = 0; l < g.n_layers; ++l) {
+    for (int b = 0; b < n_blocks; ++b) {
+      const BlockId id = cache.Block(s, l, b);
+      const int fill = cache.BlockFill(s, b);
+      Record r{static_cast<uint32_t>(l), static_cast<uint32_t>(b), static_cast<uint32_t>(fill), 0, 0};
+      const BlockSaveState& saved = cache.SaveState(id);
+      if (saved.file_id == header.file_id && saved.tokens == fill && saved.offset + kRecordHeaderBytes + bb <= append_at) {
+        r.offset = saved.offset;
+        r.checksum = saved.checksum;
+        ++out.blocks_reused;
+      } else {
+        auto pin = mm.Acquire(cache.BlockPage(s, l, b), Tier::kHost);
+        if (!pin.ok()) return fail(pin.status());
+        const size_t at = batch.size();
+        batch.resize(at + kRecordHeaderBytes + bb);
+        std::memcpy(batch.data() + at + kRecordHeaderBytes, pin->data(), bb);
+        r.checksum = Hash(batch.data() + at + kRecordHeaderBytes, bb);
+        r.offset = batch_at + at;
+        Put<uint32_t>(batch, at, kRecordMagic);
+        Put<uint32_t>(batch, at + 4, r.layer);
+        Put<uint32_t>(batch, at + 8, r.block);
+        Put<uint32_t>(batch, at + 12, r.tokens);
+        Put<uint64_t>(batch, at + 16, bb);
+        Put<uint64_t>(batch, at + 24, r.checksum);
+        updates.push_back({id, BlockSaveState{header.file_id, r.offset, r.checksum, fill}});
+        ++out.blocks_written;
+        if (batch.size() >= kWriteBatchBytes) {
+          Status st = flush();
+          if (!st.ok()) return fail(st);
+        }
+      }
+      records.push_back(r);
+    }
+  }
+  if (Status st = flush(); !st.ok()) return fail(st);
+
+  // Manifest, then make everything durable, then commit through the older slot.
+  std::vector<std::byte> m;
+  m.reserve(32 + tokens.size() * 4 + records.size() * kManifestEntryBytes);
+  m.resize(8);
+  std::memcpy(m.data(), kManifestMagic, 8);
+  Append<uint32_t>(m, kSessionFormatVersion);
+  Append<uint32_t>(m, static_cast<uint32_t>(g.n_layers));
+  Append<uint64_t>(m, tokens.size());
+  Append<uint64_t>(m, records.size());
+  for (int32_t t : tokens) Append<int32_t>(m, t);
+  for (const Record& r : records) {
+    Append<uint32_t>(m, r.layer);
+    Append<uint32_t>(m, r.block);
+    Append<uint32_t>(m, r.tokens);
+    Append<uint32_t>(m, 0);
+    Append<uint64_t>(m, r.offset);
+    Append<uint64_t>(m, r.checksum);
+  }
+  const uint64_t manifest_at = batch_at;
+  if (Status st = io->PWrite(fd, m.data(), m.size(), manifest_at); !st.ok()) return fail(st);
+  out.bytes_written += m.size();
+  if (Status st = io->Sync(fd); !st.ok()) return fail(st);
+  Slot next;
+  next.seq = prev.seq + 1;
+  next.manifest_offset = manifest_at;
+  next.manifest_bytes = m.size();
+  next.manifest_hash = Hash(m.data(), m.size());
+  next.data_end = manifest_at + m.size();
+  const auto slot = EncodeSlot(next);
+  if (Status st = io->PWrite(fd, slot.data(), slot.size(), kSlotOffset[next.seq % 2]); !st.ok()) return fail(st);
+  out.bytes_written += slot.size();
+  if (Status st = io->Sync(fd); !st.ok()) return fail(st);
+  // Garbage past the commit (a crashed earlier save) is no longer referenced: trim it.
+  struct stat stt {};
+  if (fstat(fd, &stt) == 0 && static_cast<uint64_t>(stt.st_size) > next.data_end) {
+    (void)!ftruncate(fd, static_cast<off_t>(next.data_end));
+  }
+  out.file_bytes = next.data_end;
+  close(fd);
+  if (fresh) {
+    if (Status st = io->Rename(write_path, path); !st.ok()) {
+      unlink(write_path.c_str());
+      return st.Annotate("saving session " + path);
+    }
+  }
+  for (auto& [id, state] : updates) cache.SaveState(id) = state;
+  return Status::Ok();
+}
+
+// --------------------------------------------------------------------------- restoring
+SessionFile::SessionFile(std::string path, int fd, uint64_t block_bytes, std::vector<Record> records)
+    : path_(std::move(path)), fd_(fd), id_(0), block_bytes_(block_bytes), records_(std::move(records)) {}
+
+SessionFile::~SessionFile() { close(fd_); }
+
+Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
+  auto loaded = Load(path, fd);
+  if (!loaded.ok()) {
+    close(fd);
+    return loaded.status();
+  }
+  if (!loaded->note.empty()) spdlog::warn("{}", loaded->note);
+  const Header& h = loaded->header;
+  if (h.model.hash != model.hash) {
+    close(fd);
+    return Status::FailedPrecondition("wrong model: " + path + " was saved for " + h.model.description +
+                                      ", this model is " + model.description);
+  }
+  if (!(h.geometry == cache.geometry())) {
+    close(fd);
+    return Status::FailedPrecondition(GeometryMismatch(h.geometry, cache.geometry(), path));
+  }
+  auto file = std::shared_ptr<SessionFile>(new SessionFile(path, fd, h.block_bytes, loaded->records));
+  file->id_ = h.file_id;
+  MemoryManager& mm = cache.memory();
+  const int32_t source = mm.AddSource(file);
+  const KvGeometry& g = h.geometry;
+  const size_t n_blocks = (loaded->tokens.size() + static_cast<size_t>(g.block_tokens) - 1) / static_cast<size_t>(g.block_tokens);
+  std::vector<std::vector<PageId>> pages(static_cast<size_t>(g.n_layers));
+  std::vector<std::vector<BlockSaveState>> saved(static_cast<size_t>(g.n_layers));
+  for (size_t i = 0; i < file->records_.size(); ++i) {
+    const Record& r = file->records_[i];
+    auto page = mm.RegisterBacked(h.block_bytes, source, i, /*tag=*/1);
+    if (!page.ok()) {
+      for (auto& l : pages) for (PageId p : l) (void)mm.Free(p);
+      return page.status();
+    }
+    pages[r.layer].push_back(*page);
+    saved[r.layer].push_back(BlockSaveState{h.file_id, r.offset, r.checksum, static_cast<int>(r.tokens)});
+  }
+  (void)n_blocks;
+  auto seq = cache.AdoptBackedSequence(static_cast<int>(loaded->tokens.size()), pages, saved);
+  if (!seq.ok()) return seq.status();
+  return Restored{*seq, std::move(loaded->tokens), file};
+}
+
+Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
+  if (key >= records_.size() || out.size() < block_bytes_) return Status::InvalidArgument("session page-in out of range");
+  const Record& r = records_[key];
+  const std::string name = "session block " + std::to_string(key) + " (layer " + std::to_string(r.layer) + ", block " +
+                            std::to_string(r.block) + ") of " + path_;
+  std::byte hdr[kRecordHeaderBytes];
+  iovec iov[2] = {{hdr, kRecordHeaderBytes}, {out.data(), block_bytes_}};
+  const uint64_t want = kRecordHeaderBytes + block_bytes_;
+  uint64_t done = 0;
+  while (done < want) {
+    ssize_t n;
+    if (done == 0) {
+      n = preadv(fd_, iov, 2, static_cast<off_t>(r.offset));
+    } else {
+      // Resume after a short read (rare): finish with plain preads.
+      std::byte* dst = done < kRecordHeaderBytes ? hdr + done : out.data() + (done - kRecordHeaderBytes);
+      const uint64_t len = done < kRecordHeaderBytes ? kRecordHeaderBytes - done : want - done;
+      n = pread(fd_, dst, len, static_cast<off_t>(r.offset + done));
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "reading " + name);
+    if (n == 0) return Status::Corruption(name + " is truncated");
+    done += static_cast<uint64_t>(n);
+  }
+  if (Get<uint32_t>(hdr) != kRecordMagic || Get<uint32_t>(hdr + 4) != r.layer || Get<uint32_t>(hdr + 8) != r.block ||
+      Get<uint32_t>(hdr + 12) != r.tokens || Get<uint64_t>(hdr + 16) != block_bytes_ || Get<uint64_t>(hdr + 24) != r.checksum) {
+    return Status::Corruption(name + " has a damaged record header");
+  }
+  if (Hash(out.data(), block_bytes_) != r.checksum) return Status::Corruption(name + " fails its checksum");
+  return Status::Ok();
+}
+
+// ------------------------------------------------------------------- inspect / verify
+Result<SessionSummary> SessionFile::Inspect(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
+  auto loaded = Load(path, fd);
+  close(fd);
+  if (!loaded.ok()) return loaded.status();
+  SessionSummary s;
+  s.version = loaded->header.version;
+  s.model = loaded->header.model;
+  s.geometry = loaded->header.geometry;
+  s.commit_seq = loaded->slot.seq;
+  s.n_tokens = loaded->tokens.size();
+  s.tokens = loaded->tokens;
+  s.n_records = loaded->records.size();
+  s.file_bytes = loaded->file_bytes;
+  s.block_bytes = loaded->header.block_bytes;
+  s.live_bytes = kHeaderBytes + s.n_records * (kRecordHeaderBytes + s.block_bytes) + loaded->slot.manifest_bytes;
+  return s;
+}
+
+Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
+  auto loaded = Load(path, fd);
+  if (!loaded.ok()) {
+    close(fd);
+    return loaded.status();
+  }
+  if (!loaded->note.empty()) {
+    close(fd);
+    return Status::Corruption(loaded->note);
+  }
+  SessionFile file(path, fd, loaded->header.block_bytes, loaded->records);  // owns fd now
+  std::unique_ptr<std::byte[]> buf(new std::byte[loaded->header.block_bytes]);
+  for (size_t i = 0; i < file.records_.size(); ++i) {
+    TIERKV_RETURN_IF_ERROR(file.ReadPage(i, std::span<std::byte>(buf.get(), loaded->header.block_bytes)));
+  }
+  if (summary) {
+    auto s = Inspect(path);
+    if (s.ok()) *summary = *s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace tierkv

@@ -1,0 +1,124 @@
+// kvcache/session_file.h
+//
+// Session files: one sequence's tokens and KV cache, persisted across restarts.
+// docs/formats.md has the byte layout; in short:
+//   [header 4 KiB: magic, version, model fingerprint, KV geometry, codec + seed,
+//    header checksum; two commit slots A/B]
+//   [block records: {record header, block bytes}, appended, each with an xxh3 checksum]
+//   [manifest: token ids, one entry per (layer, block) naming its record; xxh3]
+// A save appends the blocks that are new or changed since the last save, then a
+// manifest, fsyncs, and only then commits by writing the older commit slot (sequence
+// number + manifest location + checksums) and fsyncing again. A crash at any point
+// leaves the newest intact slot pointing at a complete, checksummed save. The first
+// save goes to a temporary file renamed into place.
+//
+// Restore is lazy: it reads the header, a slot and the manifest (O(metadata)), and
+// registers every block as a backed page of the MemoryManager; a block is read, and
+// its checksum verified, the first time the decoder needs it. A corrupt block is
+// refused at page-in with an error naming it.
+//
+// Thread-safety: a SessionFile may serve page-ins (copy stream) while the owning
+// thread saves to it; nothing else is shared.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvcache/kv_cache.h"
+#include "memory/page_source.h"
+
+namespace tierkv {
+
+inline constexpr uint32_t kSessionFormatVersion = 1;
+
+// Identifies the model a KV cache belongs to: a hash of the architecture, tensor
+// names/shapes/types and rope parameters (computed by the runtime), and a readable
+// description for error messages.
+struct ModelFingerprint {
+  uint64_t hash = 0;
+  std::string description;  // e.g. "qwen3moe, 48 layers, Q4_K_M"
+};
+
+// The narrow seam for session-file I/O, so tests can inject faults and crashes.
+class SessionIo {
+ public:
+  virtual ~SessionIo() = default;
+  virtual Status PWrite(int fd, const void* data, size_t bytes, uint64_t offset);
+  virtual Status Sync(int fd);
+  virtual Status Rename(const std::string& from, const std::string& to);
+  static SessionIo* Default();
+};
+
+struct SessionSaveStats {
+  uint64_t blocks_written = 0;   // new or changed blocks appended by this save
+  uint64_t blocks_reused = 0;    // blocks whose record from an earlier save was kept
+  uint64_t bytes_written = 0;    // everything this save wrote (blocks, manifest, slot)
+  uint64_t file_bytes = 0;       // file size after the save
+};
+
+struct SessionSummary {  // what `session inspect` prints
+  uint32_t version = 0;
+  ModelFingerprint model;
+  KvGeometry geometry;
+  uint64_t commit_seq = 0;
+  uint64_t n_tokens = 0;
+  std::vector<int32_t> tokens;
+  uint64_t n_records = 0;        // records referenced by the manifest
+  uint64_t file_bytes = 0;
+  uint64_t block_bytes = 0;
+  uint64_t live_bytes = 0;       // header + referenced records + manifest
+};
+
+class SessionFile : public PageSource, public std::enable_shared_from_this<SessionFile> {
+ public:
+  ~SessionFile() override;
+
+  // Saves sequence s of `cache` with its tokens to `path`. If `path` already holds a
+  // session of the same model and geometry, appends only what changed; a file of a
+  // different model, geometry or codec is refused, never overwritten.
+  static Status Save(KvCache& cache, SeqId s, const std::vector<int32_t>& tokens, const ModelFingerprint& model,
+                     const std::string& path, SessionSaveStats* stats = nullptr, SessionIo* io = nullptr);
+
+  // Lazy restore: a new sequence of `cache` backed by the file's blocks. Refuses (one
+  // clear error) a file that is not a session, truncated, of another version, another
+  // model (fingerprint), or another geometry or codec than `cache`.
+  struct Restored {
+    SeqId seq;
+    std::vector<int32_t> tokens;
+    std::shared_ptr<SessionFile> file;  // keeps the backing open; also held by the cache's memory
+  };
+  static Result<Restored> Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model);
+
+  // Reads header, slots and manifest (no block data).
+  static Result<SessionSummary> Inspect(const std::string& path);
+  // Full checksum pass over every referenced block; the error names the first bad one.
+  static Status Verify(const std::string& path, SessionSummary* summary = nullptr);
+
+  // PageSource: reads record `key` and verifies it.
+  Status ReadPage(uint64_t key, std::span<std::byte> out) override;
+  uint64_t id() const { return id_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Record {  // manifest entry
+    uint32_t layer = 0;
+    uint32_t block = 0;
+    uint32_t tokens = 0;
+    uint64_t offset = 0;
+    uint64_t checksum = 0;
+  };
+  struct Loaded;  // header + slot + manifest, parsed
+  static Result<Loaded> Load(const std::string& path, int fd);
+
+  SessionFile(std::string path, int fd, uint64_t block_bytes, std::vector<Record> records);
+
+  std::string path_;
+  int fd_;
+  uint64_t id_;
+  uint64_t block_bytes_;
+  std::vector<Record> records_;
+};
+
+}  // namespace tierkv

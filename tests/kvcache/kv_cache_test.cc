@@ -1,0 +1,195 @@
+// tests/kvcache/kv_cache_test.cc
+#include "kvcache/kv_cache.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "tests/kvcache/kv_test_util.h"
+
+namespace tierkv {
+namespace {
+
+using testing::AppendTokens;
+using testing::BlockBytes;
+using testing::SmallGeometry;
+using testing::TempDir;
+using testing::TokenKv;
+
+std::unique_ptr<MemoryManager> Memory(const std::string& dir, uint32_t device = 4, uint32_t host = 8, uint32_t disk = 64) {
+  testing::SmallTiers s;
+  s.device_frames = device;
+  s.host_frames = host;
+  s.disk_frames = disk;
+  return testing::MakeManager(s, dir);
+}
+
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * static_cast<double>(got[i] - want[i]);
+    den += want[i] * static_cast<double>(want[i]);
+  }
+  return std::sqrt(num / den);
+}
+
+// Relative L2 error each codec must stay within on N(0,1) vectors (docs/codecs.md).
+double Bound(KvCodec c) {
+  switch (c) {
+    case KvCodec::kF16: return 1e-3;
+    case KvCodec::kQ8_0: return 0.01;
+    case KvCodec::kQ4_0: return 0.15;
+    case KvCodec::kTq4: return 0.12;
+    case KvCodec::kTq3: return 0.22;
+  }
+  return 0;
+}
+
+TEST(KvCacheTest, AppendReadRoundTripEveryCodec) {
+  for (KvCodec codec : kAllKvCodecs) {
+    TempDir dir;
+    auto mm = Memory(dir.path());
+    auto cache = KvCache::Create(mm.get(), SmallGeometry(codec)).value();
+    const SeqId s = cache->NewSequence();
+    AppendTokens(*cache, s, 0, 21, 5);
+    EXPECT_EQ(cache->Length(s), 21);
+    EXPECT_EQ(cache->NumBlocks(s), 3);
+    EXPECT_EQ(cache->BlockFill(s, 2), 5);
+    std::vector<float> k(64), v(64);
+    for (int pos = 0; pos < 21; ++pos) {
+      for (int l = 0; l < 2; ++l) {
+        ASSERT_TRUE(cache->Read(s, l, pos, k.data(), v.data()).ok());
+        EXPECT_LT(RelError(k, TokenKv(cache->geometry(), 5, pos, l, false)), Bound(codec)) << KvCodecName(codec) << " pos " << pos;
+        EXPECT_LT(RelError(v, TokenKv(cache->geometry(), 5, pos, l, true)), Bound(codec)) << KvCodecName(codec) << " pos " << pos;
+      }
+    }
+    std::string why;
+    EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+  }
+}
+
+TEST(KvCacheTest, DerivedBlockTokensFillAFrame) {
+  TempDir dir;
+  auto mm = Memory(dir.path());  // 4 KiB frames
+  KvGeometry g = SmallGeometry();
+  g.block_tokens = 0;
+  auto cache = KvCache::Create(mm.get(), g).value();
+  // f16, 2 heads x 32 dims x 2 bytes x (K+V) = 256 bytes per token -> 16 tokens per 4 KiB.
+  EXPECT_EQ(cache->geometry().block_tokens, 16);
+  EXPECT_EQ(cache->block_bytes(), 4096u);
+}
+
+TEST(KvCacheTest, ForkSharesBlocksAndCopiesOnWrite) {
+  TempDir dir;
+  auto mm = Memory(dir.path(), 4, 16, 64);
+  auto cache = KvCache::Create(mm.get(), SmallGeometry()).value();
+  const SeqId a = cache->NewSequence();
+  AppendTokens(*cache, a, 0, 12, 1);  // blocks: 8 full + 4
+  const auto before = BlockBytes(*cache, a);
+  auto b = cache->Fork(a);
+  ASSERT_TRUE(b.ok());
+  for (int blk = 0; blk < 2; ++blk) EXPECT_EQ(cache->BlockRefs(cache->Block(a, 0, blk)), 2);
+  // b continues differently: its partial block is copied, a is untouched.
+  AppendTokens(*cache, *b, 12, 14, 2);
+  EXPECT_EQ(cache->BlockRefs(cache->Block(a, 0, 0)), 2);  // the full block stays shared
+  EXPECT_EQ(cache->BlockRefs(cache->Block(a, 0, 1)), 1);  // the tail was copied
+  EXPECT_NE(cache->Block(a, 0, 1), cache->Block(*b, 0, 1));
+  EXPECT_EQ(BlockBytes(*cache, a), before);
+  std::vector<float> k(64), v(64);
+  ASSERT_TRUE(cache->Read(*b, 1, 5, k.data(), v.data()).ok());  // shared prefix still readable through b
+  EXPECT_LT(RelError(k, TokenKv(cache->geometry(), 1, 5, 1, false)), 1e-3);
+  ASSERT_TRUE(cache->Read(*b, 1, 13, k.data(), v.data()).ok());
+  EXPECT_LT(RelError(k, TokenKv(cache->geometry(), 2, 13, 1, false)), 1e-3);
+  std::string why;
+  EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+  ASSERT_TRUE(cache->FreeSequence(a).ok());
+  EXPECT_EQ(cache->BlockRefs(cache->Block(*b, 0, 0)), 1);
+  EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+  ASSERT_TRUE(cache->FreeSequence(*b).ok());
+  EXPECT_EQ(mm->live_pages(), 0u);
+}
+
+TEST(KvCacheTest, TruncateDropsBlocksAndRewritesTheTail) {
+  TempDir dir;
+  auto mm = Memory(dir.path(), 4, 16, 64);
+  auto cache = KvCache::Create(mm.get(), SmallGeometry()).value();
+  const SeqId a = cache->NewSequence();
+  AppendTokens(*cache, a, 0, 20, 1);
+  const size_t pages = mm->live_pages();
+  ASSERT_TRUE(cache->Truncate(a, 9).ok());
+  EXPECT_EQ(cache->NumBlocks(a), 2);
+  EXPECT_EQ(mm->live_pages(), pages - 2);  // one block per layer gone
+  AppendTokens(*cache, a, 9, 11, 3);       // overwrite positions 9, 10
+  std::vector<float> k(64), v(64);
+  ASSERT_TRUE(cache->Read(a, 0, 10, k.data(), v.data()).ok());
+  EXPECT_LT(RelError(k, TokenKv(cache->geometry(), 3, 10, 0, false)), 1e-3);
+  ASSERT_TRUE(cache->Read(a, 0, 8, k.data(), v.data()).ok());
+  EXPECT_LT(RelError(k, TokenKv(cache->geometry(), 1, 8, 0, false)), 1e-3);
+  EXPECT_EQ(cache->Truncate(a, 50).code(), StatusCode::kInvalidArgument);
+  std::string why;
+  EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+}
+
+TEST(KvCacheTest, KeySummariesBoundTheKeys) {
+  TempDir dir;
+  auto mm = Memory(dir.path(), 4, 16, 64);
+  auto cache = KvCache::Create(mm.get(), SmallGeometry()).value();
+  const SeqId a = cache->NewSequence();
+  AppendTokens(*cache, a, 0, 10, 4);
+  const KvGeometry& g = cache->geometry();
+  for (int l = 0; l < g.n_layers; ++l) {
+    for (int b = 0; b < 2; ++b) {
+      const BlockId id = cache->Block(a, l, b);
+      std::vector<float> lo(64, INFINITY), hi(64, -INFINITY);
+      for (int pos = b * 8; pos < std::min(10, b * 8 + 8); ++pos) {
+        const auto k = TokenKv(g, 4, pos, l, false);
+        for (int i = 0; i < 64; ++i) { lo[i] = std::min(lo[i], k[i]); hi[i] = std::max(hi[i], k[i]); }
+      }
+      for (int i = 0; i < 64; ++i) {
+        EXPECT_EQ(cache->KeyMin(id)[i], lo[i]);
+        EXPECT_EQ(cache->KeyMax(id)[i], hi[i]);
+      }
+    }
+  }
+}
+
+TEST(KvCacheTest, BlocksKeepIdenticalBytesAcrossForcedMigrations) {
+  for (KvCodec codec : kAllKvCodecs) {
+    TempDir dir;
+    auto mm = Memory(dir.path(), 2, 3, 64);  // far fewer frames than blocks: constant eviction
+    auto cache = KvCache::Create(mm.get(), SmallGeometry(codec)).value();
+    const SeqId a = cache->NewSequence();
+    AppendTokens(*cache, a, 0, 40, 9);  // 5 blocks x 2 layers
+    const auto reference = BlockBytes(*cache, a);
+    std::vector<PageId> pages;
+    for (int l = 0; l < 2; ++l) for (int b = 0; b < cache->NumBlocks(a); ++b) pages.push_back(cache->BlockPage(a, l, b));
+    for (int round = 0; round < 4; ++round) {
+      ASSERT_TRUE(mm->Demote(pages, Tier::kDisk).Wait().ok());
+      for (PageId p : pages) {
+        ASSERT_TRUE(mm->Acquire(p, Tier::kDevice).ok());
+        ASSERT_TRUE(mm->Acquire(p, Tier::kHost).ok());
+      }
+      EXPECT_EQ(BlockBytes(*cache, a), reference) << KvCodecName(codec) << " round " << round;
+    }
+    EXPECT_GT(mm->Stats(Tier::kDisk).bytes_out, 0u);
+    std::string why;
+    EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+  }
+}
+
+TEST(KvCacheTest, AppendFailsCleanlyWhenMemoryIsExhausted) {
+  TempDir dir;
+  auto mm = Memory(dir.path(), 0, 2, 0);  // host only, 2 frames, no disk: 1 token's blocks fit
+  auto cache = KvCache::Create(mm.get(), SmallGeometry()).value();
+  const SeqId a = cache->NewSequence();
+  AppendTokens(*cache, a, 0, 8, 1);
+  auto p = cache->AppendToken(a);  // needs 2 more frames
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kExhausted);
+  EXPECT_EQ(cache->Length(a), 8);
+  std::string why;
+  EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+}
+
+}  // namespace
+}  // namespace tierkv

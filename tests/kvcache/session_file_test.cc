@@ -1,0 +1,369 @@
+// tests/kvcache/session_file_test.cc
+#include "kvcache/session_file.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "tests/kvcache/kv_test_util.h"
+
+namespace tierkv {
+namespace {
+
+using testing::AppendTokens;
+using testing::BlockBytes;
+using testing::SmallGeometry;
+using testing::TempDir;
+
+const ModelFingerprint kModel{0x1234abcd, "test-model (2 layers)"};
+const ModelFingerprint kOtherModel{0x9999, "other-model"};
+
+std::vector<int32_t> Tokens(int n, int salt = 0) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + salt) % 1000;
+  return t;
+}
+
+struct World {  // a memory manager and a cache, as one process would have
+  TempDir dir;
+  std::unique_ptr<MemoryManager> mm;
+  std::unique_ptr<KvCache> cache;
+  explicit World(KvCodec codec = KvCodec::kF16) {
+    testing::SmallTiers s;
+    s.device_frames = 2;
+    s.host_frames = 4;  // fewer than the blocks: saves and restores page through tiers
+    s.disk_frames = 64;
+    mm = testing::MakeManager(s, dir.path());
+    cache = KvCache::Create(mm.get(), SmallGeometry(codec)).value();
+  }
+};
+
+std::vector<std::byte> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return std::vector<std::byte>(reinterpret_cast<std::byte*>(c.data()), reinterpret_cast<std::byte*>(c.data()) + c.size());
+}
+void WriteFile(const std::string& path, const std::vector<std::byte>& data) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+}
+
+void ExpectOneLine(const Status& st) { EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message(); }
+
+TEST(SessionFileTest, SaveRestoreRoundTripIsBitIdenticalForEveryCodec) {
+  for (KvCodec codec : kAllKvCodecs) {
+    TempDir files;
+    const std::string path = files.path() + "/s.tkv";
+    World a(codec);
+    const SeqId s = a.cache->NewSequence();
+    AppendTokens(*a.cache, s, 0, 29, 11);
+    const auto bytes = BlockBytes(*a.cache, s);
+    SessionSaveStats st;
+    ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(29), kModel, path, &st).ok());
+    EXPECT_EQ(st.blocks_written, 8u);  // 4 blocks x 2 layers
+    World b(codec);
+    auto r = SessionFile::Restore(*b.cache, path, kModel);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->tokens, Tokens(29));
+    EXPECT_EQ(b.cache->Length(r->seq), 29);
+    EXPECT_EQ(b.mm->Stats(Tier::kHost).bytes_in, 0u) << "restore must be lazy";
+    EXPECT_EQ(BlockBytes(*b.cache, r->seq), bytes) << KvCodecName(codec);
+    std::string why;
+    EXPECT_TRUE(b.cache->CheckInvariants(&why)) << why;
+  }
+}
+
+TEST(SessionFileTest, RestoreInANewProcess) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 3);
+  const auto bytes = BlockBytes(*a.cache, s);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+  const std::string expect_path = files.path() + "/expected.bin";
+  std::vector<std::byte> flat;
+  for (const auto& b : bytes) flat.insert(flat.end(), b.begin(), b.end());
+  WriteFile(expect_path, flat);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // the new process: nothing of the parent's memory manager is used
+    World b;
+    auto r = SessionFile::Restore(*b.cache, path, kModel);
+    if (!r.ok() || r->tokens != Tokens(20)) _exit(2);
+    std::vector<std::byte> got;
+    for (const auto& blk : BlockBytes(*b.cache, r->seq)) got.insert(got.end(), blk.begin(), blk.end());
+    _exit(got == ReadFile(expect_path) ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(SessionFileTest, SecondSaveAppendsOnlyNewBlocksAndAManifest) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);  // blocks 8, 8, 4
+  SessionSaveStats first, second, third;
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path, &first).ok());
+  const auto before = ReadFile(path);
+  AppendTokens(*a.cache, s, 20, 30, 1);  // blocks 8, 8, 8, 6: block 2 changed, block 3 new
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(30), kModel, path, &second).ok());
+  EXPECT_EQ(second.blocks_reused, 4u);
+  EXPECT_EQ(second.blocks_written, 4u);
+  const uint64_t record = 32 + a.cache->block_bytes();
+  const uint64_t manifest = 32 + 30 * 4 + 8 * 32;
+  EXPECT_EQ(second.bytes_written, 4 * record + manifest + 64);  // blocks + manifest + commit slot
+  const auto after = ReadFile(path);
+  // Everything the first save wrote, except its commit slot, is untouched.
+  for (size_t i = 0; i < before.size() - (32 + 20 * 4 + 6 * 32); ++i) {
+    if (i >= 2048 && i < 4096) continue;  // commit slots
+    ASSERT_EQ(before[i], after[i]) << "byte " << i << " of the first save was rewritten";
+  }
+  // Nothing changed: a third save writes only a manifest and a slot.
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(30), kModel, path, &third).ok());
+  EXPECT_EQ(third.blocks_written, 0u);
+  EXPECT_TRUE(SessionFile::Verify(path).ok());
+  // And a restored session saved again reuses the file's blocks.
+  World b;
+  auto r = SessionFile::Restore(*b.cache, path, kModel);
+  ASSERT_TRUE(r.ok());
+  AppendTokens(*b.cache, r->seq, 30, 33, 1);
+  SessionSaveStats fourth;
+  ASSERT_TRUE(SessionFile::Save(*b.cache, r->seq, Tokens(33), kModel, path, &fourth).ok());
+  EXPECT_EQ(fourth.blocks_written, 4u);  // per layer: the grown tail block and the new one
+  EXPECT_EQ(fourth.blocks_reused, 6u);
+  EXPECT_TRUE(SessionFile::Verify(path).ok());
+}
+
+// Fails every operation from the k-th on; the k-th write is torn (half written).
+class CrashingIo : public SessionIo {
+ public:
+  explicit CrashingIo(int crash_at) : crash_at_(crash_at) {}
+  Status PWrite(int fd, const void* data, size_t bytes, uint64_t offset) override {
+    if (ops_++ < crash_at_) {
+      Status st = SessionIo::PWrite(fd, data, bytes, offset);
+      if (st.ok() && (offset == 2048 || offset == 3072)) commit_written_ = true;
+      return st;
+    }
+    if (ops_ - 1 == crash_at_) (void)SessionIo::PWrite(fd, data, bytes / 2, offset);
+    crashed_ = true;
+    return Status::IoError("crash injected");
+  }
+  Status Sync(int fd) override {
+    if (ops_++ < crash_at_) return SessionIo::Sync(fd);
+    crashed_ = true;
+    return Status::IoError("crash injected");
+  }
+  Status Rename(const std::string& a, const std::string& b) override {
+    if (ops_++ < crash_at_) return SessionIo::Rename(a, b);
+    crashed_ = true;
+    return Status::IoError("crash injected");
+  }
+  bool crashed() const { return crashed_; }
+  // The commit slot reached the file (the crash came at the final fsync or later).
+  bool commit_written() const { return commit_written_; }
+
+ private:
+  bool commit_written_ = false;
+  int crash_at_;
+  int ops_ = 0;
+  bool crashed_ = false;
+};
+
+TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
+  TempDir files;
+  const std::string base = files.path() + "/base.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, base).ok());
+  const auto saved = ReadFile(base);
+  const SeqId t = a.cache->Fork(s).value();
+  AppendTokens(*a.cache, t, 20, 45, 2);
+  int completed_at = -1;
+  for (int k = 0; k < 64 && completed_at < 0; ++k) {
+    const std::string path = files.path() + "/crash" + std::to_string(k) + ".tkv";
+    WriteFile(path, saved);
+    for (int b = 0; b < a.cache->NumBlocks(t); ++b) {  // forget earlier saves' bookkeeping
+      for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(t, l, b)) = BlockSaveState{};
+    }
+    CrashingIo io(k);
+    Status st = SessionFile::Save(*a.cache, t, Tokens(45), kModel, path, nullptr, &io);
+    if (!io.crashed()) {
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      completed_at = k;
+    } else {
+      EXPECT_FALSE(st.ok());
+    }
+    ASSERT_TRUE(SessionFile::Verify(path).ok()) << "crash at step " << k << ": " << SessionFile::Verify(path).ToString();
+    World b;
+    auto r = SessionFile::Restore(*b.cache, path, kModel);
+    ASSERT_TRUE(r.ok()) << "crash at step " << k << ": " << r.status().ToString();
+    // A crash may only lose the new save, never the old one; once the commit slot is
+    // written the new save is the one loaded (a real crash before that fsync may still
+    // lose it: then the old one loads, also fine).
+    if (io.commit_written()) EXPECT_EQ(r->tokens, Tokens(45)) << "step " << k;
+    else EXPECT_EQ(r->tokens, Tokens(20)) << "step " << k;
+  }
+  EXPECT_GT(completed_at, 2) << "the save has several write steps";
+  // A first save that crashes leaves no file at all (it is written aside, then renamed).
+  for (int k = 0; k < 6; ++k) {
+    const std::string path = files.path() + "/fresh" + std::to_string(k) + ".tkv";
+    CrashingIo io(k);
+    Status st = SessionFile::Save(*a.cache, s, Tokens(20), kModel, path, nullptr, &io);
+    if (io.crashed()) {
+      EXPECT_FALSE(std::filesystem::exists(path)) << "step " << k;
+    } else {
+      EXPECT_TRUE(SessionFile::Verify(path).ok());
+    }
+  }
+}
+
+TEST(SessionFileTest, FlippedByteInAnyBlockIsNamedAndRefusedAtPageIn) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+  const auto good = ReadFile(path);
+  const uint64_t record = 32 + a.cache->block_bytes();
+  std::mt19937_64 rng(77);
+  for (int blk = 0; blk < 6; ++blk) {
+    auto bad = good;
+    const uint64_t off = 4096 + blk * record + 32 + rng() % a.cache->block_bytes();
+    bad[off] ^= std::byte{0x10};
+    WriteFile(path, bad);
+    Status v = SessionFile::Verify(path);
+    ASSERT_FALSE(v.ok());
+    EXPECT_EQ(v.code(), StatusCode::kCorruption);
+    EXPECT_NE(v.message().find("session block " + std::to_string(blk) + " "), std::string::npos) << v.message();
+    ExpectOneLine(v);
+    World b;
+    auto r = SessionFile::Restore(*b.cache, path, kModel);
+    ASSERT_TRUE(r.ok()) << "restore is lazy: it does not read blocks";
+    const int layer = blk / 3, index = blk % 3;
+    auto pin = b.mm->Acquire(b.cache->BlockPage(r->seq, layer, index), Tier::kHost);
+    ASSERT_FALSE(pin.ok());
+    EXPECT_EQ(pin.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(pin.status().message().find("fails its checksum"), std::string::npos);
+    // The other blocks still page in.
+    auto other = b.mm->Acquire(b.cache->BlockPage(r->seq, 1 - layer, index), Tier::kHost);
+    EXPECT_TRUE(other.ok());
+  }
+}
+
+TEST(SessionFileTest, RefusalsAreOneClearError) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+  const auto good = ReadFile(path);
+  auto restore_error = [&](const std::vector<std::byte>& data, KvCodec codec = KvCodec::kF16,
+                           const ModelFingerprint& model = kModel) {
+    WriteFile(path, data);
+    World b(codec);
+    auto r = SessionFile::Restore(*b.cache, path, model);
+    EXPECT_FALSE(r.ok());
+    ExpectOneLine(r.status());
+    return r.status();
+  };
+  // Truncated: in the header, in the blocks, in the manifest.
+  for (size_t cut : {size_t{100}, size_t{5000}, good.size() - 10}) {
+    Status st = restore_error(std::vector<std::byte>(good.begin(), good.begin() + static_cast<long>(cut)));
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
+  }
+  auto bad_magic = good;
+  bad_magic[0] = std::byte{'X'};
+  EXPECT_NE(restore_error(bad_magic).message().find("not a tierkv session file"), std::string::npos);
+  auto bad_version = good;
+  bad_version[8] = std::byte{7};
+  Status v = restore_error(bad_version);
+  EXPECT_EQ(v.code(), StatusCode::kUnsupported);
+  EXPECT_NE(v.message().find("version 7"), std::string::npos) << v.message();
+  Status m = restore_error(good, KvCodec::kF16, kOtherModel);
+  EXPECT_NE(m.message().find("wrong model"), std::string::npos) << m.message();
+  Status c = restore_error(good, KvCodec::kQ8_0);
+  EXPECT_NE(c.message().find("wrong codec"), std::string::npos) << c.message();
+  auto bad_header = good;
+  bad_header[40] = std::byte{64};  // head_dim, under the header checksum
+  EXPECT_NE(restore_error(bad_header).message().find("header checksum"), std::string::npos);
+  // Saving over another model's session is refused; the file is untouched.
+  WriteFile(path, good);
+  World other;
+  const SeqId o = other.cache->NewSequence();
+  AppendTokens(*other.cache, o, 0, 3, 5);
+  Status sv = SessionFile::Save(*other.cache, o, Tokens(3), kOtherModel, path);
+  EXPECT_NE(sv.message().find("wrong model"), std::string::npos) << sv.message();
+  EXPECT_EQ(ReadFile(path), good);
+}
+
+TEST(SessionFileTest, FuzzedFilesNeverCrashTheReader) {
+  TempDir files;
+  const std::string seed_path = files.path() + "/seed.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, seed_path).ok());
+  AppendTokens(*a.cache, s, 20, 26, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(26), kModel, seed_path).ok());
+  const auto good = ReadFile(seed_path);
+  std::mt19937_64 rng(0xf022);
+  const std::string path = files.path() + "/fuzz.tkv";
+  World b;
+#ifdef TIERKV_SANITIZE
+  const int kCases = 150;
+#else
+  const int kCases = 600;
+#endif
+  int refused = 0;
+  for (int i = 0; i < kCases; ++i) {
+    auto data = good;
+    switch (i % 4) {
+      case 0:  // a few random byte flips anywhere
+        for (int f = 0; f < 1 + static_cast<int>(rng() % 4); ++f) data[rng() % data.size()] ^= static_cast<std::byte>(1 + rng() % 255);
+        break;
+      case 1:  // truncation
+        data.resize(rng() % data.size());
+        break;
+      case 2: {  // a random 8-byte field in the header or manifest area set to a huge value
+        const size_t off = (rng() % 2) ? rng() % 4088 : data.size() - 8 - rng() % std::min<size_t>(data.size() - 8, 600);
+        const uint64_t v = rng() % 2 ? ~uint64_t{0} : rng();
+        std::memcpy(data.data() + off, &v, 8);
+        break;
+      }
+      case 3:  // garbage appended (a torn later save)
+        for (int g = 0; g < 1000; ++g) data.push_back(static_cast<std::byte>(rng()));
+        break;
+    }
+    WriteFile(path, data);
+    (void)SessionFile::Inspect(path);
+    if (!SessionFile::Verify(path).ok()) ++refused;
+    auto r = SessionFile::Restore(*b.cache, path, kModel);
+    if (r.ok()) {  // whatever loads must page in verified data or refuse it
+      for (int l = 0; l < 2; ++l) {
+        for (int blk = 0; blk < b.cache->NumBlocks(r->seq); ++blk) {
+          auto pin = b.mm->Acquire(b.cache->BlockPage(r->seq, l, blk), Tier::kHost);
+          if (!pin.ok()) EXPECT_EQ(pin.status().code(), StatusCode::kCorruption) << pin.status().ToString();
+        }
+      }
+      ASSERT_TRUE(b.cache->FreeSequence(r->seq).ok());
+    }
+  }
+  EXPECT_GT(refused, kCases / 4);
+}
+
+}  // namespace
+}  // namespace tierkv

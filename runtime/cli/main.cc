@@ -12,6 +12,8 @@
 
 #include "bench/tools/fragbench.h"
 #include "bench/tools/probe.h"
+#include "runtime/cli/info_command.h"
+#include "runtime/cli/session_command.h"
 
 int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv"));
@@ -22,6 +24,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   tierkv::tools::AddProbeCommand(app, exit_code);
   tierkv::tools::AddFragbenchCommand(app, exit_code);
+  tierkv::AddInfoCommand(app, exit_code);
+  tierkv::AddSessionCommand(app, exit_code);
 
   try {
     app.parse(argc, argv);

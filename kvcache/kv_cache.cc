@@ -32,6 +32,17 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(MemoryManager* mm, KvGeometry g
 KvCache::KvCache(MemoryManager* mm, KvGeometry g, std::unique_ptr<VectorCodec> codec, uint32_t tag)
     : mm_(mm), g_(g), codec_(std::move(codec)), tag_(tag) {
   block_bytes_ = 2ull * g_.n_kv_heads * g_.block_tokens * codec_->vector_bytes();
+  summary_floats_ = static_cast<size_t>(g_.n_kv_heads) * g_.head_dim;
+}
+
+const float* KvCache::KeyMin(BlockId b) const {
+  const uint32_t slot = blocks_[b.value].summary;
+  return slot == kNoSummary ? nullptr : summaries_.data() + static_cast<size_t>(slot) * 2 * summary_floats_;
+}
+
+const float* KvCache::KeyMax(BlockId b) const {
+  const float* lo = KeyMin(b);
+  return lo == nullptr ? nullptr : lo + summary_floats_;
 }
 
 KvCache::~KvCache() {
@@ -54,7 +65,7 @@ const KvCache::Sequence* KvCache::Seq(SeqId s) const {
   return &seqs_[s.value];
 }
 
-BlockId KvCache::AddBlockMeta(PageId page) {
+BlockId KvCache::AddBlockMeta(PageId page, bool with_summary) {
   uint32_t id;
   if (!free_blocks_.empty()) {
     id = free_blocks_.back();
@@ -64,12 +75,24 @@ BlockId KvCache::AddBlockMeta(PageId page) {
     blocks_.emplace_back();
   }
   BlockMeta& b = blocks_[id];
-  const size_t n = static_cast<size_t>(g_.n_kv_heads) * g_.head_dim;
   b.page = page;
   b.refs = 1;
-  b.kmin.assign(n, std::numeric_limits<float>::infinity());
-  b.kmax.assign(n, -std::numeric_limits<float>::infinity());
   b.saved = BlockSaveState{};
+  b.summary = kNoSummary;
+  if (with_summary) {
+    uint32_t slot;
+    if (!free_summaries_.empty()) {
+      slot = free_summaries_.back();
+      free_summaries_.pop_back();
+    } else {
+      slot = summary_slots_++;
+      summaries_.resize(static_cast<size_t>(summary_slots_) * 2 * summary_floats_);
+    }
+    float* lo = SummaryMin(slot);
+    std::fill(lo, lo + summary_floats_, std::numeric_limits<float>::infinity());
+    std::fill(lo + summary_floats_, lo + 2 * summary_floats_, -std::numeric_limits<float>::infinity());
+    b.summary = slot;
+  }
   return BlockId(id);
 }
 
@@ -83,7 +106,7 @@ Result<BlockId> KvCache::NewBlock() {
     return pin.status();
   }
   std::memset(pin->data(), 0, block_bytes_);
-  return AddBlockMeta(page);
+  return AddBlockMeta(page, /*with_summary=*/true);
 }
 
 void KvCache::Unref(BlockId b) {
@@ -91,8 +114,8 @@ void KvCache::Unref(BlockId b) {
   assert(m.refs > 0);
   if (--m.refs == 0) {
     (void)mm_->Free(m.page);  // cannot be pinned: pins never outlive a KvCache call
-    m.kmin.clear();
-    m.kmax.clear();
+    if (m.summary != kNoSummary) free_summaries_.push_back(m.summary);
+    m.summary = kNoSummary;
     free_blocks_.push_back(b.value);
   }
 }
@@ -201,9 +224,11 @@ Status KvCache::MakeExclusive(Sequence& seq, int layer, int block) {
     std::memcpy(dst->data(), tmp.data(), block_bytes_);
   }
   const BlockId old = ref;
-  const BlockId fresh = AddBlockMeta(page);  // may reallocate blocks_
-  blocks_[fresh.value].kmin = blocks_[old.value].kmin;
-  blocks_[fresh.value].kmax = blocks_[old.value].kmax;
+  const bool has_summary = blocks_[old.value].summary != kNoSummary;
+  const BlockId fresh = AddBlockMeta(page, has_summary);  // may reallocate blocks_
+  if (has_summary) {
+    std::copy_n(KeyMin(old), 2 * summary_floats_, SummaryMin(blocks_[fresh.value].summary));
+  }
   seq.table[static_cast<size_t>(layer)][static_cast<size_t>(block)] = fresh;
   Unref(old);
   return Status::Ok();
@@ -227,10 +252,13 @@ Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* 
     codec_->Encode(k + static_cast<size_t>(h) * g_.head_dim, pin.data() + off);
     codec_->Encode(v + static_cast<size_t>(h) * g_.head_dim, pin.data() + half + off);
   }
-  const size_t n = static_cast<size_t>(g_.n_kv_heads) * g_.head_dim;
-  for (size_t i = 0; i < n; ++i) {
-    b.kmin[i] = std::min(b.kmin[i], k[i]);
-    b.kmax[i] = std::max(b.kmax[i], k[i]);
+  if (b.summary != kNoSummary) {
+    float* lo = SummaryMin(b.summary);
+    float* hi = lo + summary_floats_;
+    for (size_t i = 0; i < summary_floats_; ++i) {
+      lo[i] = std::min(lo[i], k[i]);
+      hi[i] = std::max(hi[i], k[i]);
+    }
   }
   return Status::Ok();
 }
@@ -279,12 +307,12 @@ Result<SeqId> KvCache::AdoptBackedSequence(int length, const std::vector<std::ve
   const SeqId s = NewSequence();
   Sequence& seq = *Seq(s);
   seq.length = length;
+  blocks_.reserve(blocks_.size() + n_blocks * static_cast<size_t>(g_.n_layers));
+  for (auto& layer : seq.table) layer.reserve(n_blocks);
   for (int l = 0; l < g_.n_layers; ++l) {
     for (size_t b = 0; b < n_blocks; ++b) {
-      const BlockId id = AddBlockMeta(pages[static_cast<size_t>(l)][b]);
-      // Key bounds of restored blocks are unknown until rewritten: the widest bound.
-      std::fill(blocks_[id.value].kmin.begin(), blocks_[id.value].kmin.end(), -std::numeric_limits<float>::infinity());
-      std::fill(blocks_[id.value].kmax.begin(), blocks_[id.value].kmax.end(), std::numeric_limits<float>::infinity());
+      // Restored blocks carry no key summary (unbounded): restore stays O(metadata).
+      const BlockId id = AddBlockMeta(pages[static_cast<size_t>(l)][b], /*with_summary=*/false);
       blocks_[id.value].saved = saved[static_cast<size_t>(l)][b];
       seqs_[s.value].table[static_cast<size_t>(l)].push_back(id);
     }

@@ -11,7 +11,9 @@
 // counts); the first write into a shared block copies it. Each block also has a key
 // summary (per-channel min and max of its keys, in host memory beside the block table)
 // for selective attention; after Truncate a summary may be looser than the keys it
-// covers, never tighter (still a valid bound).
+// covers, never tighter (still a valid bound). Blocks restored from a session file have
+// no summary (KeyMin/KeyMax return nullptr: unbounded) so that restore stays
+// O(metadata); they are not recomputed when such a block is written again.
 //
 // Invariants (CheckInvariants):
 //   refs(b) == number of (sequence, layer, index) table entries naming b
@@ -96,9 +98,10 @@ class KvCache {
   BlockId Block(SeqId s, int layer, int block) const;
   // Tokens held by block `block` of s: block_tokens, or fewer for the last one.
   int BlockFill(SeqId s, int block) const;
-  // Per-channel key bounds of a block: [n_kv_heads * head_dim] each.
-  const float* KeyMin(BlockId b) const { return blocks_[b.value].kmin.data(); }
-  const float* KeyMax(BlockId b) const { return blocks_[b.value].kmax.data(); }
+  // Per-channel key bounds of a block: [n_kv_heads * head_dim] each; nullptr when the
+  // block has no summary (restored: treat as unbounded).
+  const float* KeyMin(BlockId b) const;
+  const float* KeyMax(BlockId b) const;
   int BlockRefs(BlockId b) const { return blocks_[b.value].refs; }
 
   // Session-file bookkeeping (kvcache/session_file.cc).
@@ -110,11 +113,11 @@ class KvCache {
   bool CheckInvariants(std::string* why) const;
 
  private:
+  static constexpr uint32_t kNoSummary = UINT32_MAX;
   struct BlockMeta {
     PageId page;
-    int refs = 0;               // 0 = free slot
-    std::vector<float> kmin;    // [n_kv_heads * head_dim]
-    std::vector<float> kmax;
+    int refs = 0;                    // 0 = free slot
+    uint32_t summary = kNoSummary;   // slot in summaries_, or none (unbounded)
     BlockSaveState saved;
   };
   struct Sequence {
@@ -125,7 +128,9 @@ class KvCache {
 
   KvCache(MemoryManager* mm, KvGeometry g, std::unique_ptr<VectorCodec> codec, uint32_t tag);
   Result<BlockId> NewBlock();
-  BlockId AddBlockMeta(PageId page);
+  // with_summary: a fresh block whose keys will all be written here (bounds start empty).
+  BlockId AddBlockMeta(PageId page, bool with_summary);
+  float* SummaryMin(uint32_t slot) { return summaries_.data() + static_cast<size_t>(slot) * 2 * summary_floats_; }
   void Unref(BlockId b);
   // Makes table[layer][block] exclusively owned by s (copies it if shared).
   Status MakeExclusive(Sequence& seq, int layer, int block);
@@ -140,6 +145,10 @@ class KvCache {
   uint64_t block_bytes_;
   std::vector<BlockMeta> blocks_;      // [block ids]
   std::vector<uint32_t> free_blocks_;
+  size_t summary_floats_;              // n_kv_heads * head_dim
+  std::vector<float> summaries_;       // [slots][min, max][summary_floats_]
+  std::vector<uint32_t> free_summaries_;
+  uint32_t summary_slots_ = 0;
   std::vector<Sequence> seqs_;         // [sequence ids]
 };
 

@@ -14,8 +14,8 @@
 #include <random>
 
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
+#include "kvcache/checksum.h"
 #include "memory/size.h"
 
 namespace tierkv {
@@ -34,7 +34,7 @@ constexpr uint64_t kManifestEntryBytes = 32;
 constexpr size_t kMaxDescription = 1024;
 constexpr uint64_t kWriteBatchBytes = 8 * kMiB;  // gather block records into writes this large
 
-uint64_t Hash(const void* p, size_t n) { return XXH3_64bits(p, n); }
+uint64_t Hash(const void* p, size_t n) { return Checksum(p, n); }
 
 // Little-endian field access (the format is little-endian; so is every host we build for).
 template <typename T>
@@ -193,6 +193,31 @@ Status SessionIo::PWrite(int fd, const void* data, size_t bytes, uint64_t offset
     if (n < 0) return Status::FromErrno(errno, "writing the session file");
     if (n == 0) return Status::IoError("short write on the session file");
     done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status SessionIo::PWritev(int fd, const iovec* iov_in, int n, uint64_t offset) {
+  std::vector<iovec> iov(iov_in, iov_in + n);
+  size_t first = 0;
+  uint64_t done = 0;
+  while (first < iov.size()) {
+    const ssize_t w = pwritev(fd, &iov[first], static_cast<int>(iov.size() - first), static_cast<off_t>(offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return Status::FromErrno(errno, "writing the session file");
+    if (w == 0) return Status::IoError("short write on the session file");
+    done += static_cast<uint64_t>(w);
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && first < iov.size()) {
+      if (left >= iov[first].iov_len) {
+        left -= iov[first].iov_len;
+        ++first;
+      } else {
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+        left = 0;
+      }
+    }
   }
   return Status::Ok();
 }
@@ -360,19 +385,27 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     out.bytes_written += h.size();
   }
 
-  // Blocks: reuse what the file already holds, append the rest in gathered writes.
+  // Blocks: reuse what the file already holds; append the rest with gathered writes
+  // straight from the pinned pages (record header + block bytes per record).
   const int n_blocks = cache.NumBlocks(s);
   std::vector<Record> records;
   records.reserve(static_cast<size_t>(g.n_layers) * n_blocks);
   std::vector<std::pair<BlockId, BlockSaveState>> updates;
-  std::vector<std::byte> batch;
-  uint64_t batch_at = append_at;
+  constexpr size_t kRecordsPerWrite = 512;  // two iovecs each, within IOV_MAX
+  std::vector<std::array<std::byte, kRecordHeaderBytes>> headers;
+  std::vector<Pin> pins;
+  std::vector<iovec> iov;
+  headers.reserve(kRecordsPerWrite);
+  uint64_t write_at = append_at, pending = 0;
   auto flush = [&]() -> Status {
-    if (batch.empty()) return Status::Ok();
-    TIERKV_RETURN_IF_ERROR(io->PWrite(fd, batch.data(), batch.size(), batch_at));
-    out.bytes_written += batch.size();
-    batch_at += batch.size();
-    batch.clear();
+    if (iov.empty()) return Status::Ok();
+    TIERKV_RETURN_IF_ERROR(io->PWritev(fd, iov.data(), static_cast<int>(iov.size()), write_at));
+    out.bytes_written += pending;
+    write_at += pending;
+    pending = 0;
+    iov.clear();
+    pins.clear();
+    headers.clear();
     return Status::Ok();
   };
   MemoryManager& mm = cache.memory();
@@ -388,21 +421,26 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
         ++out.blocks_reused;
       } else {
         auto pin = mm.Acquire(cache.BlockPage(s, l, b), Tier::kHost);
+        if (!pin.ok() && pin.status().code() == StatusCode::kExhausted && !pins.empty()) {
+          // The host tier is full of this batch's pins: write them out and retry.
+          if (Status st = flush(); !st.ok()) return fail(st);
+          pin = mm.Acquire(cache.BlockPage(s, l, b), Tier::kHost);
+        }
         if (!pin.ok()) return fail(pin.status());
-        const size_t at = batch.size();
-        batch.resize(at + kRecordHeaderBytes + bb);
-        std::memcpy(batch.data() + at + kRecordHeaderBytes, pin->data(), bb);
-        r.checksum = Hash(batch.data() + at + kRecordHeaderBytes, bb);
-        r.offset = batch_at + at;
-        Put<uint32_t>(batch, at, kRecordMagic);
-        Put<uint32_t>(batch, at + 4, r.layer);
-        Put<uint32_t>(batch, at + 8, r.block);
-        Put<uint32_t>(batch, at + 12, r.tokens);
-        Put<uint64_t>(batch, at + 16, bb);
-        Put<uint64_t>(batch, at + 24, r.checksum);
+        r.checksum = Hash(pin->data(), bb);
+        r.offset = write_at + pending;
+        auto& h = headers.emplace_back();
+        const uint32_t f32[4] = {kRecordMagic, r.layer, r.block, r.tokens};
+        const uint64_t f64[2] = {bb, r.checksum};
+        std::memcpy(h.data(), f32, 16);
+        std::memcpy(h.data() + 16, f64, 16);
+        iov.push_back({h.data(), kRecordHeaderBytes});
+        iov.push_back({pin->data(), bb});
+        pins.push_back(std::move(pin).value());
+        pending += kRecordHeaderBytes + bb;
         updates.push_back({id, BlockSaveState{header.file_id, r.offset, r.checksum, fill}});
         ++out.blocks_written;
-        if (batch.size() >= kWriteBatchBytes) {
+        if (headers.size() == kRecordsPerWrite || pending >= kWriteBatchBytes) {
           Status st = flush();
           if (!st.ok()) return fail(st);
         }
@@ -411,6 +449,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     }
   }
   if (Status st = flush(); !st.ok()) return fail(st);
+  const uint64_t batch_at = write_at;
 
   // Manifest, then make everything durable, then commit through the older slot.
   std::vector<std::byte> m;
@@ -486,27 +525,32 @@ Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::st
     close(fd);
     return Status::FailedPrecondition(GeometryMismatch(h.geometry, cache.geometry(), path));
   }
-  auto file = std::shared_ptr<SessionFile>(new SessionFile(path, fd, h.block_bytes, loaded->records));
+  auto file = std::shared_ptr<SessionFile>(new SessionFile(path, fd, h.block_bytes, std::move(loaded->records)));
   file->id_ = h.file_id;
   MemoryManager& mm = cache.memory();
   const int32_t source = mm.AddSource(file);
   const KvGeometry& g = h.geometry;
-  const size_t n_blocks = (loaded->tokens.size() + static_cast<size_t>(g.block_tokens) - 1) / static_cast<size_t>(g.block_tokens);
+  // One backed page per record; manifest order is layer-major, so layer l's blocks
+  // are keys [l * n_blocks, (l + 1) * n_blocks).
+  const size_t n_records = file->records_.size();
+  const size_t n_blocks = n_records / static_cast<size_t>(g.n_layers);
+  auto all = mm.RegisterBackedRange(h.block_bytes, source, 0, n_records, /*tag=*/1);
+  if (!all.ok()) return all.status();
   std::vector<std::vector<PageId>> pages(static_cast<size_t>(g.n_layers));
   std::vector<std::vector<BlockSaveState>> saved(static_cast<size_t>(g.n_layers));
-  for (size_t i = 0; i < file->records_.size(); ++i) {
-    const Record& r = file->records_[i];
-    auto page = mm.RegisterBacked(h.block_bytes, source, i, /*tag=*/1);
-    if (!page.ok()) {
-      for (auto& l : pages) for (PageId p : l) (void)mm.Free(p);
-      return page.status();
+  for (size_t l = 0; l < pages.size(); ++l) {
+    pages[l].assign(all->begin() + static_cast<long>(l * n_blocks), all->begin() + static_cast<long>((l + 1) * n_blocks));
+    saved[l].reserve(n_blocks);
+    for (size_t b = 0; b < n_blocks; ++b) {
+      const Record& r = file->records_[l * n_blocks + b];
+      saved[l].push_back(BlockSaveState{h.file_id, r.offset, r.checksum, static_cast<int>(r.tokens)});
     }
-    pages[r.layer].push_back(*page);
-    saved[r.layer].push_back(BlockSaveState{h.file_id, r.offset, r.checksum, static_cast<int>(r.tokens)});
   }
-  (void)n_blocks;
   auto seq = cache.AdoptBackedSequence(static_cast<int>(loaded->tokens.size()), pages, saved);
-  if (!seq.ok()) return seq.status();
+  if (!seq.ok()) {
+    for (PageId p : *all) (void)mm.Free(p);
+    return seq.status();
+  }
   return Restored{*seq, std::move(loaded->tokens), file};
 }
 

@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/uio.h>
+
 #include "kvcache/kv_cache.h"
 #include "memory/page_source.h"
 
@@ -46,6 +48,8 @@ class SessionIo {
  public:
   virtual ~SessionIo() = default;
   virtual Status PWrite(int fd, const void* data, size_t bytes, uint64_t offset);
+  // Gathered write of iov[0..n) at offset (resumes after short writes).
+  virtual Status PWritev(int fd, const struct iovec* iov, int n, uint64_t offset);
   virtual Status Sync(int fd);
   virtual Status Rename(const std::string& from, const std::string& to);
   static SessionIo* Default();

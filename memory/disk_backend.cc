@@ -118,7 +118,8 @@ Result<std::unique_ptr<TierBackend>> CreateDiskBackend(const DiskBackendOptions&
 
   bool direct = false;
   if (options.direct_io && options.bytes % kDirectAlign == 0) {
-    // tmpfs (/dev/shm) refuses O_DIRECT with EINVAL; then stay buffered.
+    // Some filesystems refuse O_DIRECT with EINVAL (tmpfs before Linux 6.6); then stay
+    // buffered. Describe() says which mode the tier runs in.
     const int flags = fcntl(fd, F_GETFL);
     direct = flags >= 0 && fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
   }

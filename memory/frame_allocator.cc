@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cassert>
+#include <cstdint>
 
 namespace tierkv {
 
@@ -68,15 +69,58 @@ void FrameAllocator::ForEachFreeRun(Fn&& fn) const {
   if (run_len) fn(run_start, run_len);
 }
 
+// Smallest j >= i whose bit is set on level k (k >= 1: bit j <=> word j of level k-1 is
+// non-zero), or SIZE_MAX. O(levels): climbs while the rest of a word is empty.
+size_t FrameAllocator::NextSet(size_t k, size_t i) const {
+  const auto& level = levels_[k];
+  size_t w = i / 64;
+  if (w >= level.size()) return SIZE_MAX;
+  const uint64_t m = level[w] & (~uint64_t{0} << (i % 64));
+  if (m != 0) return w * 64 + static_cast<size_t>(std::countr_zero(m));
+  if (k + 1 >= levels_.size()) return SIZE_MAX;  // the top level is a single word
+  w = NextSet(k + 1, w + 1);
+  return w == SIZE_MAX ? SIZE_MAX : w * 64 + static_cast<size_t>(std::countr_zero(level[w]));
+}
+
 std::optional<FrameId> FrameAllocator::AllocateRun(uint32_t n) {
   assert(n >= 1);
   if (n == 1) return Allocate();
   if (n > n_free_) return std::nullopt;
+  const auto& bits = levels_[0];
+  const size_t words = bits.size();
+  uint32_t run_start = 0, run_len = 0;  // free run ending at the current word's start
   std::optional<FrameId> found;
-  ForEachFreeRun([&](uint32_t start, uint32_t len) {
-    if (len >= n) { found = FrameId(start); return false; }
-    return true;
-  });
+  size_t w = 0;
+  while (w < words) {
+    const uint64_t word = bits[w];
+    const uint32_t base = static_cast<uint32_t>(w * 64);
+    if (word == 0) {  // all used: jump to the next word with a free frame (level 1)
+      run_len = 0;
+      w = levels_.size() > 1 ? NextSet(1, w + 1) : w + 1;
+      continue;
+    }
+    if (run_len > 0) {  // extend the run carried from the words below
+      const uint32_t lead = static_cast<uint32_t>(std::countr_one(word));
+      if (run_len + lead >= n) { found = FrameId(run_start); break; }
+      if (lead == 64) { run_len += 64; ++w; continue; }
+      run_len = 0;
+    }
+    if (n <= 64) {  // y bit i set <=> frames [base + i, base + i + n) are free
+      uint64_t y = word;
+      uint32_t have = 1;
+      while (have < n && y != 0) {
+        const uint32_t s = std::min(have, n - have);
+        y &= y >> s;
+        have += s;
+      }
+      if (y != 0) { found = FrameId(base + static_cast<uint32_t>(std::countr_zero(y))); break; }
+    }
+    const uint32_t top = static_cast<uint32_t>(std::countl_one(word));  // free run to the word's end
+    run_len = top;
+    run_start = base + 64 - top;
+    ++w;
+  }
+  if (found && found->value + n > n_frames_) found.reset();  // bits past the end are never set
   if (found) SetRange(found->value, n, /*free=*/false);
   return found;
 }

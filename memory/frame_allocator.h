@@ -50,6 +50,7 @@ class FrameAllocator {
   void ForEachFreeRun(Fn&& fn) const;
   void SetRange(uint32_t first, uint32_t n, bool free);
   void UpdateParents(uint32_t word_index);
+  size_t NextSet(size_t k, size_t i) const;
 
   uint32_t n_frames_;
   uint32_t n_free_;

@@ -42,6 +42,24 @@ void Pin::Release() {
 // ------------------------------------------------------------------------ creation
 namespace {
 
+// The batch without repeats, in first-seen order (copies are gathered per batch, so
+// the order only decides which pages fit when a tier fills up). O(n log n).
+std::vector<PageId> UniquePages(const std::vector<PageId>& pages) {
+  std::vector<std::pair<uint32_t, size_t>> keyed;
+  keyed.reserve(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) keyed.push_back({pages[i].value, i});
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<size_t> keep;
+  for (size_t i = 0; i < keyed.size(); ++i) {
+    if (i == 0 || keyed[i].first != keyed[i - 1].first) keep.push_back(keyed[i].second);
+  }
+  std::sort(keep.begin(), keep.end());
+  std::vector<PageId> out;
+  out.reserve(keep.size());
+  for (size_t i : keep) out.push_back(pages[i]);
+  return out;
+}
+
 uint64_t RoundDownToFrames(uint64_t bytes, uint64_t frame_bytes) { return bytes / frame_bytes * frame_bytes; }
 
 Status CheckBudget(const char* flag, uint64_t bytes, uint64_t frame_bytes) {
@@ -466,19 +484,30 @@ int32_t MemoryManager::AddSource(std::shared_ptr<PageSource> source) {
 }
 
 Result<PageId> MemoryManager::RegisterBacked(uint64_t bytes, int32_t source, uint64_t key, uint32_t tag) {
+  TIERKV_ASSIGN_OR_RETURN(std::vector<PageId> pages, RegisterBackedRange(bytes, source, key, 1, tag));
+  return pages[0];
+}
+
+Result<std::vector<PageId>> MemoryManager::RegisterBackedRange(uint64_t bytes, int32_t source, uint64_t first_key,
+                                                               uint64_t count, uint32_t tag) {
   if (bytes == 0) return Status::InvalidArgument("a page of zero bytes");
   const uint64_t n = (bytes + frame_bytes_ - 1) / frame_bytes_;
   if (n > tiers_[TierIndex(Tier::kHost)].stats.frames) {
     return Status::InvalidArgument("a backed page of " + FormatBytes(bytes) + " does not fit the host tier");
   }
+  std::vector<PageId> pages;
+  pages.reserve(count);
   std::lock_guard<std::mutex> lock(mu_);
   if (source < 0 || static_cast<size_t>(source) >= sources_.size()) return Status::InvalidArgument("unknown page source");
-  const PageId page = table_.Insert(bytes, static_cast<uint32_t>(n), tag);
-  PageEntry& e = table_.at(page);
-  e.source = source;
-  e.source_key = key;
+  for (uint64_t i = 0; i < count; ++i) {
+    const PageId page = table_.Insert(bytes, static_cast<uint32_t>(n), tag);
+    PageEntry& e = table_.at(page);
+    e.source = source;
+    e.source_key = first_key + i;
+    pages.push_back(page);
+  }
   max_page_frames_ = std::max(max_page_frames_, static_cast<uint32_t>(n));
-  return page;
+  return pages;
 }
 
 Status MemoryManager::Free(PageId page) {
@@ -553,11 +582,11 @@ Ticket MemoryManager::Prefetch(std::vector<PageId> pages, Tier tier) {
   }
   return RunOnStreamAsync([this, pages = std::move(pages), tier](Lock& lock) {
     std::vector<PageId> todo;
-    for (PageId p : pages) {
+    for (PageId p : UniquePages(pages)) {
       if (!table_.Contains(p)) continue;
       const PageEntry& e = table_.at(p);
       if (e.pins > 0 || TierIndex(e.top()) <= TierIndex(tier)) continue;
-      if (std::find(todo.begin(), todo.end(), p) == todo.end()) todo.push_back(p);
+      todo.push_back(p);
     }
     SetInFlight(todo, true);
     Status st = PromoteLocked(lock, todo, tier);
@@ -574,11 +603,11 @@ Ticket MemoryManager::Demote(std::vector<PageId> pages, Tier tier) {
   }
   return RunOnStreamAsync([this, pages = std::move(pages), tier](Lock& lock) {
     std::vector<PageId> todo;
-    for (PageId p : pages) {
+    for (PageId p : UniquePages(pages)) {
       if (!table_.Contains(p)) continue;
       const PageEntry& e = table_.at(p);
       if (e.pins > 0 || TierIndex(e.top()) >= TierIndex(tier)) continue;
-      if (std::find(todo.begin(), todo.end(), p) == todo.end()) todo.push_back(p);
+      todo.push_back(p);
     }
     SetInFlight(todo, true);
     Status st = DemoteLocked(lock, todo, tier);

@@ -136,6 +136,9 @@ class MemoryManager {
   // O(1) each, reads nothing; the page's data is the source's until it is written.
   int32_t AddSource(std::shared_ptr<PageSource> source);
   Result<PageId> RegisterBacked(uint64_t bytes, int32_t source, uint64_t key, uint32_t tag = 0);
+  // `count` backed pages with keys first_key, first_key + 1, ... under one lock.
+  Result<std::vector<PageId>> RegisterBackedRange(uint64_t bytes, int32_t source, uint64_t first_key, uint64_t count,
+                                                  uint32_t tag = 0);
   // Releases every copy. REQUIRES: not pinned (else kFailedPrecondition).
   Status Free(PageId page);
 

@@ -3,8 +3,9 @@
 
 #include <cassert>
 #include <cmath>
-#include <deque>
-#include <unordered_set>
+#include <iterator>
+#include <list>
+#include <unordered_map>
 
 namespace tierkv {
 
@@ -129,13 +130,18 @@ class DecayedLfuPolicy final : public ResidencyPolicy {
     for (int t = 0; t < kNumTiers; ++t) {
       if (tiers_[p.value] & (1u << t)) heaps_[t].Increased(p, key_);
     }
-    if (now_ * inv_half_life_ > kRescaleExponent) Rescale();
+    // Exponent relative to the last rescale (keys are stored divided by 2^base_exponent_).
+    if (static_cast<double>(now_) * inv_half_life_ - base_exponent_ > kRescaleExponent) Rescale();
   }
   void PickVictims(Tier t, size_t max, const std::function<bool(PageId)>& accept,
                    std::vector<PageId>* out) override {
     // Pop in key order, keep the accepted ones, push everything back: the heap is
     // unchanged afterwards. Rejected (pinned) pages are few, so this stays cheap.
     Heap& h = heaps_[TierIndex(t)];
+    if (max == 1 && h.size() > 0 && accept(h.Top())) {  // the common case: nothing pinned on top
+      out->push_back(h.Top());
+      return;
+    }
     std::vector<PageId> popped;
     size_t n = 0;
     while (n < max && h.size() > 0) {
@@ -233,7 +239,9 @@ class TwoQPolicy final : public ResidencyPolicy {
 
   void OnInsert(Tier t, PageId p) override {
     Queues& q = q_[TierIndex(t)];
-    if (q.ghost_set.erase(p.value)) {
+    if (auto it = q.ghost_index.find(p.value); it != q.ghost_index.end()) {
+      q.ghost.erase(it->second);
+      q.ghost_index.erase(it);
       q.am.PushFront(p);  // seen recently enough to be remembered: hot
     } else {
       q.a1in.PushFront(p);
@@ -272,15 +280,16 @@ class TwoQPolicy final : public ResidencyPolicy {
  private:
   struct Queues {
     PageList a1in, am;
-    std::deque<uint32_t> ghost;              // A1out, oldest first
-    std::unordered_set<uint32_t> ghost_set;
+    std::list<uint32_t> ghost;  // A1out, oldest first; one entry per remembered page
+    std::unordered_map<uint32_t, std::list<uint32_t>::iterator> ghost_index;
   };
   void Remember(Queues& q, PageId p) {
+    if (auto it = q.ghost_index.find(p.value); it != q.ghost_index.end()) q.ghost.erase(it->second);
     q.ghost.push_back(p.value);
-    q.ghost_set.insert(p.value);
+    q.ghost_index[p.value] = std::prev(q.ghost.end());
     const size_t limit = std::max<size_t>(16, static_cast<size_t>(ghost_factor_ * static_cast<double>(q.a1in.size() + q.am.size() + 1)));
     while (q.ghost.size() > limit) {
-      q.ghost_set.erase(q.ghost.front());
+      q.ghost_index.erase(q.ghost.front());
       q.ghost.pop_front();
     }
   }

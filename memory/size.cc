@@ -24,11 +24,13 @@ Result<uint64_t> ParseSize(std::string_view text) {
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   if (i == 0) return Status::InvalidArgument("size '" + original + "' does not start with a number");
   double number = 0;
+  size_t used = 0;
   try {
-    number = std::stod(std::string(text.substr(0, i)));
+    number = std::stod(std::string(text.substr(0, i)), &used);
   } catch (...) {
-    return Status::InvalidArgument("size '" + original + "' has a malformed number");
+    used = 0;
   }
+  if (used != i) return Status::InvalidArgument("size '" + original + "' has a malformed number");
   std::string unit;
   for (char c : text.substr(i)) {
     if (c != ' ') unit.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
@@ -45,8 +47,10 @@ Result<uint64_t> ParseSize(std::string_view text) {
   else if (unit == "tb") mult = 1e12;
   else return Status::InvalidArgument("size '" + original + "' has unknown unit '" + unit + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
   const double bytes = number * mult;
-  if (!std::isfinite(bytes) || bytes >= 1.8e19) return Status::InvalidArgument("size '" + original + "' is too large");
-  return static_cast<uint64_t>(std::llround(bytes));
+  // 2^64 is exactly representable; anything below it converts to uint64_t exactly
+  // (llround would go through a signed type and overflow above 2^63).
+  if (!std::isfinite(bytes) || bytes >= 18446744073709551616.0) return Status::InvalidArgument("size '" + original + "' is too large");
+  return static_cast<uint64_t>(std::round(bytes));
 }
 
 std::string FormatBytes(uint64_t bytes) {

@@ -158,6 +158,16 @@ class CrashingIo : public SessionIo {
     crashed_ = true;
     return Status::IoError("crash injected");
   }
+  Status PWritev(int fd, const struct iovec* iov, int n, uint64_t offset) override {
+    if (ops_++ < crash_at_) return SessionIo::PWritev(fd, iov, n, offset);
+    if (ops_ - 1 == crash_at_) {  // torn: the first half of the gathered bytes
+      std::vector<char> flat;
+      for (int i = 0; i < n; ++i) flat.insert(flat.end(), static_cast<char*>(iov[i].iov_base), static_cast<char*>(iov[i].iov_base) + iov[i].iov_len);
+      (void)SessionIo::PWrite(fd, flat.data(), flat.size() / 2, offset);
+    }
+    crashed_ = true;
+    return Status::IoError("crash injected");
+  }
   Status Sync(int fd) override {
     if (ops_++ < crash_at_) return SessionIo::Sync(fd);
     crashed_ = true;

@@ -50,7 +50,7 @@ class CudaDeviceBackend final : public TierBackend {
       while (i < sorted.size() && sorted[i].offset == run.offset + run.bytes && sorted[i].host == run.host + run.bytes) {
         run.bytes += sorted[i++].bytes;
       }
-      if (run.offset + run.bytes > bytes_) return Status::InvalidArgument("device copy past the arena end");
+      if (run.offset > bytes_ || run.bytes > bytes_ - run.offset) return Status::InvalidArgument("device copy past the arena end");
       void* dst = kind == cudaMemcpyHostToDevice ? static_cast<void*>(base_ + run.offset) : static_cast<void*>(run.host);
       const void* src = kind == cudaMemcpyHostToDevice ? static_cast<const void*>(run.host) : static_cast<const void*>(base_ + run.offset);
       const cudaError_t err = cudaMemcpyAsync(dst, src, run.bytes, kind, stream_);

@@ -51,7 +51,7 @@ class DiskBackend final : public TierBackend {
       iov.clear();
       while (i < sorted.size() && sorted[i].offset == end && iov.size() < IOV_MAX) {
         const CopyOp& op = sorted[i];
-        if (op.offset + op.bytes > bytes_) return Status::InvalidArgument("disk transfer past the arena end");
+        if (op.offset > bytes_ || op.bytes > bytes_ - op.offset) return Status::InvalidArgument("disk transfer past the arena end");
         iov.push_back({op.host, op.bytes});
         end += op.bytes;
         ++i;

@@ -58,14 +58,14 @@ class HostBackend final : public TierBackend {
   // the seam, but the contract is honoured for completeness (and for tests).
   Status Write(std::span<const CopyOp> ops) override {
     for (const CopyOp& op : ops) {
-      if (op.offset + op.bytes > bytes_) return Status::InvalidArgument("host write past the arena end");
+      if (op.offset > bytes_ || op.bytes > bytes_ - op.offset) return Status::InvalidArgument("host write past the arena end");
       std::memcpy(base_ + op.offset, op.host, op.bytes);
     }
     return Status::Ok();
   }
   Status Read(std::span<const CopyOp> ops) override {
     for (const CopyOp& op : ops) {
-      if (op.offset + op.bytes > bytes_) return Status::InvalidArgument("host read past the arena end");
+      if (op.offset > bytes_ || op.bytes > bytes_ - op.offset) return Status::InvalidArgument("host read past the arena end");
       std::memcpy(op.host, base_ + op.offset, op.bytes);
     }
     return Status::Ok();

@@ -41,7 +41,7 @@ class SimDeviceBackend final : public TierBackend {
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t total = 0;
     for (const CopyOp& op : ops) {
-      if (op.offset + op.bytes > bytes_) return Status::InvalidArgument("sim device copy past the arena end");
+      if (op.offset > bytes_ || op.bytes > bytes_ - op.offset) return Status::InvalidArgument("sim device copy past the arena end");
       if (to_device) std::memcpy(base_ + op.offset, op.host, op.bytes);
       else std::memcpy(op.host, base_ + op.offset, op.bytes);
       total += op.bytes;

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -234,6 +235,7 @@ struct DiskCase {
   const char* parent;
   bool direct_io;
 };
+void PrintTo(const DiskCase& c, std::ostream* os) { *os << c.parent << (c.direct_io ? " O_DIRECT" : " buffered"); }
 
 class DiskBackendTest : public ::testing::TestWithParam<DiskCase> {
  protected:
@@ -483,6 +485,58 @@ TEST(SimDeviceBackendTest, ThrottleTakesAtLeastBytesOverBandwidth) {
 }
 
 // ---------------------------------------------------------------------------------
+// Bounds checks must not wrap around. Run in a child process (a death-test) because the
+// unchecked copy touches memory outside the arena: the child exits 0 only when the
+// backend answers InvalidArgument; a crash or an Ok both fail the test.
+
+void ReadWithWrappingOffsetAndExit(TierBackend* backend) {
+  std::vector<std::byte> buf(k4K);
+  // offset + bytes == 2^64 == 0 (mod 2^64): "past the end" unless the check is wrap-safe.
+  const CopyOp op[] = {{~uint64_t{0} - k4K + 1, buf.data(), k4K}};
+  const Status s = backend->Read(op);
+  std::_Exit(s.code() == StatusCode::kInvalidArgument ? 0 : 1);
+}
+
+// Regression: the backends once checked `op.offset + op.bytes > bytes_`, which wraps:
+// offset 2^64 - 4096 with 4096 bytes sums to 0, passed, and memcpy then read (or wrote)
+// the 4 KiB just below the arena (SIGSEGV in this child).
+TEST(BackendBoundsDeathTest, HostRejectsAnOffsetThatWrapsAround) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto host = MakeHost(64 * kKiB);
+        ReadWithWrappingOffsetAndExit(host.get());
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(BackendBoundsDeathTest, SimDeviceRejectsAnOffsetThatWrapsAround) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto dev = MakeSim(64 * kKiB);
+        ReadWithWrappingOffsetAndExit(dev.get());
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// On Disk a wrapped offset would reach the kernel as a negative file offset; either way
+// the answer must be InvalidArgument.
+TEST(BackendBoundsTest, DiskRejectsAnOffsetThatWrapsAround) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  DiskBackendOptions o;
+  o.dir = dir.path();
+  o.bytes = 64 * kKiB;
+  auto r = CreateDiskBackend(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  AlignedBuffer buf(k4K);
+  const CopyOp op[] = {{~uint64_t{0} - k4K + 1, buf.data(), k4K}};
+  EXPECT_EQ(r.value()->Read(op).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.value()->Write(op).code(), StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------------------------
 // CUDA entry points
 
 TEST(CudaDeviceBackendTest, UnsupportedWithoutAGpu) {
@@ -725,6 +779,33 @@ TEST(BackendFaultDiskTest, FailMidwayOnDiskLandsTheFirstHalf) {
   ASSERT_TRUE(faulty.Read(ops).ok());
   EXPECT_EQ(std::memcmp(dst.data(), src.data(), 2 * k4K), 0);
   EXPECT_TRUE(AllBytesAre(dst + 2 * k4K, 2 * k4K, 0xEE));
+}
+
+// kShortWrite promises "half of the first op" lands; on a disk that runs with O_DIRECT
+// the half op (2048 bytes) must still reach the file.
+TEST(BackendFaultDiskTest, ShortWriteOnDiskStoresHalfOfTheFirstOp) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  DiskBackendOptions o;
+  o.dir = dir.path();
+  o.bytes = 64 * kKiB;
+  auto r = CreateDiskBackend(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::string describe = r.value()->Describe();
+  auto injector = std::make_shared<FaultInjector>();
+  FaultyBackend faulty(std::move(r).value(), injector);
+  AlignedBuffer src(2 * k4K), dst(2 * k4K);
+  FillRandom(src.data(), src.size(), 0xd2);
+  const CopyOp w[] = {{0, src.data(), k4K}, {2 * k4K, src + k4K, k4K}};
+  injector->Arm(Fault::kShortWrite);
+  const Status s = faulty.Write(w);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  EXPECT_EQ(s.message(), "short write on disk tier write: 2048 of 4096 bytes [injected]");
+  const CopyOp rd[] = {{0, dst.data(), k4K}, {2 * k4K, dst + k4K, k4K}};
+  ASSERT_TRUE(faulty.Read(rd).ok());
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), k4K / 2), 0) << describe;
+  EXPECT_TRUE(AllBytesAre(dst + k4K / 2, k4K / 2, 0xEE));
+  EXPECT_TRUE(AllBytesAre(dst + k4K, k4K, 0xEE));
 }
 
 }  // namespace

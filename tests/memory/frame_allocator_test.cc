@@ -198,6 +198,61 @@ TEST(FrameAllocatorTest, FirstFitPrefersEarliestRunOverBestFit) {
   EXPECT_TRUE(a.CheckInvariants());
 }
 
+// Runs of up to 64 frames inside one word: free [2,5) len 3, [10,15) len 5, [20,27)
+// len 7, [60,64) len 4 (touching the word's top).
+TEST(FrameAllocatorTest, ShortRunsInsideOneWordAreFirstFit) {
+  FrameAllocator a(64);
+  ExpectRunAt(a, 64, 0);
+  a.Free(FrameId(2), 3);
+  a.Free(FrameId(10), 5);
+  a.Free(FrameId(20), 7);
+  a.Free(FrameId(60), 4);
+  EXPECT_EQ(a.LargestFreeRun(), 7u);
+  EXPECT_FALSE(a.AllocateRun(8).has_value());
+  ExpectRunAt(a, 6, 20);
+  ExpectRunAt(a, 4, 10);
+  ExpectRunAt(a, 4, 60);
+  ExpectRunAt(a, 3, 2);
+  EXPECT_EQ(a.free_frames(), 2u);  // frames 14 and 26
+  EXPECT_TRUE(a.IsFree(FrameId(14)));
+  EXPECT_TRUE(a.IsFree(FrameId(26)));
+  EXPECT_EQ(a.LargestFreeRun(), 1u);
+  EXPECT_FALSE(a.AllocateRun(2).has_value());
+  EXPECT_TRUE(a.CheckInvariants());
+}
+
+// A run that starts in the top bits of one word and ends in the low bits of the next.
+TEST(FrameAllocatorTest, ShortRunAcrossAWordBoundary) {
+  FrameAllocator a(192);
+  ExpectRunAt(a, 192, 0);
+  a.Free(FrameId(61), 3);   // top of word 0: too short alone for 5
+  a.Free(FrameId(64), 2);   // bottom of word 1: [61, 66) is 5 long
+  a.Free(FrameId(100), 5);  // inside word 1, later
+  ExpectRunAt(a, 5, 61);
+  ExpectRunAt(a, 5, 100);
+  EXPECT_EQ(a.free_frames(), 0u);
+  EXPECT_TRUE(a.CheckInvariants());
+}
+
+// 262145 frames: four bitmap levels. The only free frames are far apart, so finding a
+// run must skip thousands of full words through the summary levels.
+TEST(FrameAllocatorTest, RunSearchSkipsFullWordsInALargeArena) {
+  constexpr uint32_t kFrames = 262145;
+  FrameAllocator a(kFrames);
+  ExpectRunAt(a, kFrames, 0);
+  a.Free(FrameId(5));
+  a.Free(FrameId(70000), 2);
+  a.Free(FrameId(262142), 3);  // crosses into the last, one-frame word
+  ASSERT_TRUE(a.CheckInvariants());
+  EXPECT_EQ(a.LargestFreeRun(), 3u);
+  ExpectRunAt(a, 3, 262142);
+  ExpectRunAt(a, 2, 70000);
+  EXPECT_FALSE(a.AllocateRun(2).has_value());
+  EXPECT_EQ(a.Allocate()->value, 5u);
+  EXPECT_FALSE(a.Allocate().has_value());
+  EXPECT_TRUE(a.CheckInvariants());
+}
+
 // ---------------------------------------------------------------------------------
 // Randomized comparison with a one-flag-per-frame model (bytes rather than
 // vector<bool>: the same model, faster under ASan).

@@ -147,6 +147,28 @@ TEST(PageEntryTest, WriteThatDropsLowerCopiesMakesThePageDirty) {
   EXPECT_FALSE(e.dirty());
 }
 
+// A page backed by a PageSource (a session file block) has Disk data without a Disk frame.
+TEST(PageEntryTest, BackingCountsAsDiskDataButNotAsADiskFrame) {
+  PageEntry e;
+  e.n_frames = 1;
+  EXPECT_FALSE(e.backed());
+  e.source = 0;
+  e.source_key = 77;
+  EXPECT_TRUE(e.backed());
+  EXPECT_FALSE(e.has_copy(Tier::kDisk));
+  EXPECT_TRUE(e.has_data(Tier::kDisk));
+  EXPECT_FALSE(e.has_data(Tier::kHost));
+  EXPECT_EQ(e.top(), Tier::kDisk);
+  EXPECT_FALSE(e.dirty());
+
+  e.frame[TierIndex(Tier::kHost)] = FrameId(4);  // promoted: the backing stays below
+  EXPECT_EQ(e.top(), Tier::kHost);
+  EXPECT_TRUE(e.has_copy_below(Tier::kHost));
+  EXPECT_FALSE(e.dirty());
+  e.source = -1;  // written: the backing is stale and forgotten
+  EXPECT_TRUE(e.dirty());
+}
+
 // ---------------------------------------------------------------------------------
 // CheckInvariants
 
@@ -176,6 +198,16 @@ TEST(PageTableTest, CheckInvariantsCatchesALivePageWithoutCopies) {
   std::string why;
   EXPECT_FALSE(t.CheckInvariants(&why));
   EXPECT_EQ(why, "page 1 is live but has no copy");
+}
+
+TEST(PageTableTest, CheckInvariantsAcceptsABackedPageWithoutFrames) {
+  PageTable t;
+  const PageId a = t.Insert(4096, 1, 0);
+  std::string why;
+  EXPECT_FALSE(t.CheckInvariants(&why));
+  EXPECT_EQ(why, "page 0 is live but has no copy");
+  t.at(a).source = 2;  // data lives in the source
+  EXPECT_TRUE(t.CheckInvariants(&why));
 }
 
 TEST(PageTableTest, CheckInvariantsCatchesAPinBelowTheTop) {

@@ -331,8 +331,9 @@ TEST(DecayedLfuPolicyTest, NewPageStartsAsOneAccessNow) {
 }
 
 // Reference in the log domain: log2 key(p) = log2(sum over uses 2^(t_i / H)), a page new
-// to every tier starting with one use at the current time. Long enough (H = 4, 3000
-// uses) that keys are rescaled many times. Victims must come in non-decreasing score.
+// to every tier starting with one use at the current time. Long enough (H = 4, 3762
+// uses, exponent 940) that the stored keys are rescaled on the way (at
+// exponent 512). Victims must come in non-decreasing score.
 TEST(DecayedLfuPolicyTest, RandomizedAgainstLogDomainReference) {
   std::mt19937_64 rng(0xdecafbadull);
   constexpr double kHalfLife = 4;
@@ -384,7 +385,7 @@ TEST(DecayedLfuPolicyTest, RandomizedAgainstLogDomainReference) {
       }
     }
   }
-  EXPECT_GT(static_cast<double>(now) / kHalfLife, 512.0 + 50);  // rescaling happened, often
+  EXPECT_GT(static_cast<double>(now) / kHalfLife, 512.0 + 50);  // past the first rescale
   EXPECT_EQ(static_cast<uint64_t>(uses), now);
 }
 
@@ -501,12 +502,10 @@ TEST(TwoQPolicyTest, GhostRemembersTheLastSixteenEvictions) {
   EXPECT_EQ(Values(Victims(*q2, Tier::kHost)), (std::vector<uint32_t>{100, 200}));
 }
 
-// BUG: memory/policy.cc TwoQPolicy: a ghost hit (OnInsert) erases the id from ghost_set
-// but leaves it in the ghost deque. If the page is later evicted from A1in again, the
-// deque holds it twice; when the stale, older entry ages out, Remember() erases the id
-// from ghost_set although its newer entry is still in the list. Here page 100's latest
-// eviction is followed by only 15 others (limit 16), yet 100 returns to A1in, not Am:
-// victims come out {100, 200} instead of {200, 100}.
+// Regression: a ghost hit once erased the id from the ghost set but left it in the ghost
+// queue; after a later eviction of the same page the stale, older entry aged out first
+// and erased the id, so page 100 below (followed by only 15 evictions, limit 16)
+// returned to A1in instead of Am.
 TEST(TwoQPolicyTest, GhostHitDoesNotLeaveAStaleEntryThatForgetsALaterEviction) {
   auto q = CreatePolicy(PolicyKind::kTwoQ);
   q->OnInsert(Tier::kHost, PageId(100));

@@ -1,0 +1,68 @@
+// tests/runtime/session_command_test.cc
+//
+// `tierkv session inspect|verify`: exit codes and the one error line, in process.
+#include "runtime/cli/session_command.h"
+
+#include <fstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kvcache/session_file.h"
+#include "tests/kvcache/kv_test_util.h"
+
+namespace tierkv {
+namespace {
+
+int RunCli(std::vector<std::string> args) {
+  CLI::App app;
+  int exit_code = 0;
+  AddSessionCommand(app, exit_code);
+  std::vector<const char*> argv = {"tierkv"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return exit_code;
+}
+
+TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
+  testing::TempDir dir;
+  auto mm = testing::MakeManager({}, dir.path());
+  auto cache = KvCache::Create(mm.get(), testing::SmallGeometry()).value();
+  const SeqId s = cache->NewSequence();
+  testing::AppendTokens(*cache, s, 0, 20, 1);
+  const std::string path = dir.path() + "/s.tkv";
+  std::vector<int32_t> tokens(20, 7);
+  ASSERT_TRUE(SessionFile::Save(*cache, s, tokens, {1, "m"}, path).ok());
+
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCli({"session", "verify", path}), 0);
+  EXPECT_NE(::testing::internal::GetCapturedStdout().find("ok: 6 blocks, 20 tokens"), std::string::npos);
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCli({"session", "inspect", path}), 0);
+  EXPECT_NE(::testing::internal::GetCapturedStdout().find("tokens    20"), std::string::npos);
+
+  {  // flip one byte of block 4 (layer 1, block 1)
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(4096 + 4 * (32 + cache->block_bytes()) + 32 + 100);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCli({"session", "verify", path}), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("error: session block 4 (layer 1, block 1)"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), err.size() - 1) << "one line: " << err;
+
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCli({"session", "inspect", dir.path() + "/missing.tkv"}), 1);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("No such file"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tierkv

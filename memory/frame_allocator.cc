@@ -86,11 +86,12 @@ std::optional<FrameId> FrameAllocator::AllocateRun(uint32_t n) {
   assert(n >= 1);
   if (n == 1) return Allocate();
   if (n > n_free_) return std::nullopt;
+  uint32_t& hint = RunHint(n);
   const auto& bits = levels_[0];
   const size_t words = bits.size();
   uint32_t run_start = 0, run_len = 0;  // free run ending at the current word's start
   std::optional<FrameId> found;
-  size_t w = 0;
+  size_t w = hint / 64;  // no run of >= n frames starts below the hint
   while (w < words) {
     const uint64_t word = bits[w];
     const uint32_t base = static_cast<uint32_t>(w * 64);
@@ -121,13 +122,30 @@ std::optional<FrameId> FrameAllocator::AllocateRun(uint32_t n) {
     ++w;
   }
   if (found && found->value + n > n_frames_) found.reset();  // bits past the end are never set
-  if (found) SetRange(found->value, n, /*free=*/false);
+  if (found) {
+    SetRange(found->value, n, /*free=*/false);
+    hint = found->value + n;  // nothing below was long enough, and [found, found + n) is taken
+  } else {
+    hint = n_frames_;
+  }
   return found;
 }
 
 void FrameAllocator::Free(FrameId first, uint32_t n) {
   assert(first.valid() && first.value + n <= n_frames_);
   SetRange(first.value, n, /*free=*/true);
+  // A run of >= m frames that includes a freed frame starts at or after first - m + 1
+  // (or at or after the old hint, if it already existed): lower the hints accordingly.
+  for (auto& [m, hint] : run_hints_) {
+    const uint32_t lowest = first.value + 1 >= m ? first.value + 1 - m : 0;
+    hint = std::min(hint, lowest);
+  }
+}
+
+uint32_t& FrameAllocator::RunHint(uint32_t n) {
+  for (auto& [m, hint] : run_hints_) if (m == n) return hint;
+  run_hints_.push_back({n, 0});
+  return run_hints_.back().second;
 }
 
 bool FrameAllocator::IsFree(FrameId f) const {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "memory/types.h"
@@ -51,6 +52,12 @@ class FrameAllocator {
   void SetRange(uint32_t first, uint32_t n, bool free);
   void UpdateParents(uint32_t word_index);
   size_t NextSet(size_t k, size_t i) const;
+
+  // First-fit hint per requested run length: no free run of >= n frames starts below
+  // hint(n). AllocateRun scans from it and moves it past what it takes; Free lowers it.
+  // Without it, an arena fragmented by single frames is rescanned from frame 0.
+  uint32_t& RunHint(uint32_t n);
+  std::vector<std::pair<uint32_t, uint32_t>> run_hints_;  // (n, hint); a few lengths in practice
 
   uint32_t n_frames_;
   uint32_t n_free_;

@@ -72,7 +72,7 @@ Result<std::unique_ptr<TierBackend>> CreateHostBackend(const HostBackendOptions&
 struct DiskBackendOptions {
   std::string dir = "/tmp";  // RAM-disk (/dev/shm) or an SSD mount
   uint64_t bytes = 0;
-  bool direct_io = true;     // O_DIRECT when the filesystem accepts it (not tmpfs)
+  bool direct_io = true;     // O_DIRECT when the filesystem accepts it (else buffered)
   bool warmup = true;        // preallocate with fallocate (ENOSPC now, not mid-decode)
 };
 // The disk tier: one preallocated file, unlinked right after creation so that a crash

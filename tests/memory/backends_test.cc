@@ -781,8 +781,9 @@ TEST(BackendFaultDiskTest, FailMidwayOnDiskLandsTheFirstHalf) {
   EXPECT_TRUE(AllBytesAre(dst + 2 * k4K, 2 * k4K, 0xEE));
 }
 
-// kShortWrite promises "half of the first op" lands; on a disk that runs with O_DIRECT
-// the half op (2048 bytes) must still reach the file.
+// kShortWrite promises "half of the first op" lands, also on a disk running with
+// O_DIRECT (here 2048 bytes from a 4 KiB-aligned buffer: a whole number of 512-byte
+// logical blocks, which O_DIRECT accepts).
 TEST(BackendFaultDiskTest, ShortWriteOnDiskStoresHalfOfTheFirstOp) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <list>
-#include <map>
 #include <random>
 #include <set>
 #include <string>

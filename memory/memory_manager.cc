@@ -543,7 +543,10 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
       e.pin_tier = tier;
       ++e.accesses;
       e.last_access = ++access_tick_;
-      policy_->OnAccess(page);
+      // After a miss the promotion inserted the page, and the insertion is this use's
+      // reference: counting it again would make every page look used twice (2Q would
+      // lose its scan resistance, LFU would double-count misses).
+      if (!missed) policy_->OnAccess(page);
       if (access == Access::kWrite) {
         for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
         e.source = -1;  // the backing is stale from now on

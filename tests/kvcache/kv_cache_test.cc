@@ -33,14 +33,16 @@ double RelError(const std::vector<float>& got, const std::vector<float>& want) {
   return std::sqrt(num / den);
 }
 
-// Relative L2 error each codec must stay within on N(0,1) vectors (docs/codecs.md).
+// Relative L2 error over all vectors each codec must stay within on N(0,1) data with
+// head_dim 32 (docs/codecs.md has the measured values); single vectors may reach twice
+// that (a 32-value vector has few values to average over).
 double Bound(KvCodec c) {
   switch (c) {
     case KvCodec::kF16: return 1e-3;
     case KvCodec::kQ8_0: return 0.01;
-    case KvCodec::kQ4_0: return 0.15;
-    case KvCodec::kTq4: return 0.12;
-    case KvCodec::kTq3: return 0.22;
+    case KvCodec::kQ4_0: return 0.12;
+    case KvCodec::kTq4: return 0.11;
+    case KvCodec::kTq3: return 0.20;
   }
   return 0;
 }
@@ -55,14 +57,20 @@ TEST(KvCacheTest, AppendReadRoundTripEveryCodec) {
     EXPECT_EQ(cache->Length(s), 21);
     EXPECT_EQ(cache->NumBlocks(s), 3);
     EXPECT_EQ(cache->BlockFill(s, 2), 5);
-    std::vector<float> k(64), v(64);
+    std::vector<float> k(64), v(64), all_got, all_want;
     for (int pos = 0; pos < 21; ++pos) {
       for (int l = 0; l < 2; ++l) {
         ASSERT_TRUE(cache->Read(s, l, pos, k.data(), v.data()).ok());
-        EXPECT_LT(RelError(k, TokenKv(cache->geometry(), 5, pos, l, false)), Bound(codec)) << KvCodecName(codec) << " pos " << pos;
-        EXPECT_LT(RelError(v, TokenKv(cache->geometry(), 5, pos, l, true)), Bound(codec)) << KvCodecName(codec) << " pos " << pos;
+        const auto wk = TokenKv(cache->geometry(), 5, pos, l, false), wv = TokenKv(cache->geometry(), 5, pos, l, true);
+        EXPECT_LT(RelError(k, wk), 2 * Bound(codec)) << KvCodecName(codec) << " pos " << pos;
+        EXPECT_LT(RelError(v, wv), 2 * Bound(codec)) << KvCodecName(codec) << " pos " << pos;
+        all_got.insert(all_got.end(), k.begin(), k.end());
+        all_got.insert(all_got.end(), v.begin(), v.end());
+        all_want.insert(all_want.end(), wk.begin(), wk.end());
+        all_want.insert(all_want.end(), wv.begin(), wv.end());
       }
     }
+    EXPECT_LT(RelError(all_got, all_want), Bound(codec)) << KvCodecName(codec);
     std::string why;
     EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
   }

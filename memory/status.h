@@ -78,6 +78,8 @@ class [[nodiscard]] Result {
   const T& value() const& { assert(ok()); return std::get<T>(v_); }
   T&& value() && { assert(ok()); return std::get<T>(std::move(v_)); }
   T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 

@@ -13,6 +13,7 @@
 #include "bench/tools/fragbench.h"
 #include "bench/tools/probe.h"
 #include "runtime/cli/info_command.h"
+#include "runtime/cli/run_command.h"
 #include "runtime/cli/session_command.h"
 
 int main(int argc, char** argv) {
@@ -26,7 +27,9 @@ int main(int argc, char** argv) {
   tierkv::tools::AddFragbenchCommand(app, exit_code);
   tierkv::AddInfoCommand(app, exit_code);
   tierkv::AddSessionCommand(app, exit_code);
+  tierkv::AddRunCommand(app, exit_code);
 
+  tierkv::NormalizeLlamaFlags(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

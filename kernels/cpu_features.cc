@@ -1,0 +1,100 @@
+// kernels/cpu_features.cc
+#include "kernels/cpu_features.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/fp16.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TIERKV_KERNELS_X86 1
+#endif
+
+namespace tierkv::kernels {
+namespace {
+
+SimdLevel Detect() {
+#if defined(TIERKV_KERNELS_X86)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (!avx2) return SimdLevel::kScalar;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return avx512 ? SimdLevel::kAvx512 : SimdLevel::kAvx2;
+#else
+  return SimdLevel::kScalar;
+#endif
+}
+
+std::atomic<int> g_forced{static_cast<int>(SimdLevel::kAvx512)};
+
+}  // namespace
+
+SimdLevel DetectedSimdLevel() {
+  static const SimdLevel level = Detect();
+  return level;
+}
+
+SimdLevel ActiveSimdLevel() {
+  return static_cast<SimdLevel>(
+      std::min(static_cast<int>(DetectedSimdLevel()), g_forced.load(std::memory_order_relaxed)));
+}
+
+void ForceSimdLevel(SimdLevel level) { g_forced.store(static_cast<int>(level), std::memory_order_relaxed); }
+
+const char* SimdLevelName(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kScalar: return "scalar";
+    case SimdLevel::kAvx2: return "avx2";
+    case SimdLevel::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+// ---- fp16 / bf16 arrays ---------------------------------------------------------------
+
+#if defined(TIERKV_KERNELS_X86)
+namespace {
+__attribute__((target("avx2,fma,f16c"))) void F16ToF32F16c(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  }
+  for (; i < n; ++i) out[i] = F16ToF32(in[i]);
+}
+__attribute__((target("avx2,fma,f16c"))) void F32ToF16F16c(const float* in, uint16_t* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) out[i] = F32ToF16(in[i]);
+}
+}  // namespace
+#endif
+
+void F16ToF32Array(const uint16_t* in, float* out, size_t n) {
+#if defined(TIERKV_KERNELS_X86)
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return F16ToF32F16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = F16ToF32(in[i]);
+}
+
+void F32ToF16Array(const float* in, uint16_t* out, size_t n) {
+#if defined(TIERKV_KERNELS_X86)
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return F32ToF16F16c(in, out, n);
+#endif
+  for (size_t i = 0; i < n; ++i) out[i] = F32ToF16(in[i]);
+}
+
+void Bf16ToF32Array(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = Bf16ToF32(in[i]);
+}
+
+void F32ToBf16Array(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = F32ToBf16(in[i]);
+}
+
+}  // namespace tierkv::kernels

@@ -1,0 +1,27 @@
+// kernels/cpu_features.h
+//
+// Which SIMD level the CPU kernels use, chosen once at run time (the build has no -march
+// flags; the fast paths are functions compiled with target attributes). AMX is never
+// used. Tests may force a lower level to compare the paths with each other.
+//
+// Thread-safety: the level is read with an atomic load; ForceSimdLevel is for tests and
+// must not race with running kernels.
+#pragma once
+
+namespace tierkv::kernels {
+
+enum class SimdLevel : int {
+  kScalar = 0,  // portable C++
+  kAvx2 = 1,    // AVX2 + FMA + F16C
+  kAvx512 = 2,  // AVX2 level plus AVX-512 F/BW/VL/DQ
+};
+
+// The best level this CPU supports.
+SimdLevel DetectedSimdLevel();
+// The level the kernels use now: min(detected, forced) (forced defaults to the highest).
+SimdLevel ActiveSimdLevel();
+// Caps the level (tests, benchmarks); a level above the detected one is capped to it.
+void ForceSimdLevel(SimdLevel level);
+const char* SimdLevelName(SimdLevel level);  // "scalar", "avx2", "avx512"
+
+}  // namespace tierkv::kernels

@@ -1,0 +1,91 @@
+// kernels/matvec.cc
+#include "kernels/matvec.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace tierkv::kernels {
+namespace {
+
+int SlotOf(WeightType act) {
+  switch (act) {
+    case WeightType::kF32: return 0;
+    case WeightType::kF16: return 1;
+    case WeightType::kBF16: return 2;
+    case WeightType::kQ8_0: return 3;
+    case WeightType::kQ8_K: return 4;
+    default: break;
+  }
+  assert(false && "not an activation type");
+  return 0;
+}
+
+// Rows per parallel task: enough work (~16K multiply-adds) to amortise the hand-out.
+int64_t RowsPerTask(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1)); }
+
+struct Chunk {
+  const MatVecJob* job;
+  DotFn dot;
+  const void* act;
+  int64_t begin, end;
+};
+
+void RunChunk(const Chunk& c) {
+  const MatrixView& w = *c.job->w;
+  for (int64_t r = c.begin; r < c.end; ++r) c.job->y[r] = c.dot(w.Row(r), c.act, w.cols);
+}
+
+}  // namespace
+
+void ActivationRow::Set(const float* x, int64_t n) {
+  x_.assign(x, x + n);
+  n_ = n;
+  ready_.fill(false);
+}
+
+const void* ActivationRow::For(WeightType weight_type) {
+  const WeightType act = ActivationType(weight_type);
+  if (act == WeightType::kF32) return x_.data();
+  const int slot = SlotOf(act);
+  if (!ready_[static_cast<size_t>(slot)]) {
+    std::vector<uint8_t>& b = buf_[static_cast<size_t>(slot)];
+    b.resize(RowBytes(act, n_));
+    QuantizeActivation(act, x_.data(), b.data(), n_);
+    ready_[static_cast<size_t>(slot)] = true;
+  }
+  return buf_[static_cast<size_t>(slot)].data();
+}
+
+void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
+  // Plan the chunks first (the conversions happen here, on this thread).
+  std::vector<Chunk> chunks;
+  const SimdLevel level = ActiveSimdLevel();
+  for (const MatVecJob& j : jobs) {
+    assert(j.x->size() == j.w->cols);
+    const void* act = j.x->For(j.w->type);
+    const DotFn dot = GetDotFn(j.w->type, level);
+    const int64_t step = RowsPerTask(j.w->cols);
+    for (int64_t b = 0; b < j.w->rows; b += step) chunks.push_back({&j, dot, act, b, std::min(j.w->rows, b + step)});
+  }
+  if (pool == nullptr || chunks.size() == 1) {
+    for (const Chunk& c : chunks) RunChunk(c);
+    return;
+  }
+  pool->ParallelFor(static_cast<int64_t>(chunks.size()), [&](int64_t i) { RunChunk(chunks[static_cast<size_t>(i)]); });
+}
+
+void MatVec(const MatrixView& w, ActivationRow& x, float* y, ThreadPool* pool) {
+  const MatVecJob job{&w, &x, y};
+  MatVecMany({&job, 1}, pool);
+}
+
+void MatVec(const MatrixView& w, const float* x, float* y, ThreadPool* pool) {
+  ActivationRow row;
+  row.Set(x, w.cols);
+  MatVec(w, row, y, pool);
+}
+
+void GetRow(const MatrixView& w, int64_t r, float* out) { DequantizeRow(w.type, w.Row(r), out, w.cols); }
+
+}  // namespace tierkv::kernels

@@ -1,0 +1,381 @@
+// kernels/quant.cc
+//
+// Type table, dequantization, activation quantization and the scalar (portable) dot
+// products. The scalar dots are also the oracle the SIMD ones are tested against: the
+// integer parts are exact in every path, so paths differ only in f32 summation order.
+#include "kernels/quant.h"
+
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/fp16.h"
+
+namespace tierkv::kernels {
+namespace {
+
+constexpr WeightTypeInfo kTypes[] = {
+    {WeightType::kF32, "F32", 1, 4, WeightType::kF32},
+    {WeightType::kF16, "F16", 1, 2, WeightType::kF16},
+    {WeightType::kQ4_0, "Q4_0", kQk0, sizeof(BlockQ4_0), WeightType::kQ8_0},
+    {WeightType::kQ8_0, "Q8_0", kQk0, sizeof(BlockQ8_0), WeightType::kQ8_0},
+    {WeightType::kQ4_K, "Q4_K", kQkK, sizeof(BlockQ4_K), WeightType::kQ8_K},
+    {WeightType::kQ5_K, "Q5_K", kQkK, sizeof(BlockQ5_K), WeightType::kQ8_K},
+    {WeightType::kQ6_K, "Q6_K", kQkK, sizeof(BlockQ6_K), WeightType::kQ8_K},
+    {WeightType::kQ8_K, "Q8_K", kQkK, sizeof(BlockQ8_K), WeightType::kQ8_K},
+    {WeightType::kBF16, "BF16", 1, 2, WeightType::kBF16},
+};
+
+// Round half to even, as ggml's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST) do
+// (the default floating-point environment rounds to nearest even).
+inline int RoundHalfEven(float v) { return static_cast<int>(std::nearbyint(v)); }
+
+// ---- dequantization -------------------------------------------------------------------
+
+void DequantQ8_0(const BlockQ8_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(b[i].qs[j]) * d;
+  }
+}
+
+void DequantQ4_0(const BlockQ4_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQk0 / 2; ++j) {
+      y[j] = static_cast<float>((b[i].qs[j] & 0xf) - 8) * d;
+      y[j + kQk0 / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void DequantQ4_K(const BlockQ4_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = F16ToF32(b[i].d);
+    const float dmin = F16ToF32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    for (int c = 0; c < 4; ++c, q += 32) {
+      uint8_t sc, m;
+      ScaleMinK4(2 * c, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      ScaleMinK4(2 * c + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0xf) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    }
+  }
+}
+
+void DequantQ5_K(const BlockQ5_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = F16ToF32(b[i].d);
+    const float dmin = F16ToF32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    const uint8_t* qh = b[i].qh;
+    uint8_t u1 = 1, u2 = 2;
+    for (int c = 0; c < 4; ++c, q += 32, u1 <<= 2, u2 <<= 2) {
+      uint8_t sc, m;
+      ScaleMinK4(2 * c, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      ScaleMinK4(2 * c + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>((q[l] & 0xf) + (qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>((q[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+    }
+  }
+}
+
+void DequantQ6_K(const BlockQ6_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = F16ToF32(b[i].d);
+    const uint8_t* ql = b[i].ql;
+    const uint8_t* qh = b[i].qh;
+    const int8_t* sc = b[i].scales;
+    for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        // (d * scale) * q, in this order, as llama.cpp's row lookup computes it.
+        y[l + 0] = d * static_cast<float>(sc[is + 0]) * static_cast<float>(q1);
+        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+void DequantQ8_K(const BlockQ8_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQkK) {
+    for (int j = 0; j < kQkK; ++j) y[j] = b[i].d * static_cast<float>(b[i].qs[j]);
+  }
+}
+
+// ---- activation quantization ----------------------------------------------------------
+
+void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQk0) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQk0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    y[i].d = F32ToF16(d);
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < kQk0; ++j) y[i].qs[j] = static_cast<int8_t>(RoundHalfEven(x[j] * id));
+  }
+}
+
+void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQkK) {
+    float max = 0.0f, amax = 0.0f;
+    for (int j = 0; j < kQkK; ++j) {
+      const float ax = std::fabs(x[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = x[j];
+      }
+    }
+    if (amax == 0.0f) {
+      std::memset(&y[i], 0, sizeof(BlockQ8_K));
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < kQkK; ++j) {
+      const int v = RoundHalfEven(iscale * x[j]);
+      y[i].qs[j] = static_cast<int8_t>(v < 127 ? v : 127);
+    }
+    for (int g = 0; g < kQkK / 16; ++g) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += y[i].qs[16 * g + l];
+      y[i].bsums[g] = static_cast<int16_t>(sum);
+    }
+    y[i].d = 1.0f / iscale;
+  }
+}
+
+// ---- scalar dot products --------------------------------------------------------------
+// f32 sums use 8 interleaved partial sums, so the compiler can vectorise them and long
+// rows lose less precision than with one running sum.
+
+inline float Sum8(const float* l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
+
+float DotF32Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const float*>(row);
+  const auto* x = static_cast<const float*>(act);
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += w[i + j] * x[i + j];
+  }
+  for (; i < n; ++i) lanes[i & 7] += w[i] * x[i];
+  return Sum8(lanes);
+}
+
+float DotF16Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const uint16_t*>(row);
+  const auto* x = static_cast<const uint16_t*>(act);
+  float lanes[8] = {};
+  for (int64_t i = 0; i < n; ++i) lanes[i & 7] += F16ToF32(w[i]) * F16ToF32(x[i]);
+  return Sum8(lanes);
+}
+
+float DotBf16Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const uint16_t*>(row);
+  const auto* x = static_cast<const uint16_t*>(act);
+  float lanes[8] = {};
+  for (int64_t i = 0; i < n; ++i) lanes[i & 7] += Bf16ToF32(w[i]) * Bf16ToF32(x[i]);
+  return Sum8(lanes);
+}
+
+float DotQ8_0Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ8_0*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < kQk0; ++j) sumi += w[i].qs[j] * x[i].qs[j];
+    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
+  }
+  return sum;
+}
+
+float DotQ4_0Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ4_0*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < kQk0 / 2; ++j) {
+      sumi += ((w[i].qs[j] & 0xf) - 8) * x[i].qs[j];
+      sumi += ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + kQk0 / 2];
+    }
+    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
+  }
+  return sum;
+}
+
+float DotQ4_KScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ4_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    int sumi = 0, summ = 0;
+    const uint8_t* q = w[i].qs;
+    const int8_t* a = x[i].qs;
+    for (int c = 0; c < 4; ++c, q += 32, a += 64) {
+      uint8_t sc0, m0, sc1, m1;
+      ScaleMinK4(2 * c, w[i].scales, &sc0, &m0);
+      ScaleMinK4(2 * c + 1, w[i].scales, &sc1, &m1);
+      int lo = 0, hi = 0;
+      for (int l = 0; l < 32; ++l) {
+        lo += (q[l] & 0xf) * a[l];
+        hi += (q[l] >> 4) * a[l + 32];
+      }
+      sumi += sc0 * lo + sc1 * hi;
+      summ += m0 * (x[i].bsums[4 * c] + x[i].bsums[4 * c + 1]) + m1 * (x[i].bsums[4 * c + 2] + x[i].bsums[4 * c + 3]);
+    }
+    const float d = x[i].d * F16ToF32(w[i].d);
+    const float dmin = x[i].d * F16ToF32(w[i].dmin);
+    sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+  }
+  return sum;
+}
+
+float DotQ5_KScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ5_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    int sumi = 0, summ = 0;
+    const uint8_t* q = w[i].qs;
+    const uint8_t* qh = w[i].qh;
+    const int8_t* a = x[i].qs;
+    for (int c = 0; c < 4; ++c, q += 32, a += 64) {
+      uint8_t sc0, m0, sc1, m1;
+      ScaleMinK4(2 * c, w[i].scales, &sc0, &m0);
+      ScaleMinK4(2 * c + 1, w[i].scales, &sc1, &m1);
+      int lo = 0, hi = 0;
+      for (int l = 0; l < 32; ++l) {
+        lo += ((q[l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4)) * a[l];
+        hi += ((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) * a[l + 32];
+      }
+      sumi += sc0 * lo + sc1 * hi;
+      summ += m0 * (x[i].bsums[4 * c] + x[i].bsums[4 * c + 1]) + m1 * (x[i].bsums[4 * c + 2] + x[i].bsums[4 * c + 3]);
+    }
+    const float d = x[i].d * F16ToF32(w[i].d);
+    const float dmin = x[i].d * F16ToF32(w[i].dmin);
+    sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+  }
+  return sum;
+}
+
+float DotQ6_KScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ6_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    int sumi = 0;
+    const uint8_t* ql = w[i].ql;
+    const uint8_t* qh = w[i].qh;
+    const int8_t* sc = w[i].scales;
+    const int8_t* a = x[i].qs;
+    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, a += 128) {
+      int g[8] = {};  // sums of the 8 groups of 16 values of this half
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        g[is + 0] += (((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32) * a[l];
+        g[is + 2] += (((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32) * a[l + 32];
+        g[is + 4] += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * a[l + 64];
+        g[is + 6] += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * a[l + 96];
+      }
+      for (int k = 0; k < 8; ++k) sumi += sc[k] * g[k];
+    }
+    sum += x[i].d * F16ToF32(w[i].d) * static_cast<float>(sumi);
+  }
+  return sum;
+}
+
+}  // namespace
+
+const WeightTypeInfo* FindWeightType(uint32_t ggml_id) {
+  for (const WeightTypeInfo& t : kTypes) {
+    if (static_cast<uint32_t>(t.type) == ggml_id) return &t;
+  }
+  return nullptr;
+}
+
+const WeightTypeInfo& GetWeightTypeInfo(WeightType type) {
+  const WeightTypeInfo* t = FindWeightType(static_cast<uint32_t>(type));
+  assert(t != nullptr);
+  return *t;
+}
+
+size_t RowBytes(WeightType type, int64_t n) {
+  const WeightTypeInfo& t = GetWeightTypeInfo(type);
+  assert(n % t.block_size == 0);
+  return static_cast<size_t>(n / t.block_size) * static_cast<size_t>(t.block_bytes);
+}
+
+void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
+  switch (type) {
+    case WeightType::kF32: std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n)); return;
+    case WeightType::kF16: F16ToF32Array(static_cast<const uint16_t*>(row), out, static_cast<size_t>(n)); return;
+    case WeightType::kBF16: Bf16ToF32Array(static_cast<const uint16_t*>(row), out, static_cast<size_t>(n)); return;
+    case WeightType::kQ8_0: DequantQ8_0(static_cast<const BlockQ8_0*>(row), out, n / kQk0); return;
+    case WeightType::kQ4_0: DequantQ4_0(static_cast<const BlockQ4_0*>(row), out, n / kQk0); return;
+    case WeightType::kQ4_K: DequantQ4_K(static_cast<const BlockQ4_K*>(row), out, n / kQkK); return;
+    case WeightType::kQ5_K: DequantQ5_K(static_cast<const BlockQ5_K*>(row), out, n / kQkK); return;
+    case WeightType::kQ6_K: DequantQ6_K(static_cast<const BlockQ6_K*>(row), out, n / kQkK); return;
+    case WeightType::kQ8_K: DequantQ8_K(static_cast<const BlockQ8_K*>(row), out, n / kQkK); return;
+  }
+  assert(false && "unsupported weight type");
+}
+
+void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n) {
+  switch (act) {
+    case WeightType::kF32: std::memcpy(out, x, sizeof(float) * static_cast<size_t>(n)); return;
+    case WeightType::kF16: F32ToF16Array(x, static_cast<uint16_t*>(out), static_cast<size_t>(n)); return;
+    case WeightType::kBF16: F32ToBf16Array(x, static_cast<uint16_t*>(out), static_cast<size_t>(n)); return;
+    case WeightType::kQ8_0: QuantizeQ8_0(x, static_cast<BlockQ8_0*>(out), n / kQk0); return;
+    case WeightType::kQ8_K: QuantizeQ8_K(x, static_cast<BlockQ8_K*>(out), n / kQkK); return;
+    default: break;
+  }
+  assert(false && "not an activation type");
+}
+
+namespace quant_internal {
+DotFn ScalarDot(WeightType weight) {
+  switch (weight) {
+    case WeightType::kF32: return DotF32Scalar;
+    case WeightType::kF16: return DotF16Scalar;
+    case WeightType::kBF16: return DotBf16Scalar;
+    case WeightType::kQ8_0: return DotQ8_0Scalar;
+    case WeightType::kQ4_0: return DotQ4_0Scalar;
+    case WeightType::kQ4_K: return DotQ4_KScalar;
+    case WeightType::kQ5_K: return DotQ5_KScalar;
+    case WeightType::kQ6_K: return DotQ6_KScalar;
+    case WeightType::kQ8_K: return nullptr;
+  }
+  return nullptr;
+}
+}  // namespace quant_internal
+
+DotFn GetDotFn(WeightType weight, SimdLevel level) {
+  if (level >= SimdLevel::kAvx512) {
+    if (DotFn f = quant_internal::Avx512Dot(weight)) return f;
+  }
+  if (level >= SimdLevel::kAvx2) {
+    if (DotFn f = quant_internal::Avx2Dot(weight)) return f;
+  }
+  return quant_internal::ScalarDot(weight);
+}
+
+SimdLevel DotFnLevel(WeightType weight, SimdLevel level) {
+  if (level >= SimdLevel::kAvx512 && quant_internal::Avx512Dot(weight)) return SimdLevel::kAvx512;
+  if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight)) return SimdLevel::kAvx2;
+  return SimdLevel::kScalar;
+}
+
+}  // namespace tierkv::kernels

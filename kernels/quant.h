@@ -1,0 +1,159 @@
+// kernels/quant.h
+//
+// Weight element types of llama.cpp GGUF files that the CPU kernels read, their block
+// layouts (byte-compatible with ggml's), dequantization, and the dot products that
+// llama.cpp's CPU backend uses for y = W x:
+//
+//   weight type   activation row converted to   dot product
+//   F32           F32                           f32 products, f32 accumulation
+//   F16           F16 (round to nearest even)   f16 x f16 products in f32, f32 accumulation
+//   BF16          BF16 (round to nearest even)  as F16
+//   Q8_0, Q4_0    Q8_0 (32-value blocks)        integer block sums scaled by d_w * d_x in f32
+//   Q4_K, Q5_K,   Q8_K (256-value blocks,       integer sums with the 6/8-bit sub-block
+//   Q6_K          f32 scale, 16-value sums)     scales, scaled by d_x * d_w in f32
+//
+// Rounding the activation row is what makes quantized matmuls a discontinuous function
+// of their input; doing it exactly as llama.cpp does is what keeps our logits within
+// the reference tolerances (see docs/kernels.md).
+//
+// Block layouts (little-endian; "d" fields are fp16 unless noted):
+//   Q8_0  {d; int8 qs[32]}                       x[i] = d * qs[i]
+//   Q4_0  {d; uint8 qs[16]}                      x[i] = d * ((qs[i] & 15) - 8),
+//                                                x[i+16] = d * ((qs[i] >> 4) - 8)
+//   Q4_K  {d; dmin; uint8 scales[12]; uint8 qs[128]}: 8 sub-blocks of 32 with 6-bit
+//         scale sc_j and min m_j (packed, see ScaleMinK4); chunk c (64 values) holds
+//         sub-block 2c in the low nibbles of qs[32c..32c+31] and 2c+1 in the high ones;
+//         x = d * sc_j * q - dmin * m_j
+//   Q5_K  Q4_K plus uint8 qh[32] (before qs): bit 2c of qh[l] is the 5th bit of value l
+//         of sub-block 2c, bit 2c+1 that of sub-block 2c+1
+//   Q6_K  {uint8 ql[128]; uint8 qh[64]; int8 scales[16]; d}: two halves of 128 values;
+//         in half h, for l < 32: values l, l+32, l+64, l+96 take low nibble of ql[l],
+//         low of ql[l+32], high of ql[l], high of ql[l+32] and bits 0-1, 2-3, 4-5, 6-7
+//         of qh[l]; x = d * scales[16-value group] * (q - 32)
+//   Q8_K  {f32 d; int8 qs[256]; int16 bsums[16]} (activations only): bsums are sums of
+//         16 consecutive qs.
+//
+// Thread-safety: pure functions over caller memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu_features.h"
+
+namespace tierkv::kernels {
+
+// Numeric ids are ggml's (as written in GGUF tensor infos).
+enum class WeightType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,  // activations only
+  kBF16 = 30,
+};
+
+inline constexpr int kQk0 = 32;    // values per Q8_0 / Q4_0 block
+inline constexpr int kQkK = 256;   // values per K-quant super-block
+
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQk0];
+};
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQk0 / 2];
+};
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[kQkK / 2];
+};
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[kQkK / 8];
+  uint8_t qs[kQkK / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[kQkK / 2];
+  uint8_t qh[kQkK / 4];
+  int8_t scales[kQkK / 16];
+  uint16_t d;
+};
+struct BlockQ8_K {
+  float d;
+  int8_t qs[kQkK];
+  int16_t bsums[kQkK / 16];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_K) == 144);
+static_assert(sizeof(BlockQ5_K) == 176);
+static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ8_K) == 292);
+
+struct WeightTypeInfo {
+  WeightType type;
+  const char* name;         // ggml's spelling: "Q4_K"
+  int block_size;           // values per block
+  int block_bytes;          // bytes per block
+  WeightType vec_dot_type;  // what the activation row is converted to
+};
+
+// The info of a supported ggml type id, or nullptr (the kernels cannot read it).
+const WeightTypeInfo* FindWeightType(uint32_t ggml_id);
+const WeightTypeInfo& GetWeightTypeInfo(WeightType type);  // REQUIRES: supported
+inline const char* WeightTypeName(WeightType type) { return GetWeightTypeInfo(type).name; }
+inline WeightType ActivationType(WeightType weight) { return GetWeightTypeInfo(weight).vec_dot_type; }
+// Bytes of a row of n values. REQUIRES: n % block_size == 0.
+size_t RowBytes(WeightType type, int64_t n);
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
+inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// out[n] = the values of one row. REQUIRES: n % block_size == 0. Q8_K is accepted too.
+void DequantizeRow(WeightType type, const void* row, float* out, int64_t n);
+
+// Converts x[n] to the activation type `act` (F32, F16, BF16, Q8_0 or Q8_K) as
+// llama.cpp's CPU backend does:
+//   Q8_0: amax = max |x|, d = fp16(amax / 127), q = round_half_even(x * (127 / amax))
+//   Q8_K: max = the value of largest magnitude (first one on ties), s = -127 / max,
+//         q = min(127, round_half_even(s * x)), d = 1 / s (f32), bsums.
+// out: RowBytes(act, n) bytes. REQUIRES: n % block_size(act) == 0.
+void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n);
+
+// One row of a weight matrix times an activation row already in ActivationType(weight).
+using DotFn = float (*)(const void* row, const void* act, int64_t n);
+// The kernel for `weight` at SIMD level `level` (falls back to lower levels where no
+// faster one exists). REQUIRES: supported type other than Q8_K.
+DotFn GetDotFn(WeightType weight, SimdLevel level);
+inline float DotRow(WeightType weight, const void* row, const void* act, int64_t n) {
+  return GetDotFn(weight, ActiveSimdLevel())(row, act, n);
+}
+
+// Which level GetDotFn really serves for this type (AVX-512 falls back to AVX2 for the
+// K-quants): for benchmarks and reports.
+SimdLevel DotFnLevel(WeightType weight, SimdLevel level);
+
+namespace quant_internal {
+// Per-level kernel tables (quant.cc, quant_avx2.cc, quant_avx512.cc); nullptr = none.
+DotFn ScalarDot(WeightType weight);
+DotFn Avx2Dot(WeightType weight);
+DotFn Avx512Dot(WeightType weight);
+}  // namespace quant_internal
+
+}  // namespace tierkv::kernels

@@ -1,0 +1,261 @@
+// kernels/quant_avx2.cc
+//
+// AVX2 + FMA + F16C dot products (chosen at run time; see cpu_features.h). Integer parts
+// are exact (the int8 x int8 and int8 x uint8 products never saturate: |w| <= 128 and
+// |x| <= 127, pair sums <= 32512), so these agree with the scalar kernels up to the
+// order of f32 additions. Every function carries the target attribute; no std templates
+// are instantiated here, so no AVX2 code can leak into shared inline functions.
+#include <cstdint>
+
+#include "kernels/fp16.h"
+#include "kernels/quant.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+namespace tierkv::kernels {
+namespace {
+
+#define TIERKV_AVX2_FN __attribute__((target("avx2,fma,f16c")))
+
+TIERKV_AVX2_FN inline float HsumPs(__m256 v) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  const __m128 s1 = _mm_add_ss(s2, _mm_movehdup_ps(s2));
+  return _mm_cvtss_f32(s1);
+}
+
+TIERKV_AVX2_FN inline int HsumEpi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Sum of w[i] * x[i] over 32 int8 pairs, as 8 int32 lanes.
+TIERKV_AVX2_FN inline __m256i DotI8x32(__m256i w, __m256i x) {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  const __m256i sx = _mm256_sign_epi8(x, w);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+
+TIERKV_AVX2_FN inline __m256i LoadU256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+TIERKV_AVX2_FN float DotF32Avx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const float*>(row);
+  const auto* x = static_cast<const float*>(act);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+  float s = HsumPs(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += w[i] * x[i];
+  return s;
+}
+
+TIERKV_AVX2_FN inline __m256 LoadF16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+TIERKV_AVX2_FN float DotF16Avx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const uint16_t*>(row);
+  const auto* x = static_cast<const uint16_t*>(act);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_fmadd_ps(LoadF16x8(w + i), LoadF16x8(x + i), a0);
+    a1 = _mm256_fmadd_ps(LoadF16x8(w + i + 8), LoadF16x8(x + i + 8), a1);
+    a2 = _mm256_fmadd_ps(LoadF16x8(w + i + 16), LoadF16x8(x + i + 16), a2);
+    a3 = _mm256_fmadd_ps(LoadF16x8(w + i + 24), LoadF16x8(x + i + 24), a3);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LoadF16x8(w + i), LoadF16x8(x + i), a0);
+  float s = HsumPs(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; i < n; ++i) s += F16ToF32(w[i]) * F16ToF32(x[i]);
+  return s;
+}
+
+TIERKV_AVX2_FN inline __m256 LoadBf16x8(const uint16_t* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+TIERKV_AVX2_FN float DotBf16Avx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const uint16_t*>(row);
+  const auto* x = static_cast<const uint16_t*>(act);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(LoadBf16x8(w + i), LoadBf16x8(x + i), a0);
+    a1 = _mm256_fmadd_ps(LoadBf16x8(w + i + 8), LoadBf16x8(x + i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(LoadBf16x8(w + i), LoadBf16x8(x + i), a0);
+  float s = HsumPs(_mm256_add_ps(a0, a1));
+  for (; i < n; ++i) s += Bf16ToF32(w[i]) * Bf16ToF32(x[i]);
+  return s;
+}
+
+TIERKV_AVX2_FN float DotQ8_0Avx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ8_0*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    const __m256i p = DotI8x32(LoadU256(w[i].qs), LoadU256(x[i].qs));
+    const __m256 d = _mm256_set1_ps(F16ToF32(w[i].d) * F16ToF32(x[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+  }
+  return HsumPs(acc);
+}
+
+// The 32 values of a Q4_0 block minus 8, in element order.
+TIERKV_AVX2_FN inline __m256i UnpackQ4_0(const uint8_t* qs) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m128i lo = _mm_and_si128(b, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+
+TIERKV_AVX2_FN float DotQ4_0Avx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ4_0*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    const __m256i p = DotI8x32(UnpackQ4_0(w[i].qs), LoadU256(x[i].qs));
+    const __m256 d = _mm256_set1_ps(F16ToF32(w[i].d) * F16ToF32(x[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+  }
+  return HsumPs(acc);
+}
+
+// Sum over 32 pairs of unsigned u (< 64) times signed a, weighted by `scale`, as 8 int32.
+TIERKV_AVX2_FN inline __m256i ScaledDotU8(__m256i u, __m256i a, __m256i scale16) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), scale16);
+}
+
+TIERKV_AVX2_FN float DotQ4_KAvx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ4_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) ScaleMinK4(j, w[i].scales, &sc[j], &mn[j]);
+    int summ = 0;
+    for (int j = 0; j < 8; ++j) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = LoadU256(w[i].qs + 32 * c);
+      const __m256i lo = _mm256_and_si256(q, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      acc = _mm256_add_epi32(acc, ScaledDotU8(lo, LoadU256(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(hi, LoadU256(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
+    }
+    const float d = x[i].d * F16ToF32(w[i].d);
+    const float dmin = x[i].d * F16ToF32(w[i].dmin);
+    sum += d * static_cast<float>(HsumEpi32(acc)) - dmin * static_cast<float>(summ);
+  }
+  return sum;
+}
+
+TIERKV_AVX2_FN float DotQ5_KAvx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ5_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i one = _mm256_set1_epi8(1);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) ScaleMinK4(j, w[i].scales, &sc[j], &mn[j]);
+    int summ = 0;
+    for (int j = 0; j < 8; ++j) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+    __m256i qh = LoadU256(w[i].qh);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = LoadU256(w[i].qs + 32 * c);
+      // Bit 0 of each byte of qh is the 5th bit of the low nibbles, bit 1 of the high
+      // ones; shifting 16-bit lanes right moves only same-byte bits into bit 0 and 1.
+      const __m256i hb_lo = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
+      const __m256i hb_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
+      qh = _mm256_srli_epi16(qh, 2);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), hb_lo);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hb_hi);
+      acc = _mm256_add_epi32(acc, ScaledDotU8(lo, LoadU256(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(hi, LoadU256(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
+    }
+    const float d = x[i].d * F16ToF32(w[i].d);
+    const float dmin = x[i].d * F16ToF32(w[i].dmin);
+    sum += d * static_cast<float>(HsumEpi32(acc)) - dmin * static_cast<float>(summ);
+  }
+  return sum;
+}
+
+TIERKV_AVX2_FN float DotQ6_KAvx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ6_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m2 = _mm256_set1_epi8(3);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    const int8_t* sc = w[i].scales;
+    int corr = 0;  // the -32 offset, applied through the activation's group sums
+    for (int g = 0; g < 16; ++g) corr += sc[g] * x[i].bsums[g];
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = LoadU256(w[i].ql + 64 * h);
+      const __m256i ql1 = LoadU256(w[i].ql + 64 * h + 32);
+      const __m256i qh = LoadU256(w[i].qh + 32 * h);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+      for (int k = 0; k < 4; ++k) {
+        const int g = 8 * h + 2 * k;  // the two 16-value groups of this 32-value chunk
+        const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+        acc = _mm256_add_epi32(acc, ScaledDotU8(q[k], LoadU256(x[i].qs + 128 * h + 32 * k), s16));
+      }
+    }
+    const int sumi = HsumEpi32(acc) - 32 * corr;
+    sum += x[i].d * F16ToF32(w[i].d) * static_cast<float>(sumi);
+  }
+  return sum;
+}
+
+#undef TIERKV_AVX2_FN
+
+}  // namespace
+
+namespace quant_internal {
+DotFn Avx2Dot(WeightType weight) {
+  switch (weight) {
+    case WeightType::kF32: return DotF32Avx2;
+    case WeightType::kF16: return DotF16Avx2;
+    case WeightType::kBF16: return DotBf16Avx2;
+    case WeightType::kQ8_0: return DotQ8_0Avx2;
+    case WeightType::kQ4_0: return DotQ4_0Avx2;
+    case WeightType::kQ4_K: return DotQ4_KAvx2;
+    case WeightType::kQ5_K: return DotQ5_KAvx2;
+    case WeightType::kQ6_K: return DotQ6_KAvx2;
+    case WeightType::kQ8_K: return nullptr;
+  }
+  return nullptr;
+}
+}  // namespace quant_internal
+
+}  // namespace tierkv::kernels
+
+#else  // not x86
+
+namespace tierkv::kernels::quant_internal {
+DotFn Avx2Dot(WeightType) { return nullptr; }
+}  // namespace tierkv::kernels::quant_internal
+
+#endif

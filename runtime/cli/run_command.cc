@@ -1,0 +1,133 @@
+// runtime/cli/run_command.cc
+#include "runtime/cli/run_command.h"
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "memory/size.h"
+#include "runtime/run.h"
+
+namespace tierkv {
+namespace {
+
+struct RunFlags {
+  std::string model, prompt, prompt_file, session;
+  std::string device = "none", vram = "0", host = "1GiB", disk = "0", disk_dir = "/tmp";
+  std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "256KiB";
+  int n = 32, ctx = 0, top_k = 40, threads = 0, dump_logits = 0;
+  float temp = 0.0f, top_p = 0.95f;
+  uint64_t seed = 0;
+  double sim_gbps = 0;
+  bool no_warmup = false, json = false;
+};
+
+Result<RunOptions> ToOptions(const RunFlags& f) {
+  RunOptions o;
+  if (f.model.empty()) return Status::InvalidArgument("--model is required");
+  if (f.model.rfind("builtin:", 0) == 0) {
+    return Status::Unsupported("unknown builtin model '" + f.model + "' (builtin models come with the paged decoder)");
+  }
+  o.model = f.model;
+  if (!f.prompt_file.empty()) {
+    std::ifstream in(f.prompt_file, std::ios::binary);
+    if (!in) return Status::NotFound("--prompt-file " + f.prompt_file + ": cannot open");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    o.prompt = ss.str();
+  } else {
+    o.prompt = f.prompt;
+  }
+  if (f.n < 0) return Status::InvalidArgument("-n must not be negative");
+  o.n_predict = f.n;
+  o.n_ctx = f.ctx;
+  o.sampler = SamplerOptions{f.temp, f.top_k, f.top_p, f.seed};
+  o.threads = f.threads;
+  o.dump_logits = f.dump_logits;
+  o.session = f.session;
+  std::string kv = f.kv_type;
+  if (!f.kv_type_k.empty()) kv = f.kv_type_k;
+  if (!f.kv_type_v.empty() && f.kv_type_v != kv) {
+    return Status::InvalidArgument("K and V share one codec: -ctk " + kv + " and -ctv " + f.kv_type_v + " differ");
+  }
+  TIERKV_ASSIGN_OR_RETURN(o.kv_type, ParseKvCodec(kv));
+  MemoryOptions& m = o.memory;
+  TIERKV_ASSIGN_OR_RETURN(m.device, ParseDeviceKind(f.device));
+  TIERKV_ASSIGN_OR_RETURN(m.device_bytes, ParseSize(f.vram));
+  TIERKV_ASSIGN_OR_RETURN(m.host_bytes, ParseSize(f.host));
+  TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, ParseSize(f.disk));
+  TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, ParseSize(f.frame));
+  TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock));
+  TIERKV_ASSIGN_OR_RETURN(m.policy, ParsePolicyKind(f.policy));
+  m.disk_dir = f.disk_dir;
+  m.sim_gbps = f.sim_gbps;
+  m.warmup = !f.no_warmup;
+  return o;
+}
+
+}  // namespace
+
+void NormalizeLlamaFlags(int argc, char** argv) {
+  static char k[] = "--cache-type-k", v[] = "--cache-type-v";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-ctk") == 0) argv[i] = k;
+    else if (std::strcmp(argv[i], "-ctv") == 0) argv[i] = v;
+  }
+}
+
+void AddRunCommand(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<RunFlags>();
+  CLI::App* run = app.add_subcommand("run", "Run a model: prefill the prompt, generate, report");
+  run->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
+  run->add_option("-p,--prompt", f->prompt, "prompt text");
+  run->add_option("-f,--prompt-file", f->prompt_file, "read the prompt from a file");
+  run->add_option("-n,--n-predict", f->n, "tokens to generate (default 32)");
+  run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n)");
+  run->add_option("--temp", f->temp, "temperature; 0 = greedy (default)");
+  run->add_option("--top-k", f->top_k, "top-k (default 40; <= 0 off)");
+  run->add_option("--top-p", f->top_p, "top-p (default 0.95; 1 off)");
+  run->add_option("-s,--seed", f->seed, "sampling seed (default 0)");
+  run->add_option("--device", f->device, "cuda | sim | none (default none)");
+  run->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");
+  run->add_option("--host", f->host, "Host tier budget (default 1GiB)");
+  run->add_option("--disk", f->disk, "Disk tier budget (default 0: no disk tier)");
+  run->add_option("--disk-dir", f->disk_dir, "Disk tier directory (default /tmp)");
+  run->add_option("--sim-gbps", f->sim_gbps, "--device sim copy bandwidth in GB/s (0: unthrottled)");
+  run->add_option("--frame", f->frame, "frame size, 64KiB..4MiB (default 256KiB)");
+  run->add_option("--policy", f->policy, "residency policy: lfu (default), lru, 2q");
+  run->add_option("--kv-type", f->kv_type, "KV codec: f16 q8_0 q4_0 tq4 tq3 (default f16)");
+  run->add_option("--cache-type-k", f->kv_type_k, "llama.cpp's -ctk (same as --kv-type)");
+  run->add_option("--cache-type-v", f->kv_type_v, "llama.cpp's -ctv (must equal -ctk)");
+  run->add_option("--session", f->session, "session file: restored (longest common prefix reused) and saved");
+  run->add_option("-t,--threads", f->threads, "kernel threads (default: all cores)");
+  run->add_option("--mlock", f->mlock, "off | try | require (default try)");
+  run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
+  run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
+  run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
+  run->callback([f, &exit_code] {
+    auto options = ToOptions(*f);
+    if (!options.ok()) {
+      std::fprintf(stderr, "error: %s\n", options.status().message().c_str());
+      exit_code = 2;
+      return;
+    }
+    auto report = RunSession(*options);
+    if (!report.ok()) {
+      std::fprintf(stderr, "error: %s\n", report.status().message().c_str());
+      exit_code = 1;
+      return;
+    }
+    const RunReport& r = *report;
+    std::fprintf(stderr, "%s\n", r.text.c_str());
+    std::fprintf(stderr, "prompt %zu tokens (%d reused from the session) in %.3f s, %zu generated in %.3f s (%.1f tok/s)\n",
+                 r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, r.generated_tokens.size(), r.decode_s,
+                 r.decode_s > 0 ? static_cast<double>(r.generated_tokens.size()) / r.decode_s : 0.0);
+    if (f->json) std::printf("%s\n", r.ToJson().dump().c_str());
+  });
+}
+
+}  // namespace tierkv

@@ -1,0 +1,195 @@
+// runtime/model.cc
+//
+// Loading: the config, the RoPE parameters (with scaling overrides), and the weights as
+// views into the GGUF mapping, each checked for type and shape with a message naming the
+// tensor.
+#include "runtime/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "runtime/model_internal.h"
+
+namespace tierkv {
+namespace {
+
+using kernels::MatrixView;
+using kernels::WeightType;
+
+std::string Shape(const GgufTensor& t) {
+  std::string s = "[";
+  for (uint32_t i = 0; i < std::max<uint32_t>(t.n_dims, 1); ++i) s += (i ? ", " : "") + std::to_string(t.ne[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+// Typed, shape-checked access to the tensors of one file.
+class TensorBinder {
+ public:
+  explicit TensorBinder(const GgufFile& f) : f_(f) {}
+
+  // A weight matrix of `rows` rows of `cols` values (times `experts` stacked, if > 0).
+  Result<MatrixView> Matrix(const std::string& name, int64_t cols, int64_t rows, int64_t experts = 0) const {
+    const GgufTensor* t = f_.FindTensor(name);
+    if (t == nullptr) return Status::InvalidArgument("model: tensor " + name + " is missing");
+    const kernels::WeightTypeInfo* info = kernels::FindWeightType(static_cast<uint32_t>(t->type));
+    if (info == nullptr || info->type == WeightType::kQ8_K) {
+      return Status::Unsupported("model: tensor " + name + " has type " + GgmlTypeName(t->type) +
+                                 ", which the CPU kernels cannot read (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+    }
+    const int64_t want_experts = experts > 0 ? experts : 1;
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != want_experts || t->ne[3] != 1) {
+      std::string want = "[";
+      want += std::to_string(cols);
+      want += ", ";
+      want += std::to_string(rows);
+      if (experts > 0) want += ", " + std::to_string(experts);
+      return Status::InvalidArgument("model: tensor " + name + " has shape " + Shape(*t) + ", expected " + want + "]");
+    }
+    MatrixView m;
+    m.type = info->type;
+    m.data = t->data;
+    m.cols = cols;
+    m.rows = rows;
+    m.row_bytes = kernels::RowBytes(info->type, cols);
+    return m;
+  }
+
+  // A vector of n f32 values (norm weights, biases). F16/BF16 ones are converted into
+  // `storage`, which must outlive the pointer.
+  Result<const float*> Vector(const std::string& name, int64_t n, std::vector<std::vector<float>>* storage) const {
+    const GgufTensor* t = f_.FindTensor(name);
+    if (t == nullptr) return Status::InvalidArgument("model: tensor " + name + " is missing");
+    if (t->n_elements != static_cast<uint64_t>(n) || t->ne[0] != n) {
+      return Status::InvalidArgument("model: tensor " + name + " has shape " + Shape(*t) + ", expected [" +
+                                     std::to_string(n) + "]");
+    }
+    if (t->type == GgmlType::kF32 && reinterpret_cast<uintptr_t>(t->data) % alignof(float) == 0) {
+      return reinterpret_cast<const float*>(t->data);
+    }
+    const kernels::WeightTypeInfo* info = kernels::FindWeightType(static_cast<uint32_t>(t->type));
+    if (info == nullptr || n % info->block_size != 0 || info->type == WeightType::kQ8_K) {
+      return Status::Unsupported("model: tensor " + name + " has unsupported type " + GgmlTypeName(t->type));
+    }
+    storage->emplace_back(static_cast<size_t>(n));
+    kernels::DequantizeRow(info->type, t->data, storage->back().data(), n);
+    return static_cast<const float*>(storage->back().data());
+  }
+
+  bool Has(const std::string& name) const { return f_.FindTensor(name) != nullptr; }
+
+ private:
+  const GgufFile& f_;
+};
+
+Model::Model(std::shared_ptr<const GgufFile> file, ModelConfig cfg, ModelOptions options)
+    : file_(std::move(file)), cfg_(std::move(cfg)), options_(options) {}
+
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file, const ModelOptions& options) {
+  if (file == nullptr) return Status::InvalidArgument("model: no GGUF file");
+  TIERKV_ASSIGN_OR_RETURN(ModelConfig cfg, ReadModelConfig(*file));
+  if (options.threads < 0) return Status::InvalidArgument("model: threads must be >= 0");
+  if (options.kv_batch_blocks < 0) return Status::InvalidArgument("model: kv_batch_blocks must be >= 0");
+  if (cfg.head_dim > kMaxCodecHeadDim) {
+    return Status::Unsupported("model: head_dim " + std::to_string(cfg.head_dim) + " exceeds the KV codecs' limit");
+  }
+
+  // RoPE scaling overrides.
+  if (options.rope_scaling.has_value()) {
+    cfg.rope_scaling = *options.rope_scaling;
+    float factor = options.rope_scale_factor;
+    if (cfg.rope_scaling == RopeScaling::kNone) {
+      factor = 1.0f;
+    } else if (factor == 0.0f) {
+      const int n_ctx = options.n_ctx > 0 ? options.n_ctx : cfg.context_length;
+      factor = std::max(1.0f, static_cast<float>(n_ctx) / static_cast<float>(cfg.context_length));
+    }
+    if (!(factor >= 1.0f)) return Status::InvalidArgument("model: rope scale factor must be >= 1");
+    cfg.rope_scale_factor = factor;
+    if (cfg.rope_scaling == RopeScaling::kYarn && cfg.rope_orig_ctx <= 0) cfg.rope_orig_ctx = cfg.context_length;
+  }
+
+  std::unique_ptr<Model> m(new Model(std::move(file), std::move(cfg), options));
+  const ModelConfig& c = m->cfg_;
+  kernels::RopeParams& rp = m->rope_;
+  rp.n_dims = c.rope_dims;
+  rp.mode = c.rope_mode;
+  rp.freq_base = c.rope_freq_base;
+  rp.freq_scale = 1.0f / c.rope_scale_factor;
+  rp.ext_factor = c.rope_scaling == RopeScaling::kYarn ? 1.0f : 0.0f;
+  rp.attn_factor = c.rope_scaling == RopeScaling::kYarn ? c.yarn_attn_factor : 1.0f;
+  rp.beta_fast = c.yarn_beta_fast;
+  rp.beta_slow = c.yarn_beta_slow;
+  rp.n_ctx_orig = c.rope_orig_ctx;
+  m->pool_ = std::make_unique<kernels::ThreadPool>(options.threads);
+  TIERKV_RETURN_IF_ERROR(m->BindWeights());
+  m->s_ = std::make_unique<Scratch>(c);
+  return m;
+}
+
+Status Model::BindWeights() {
+  const ModelConfig& c = cfg_;
+  const TensorBinder b(*file_);
+  w_ = std::make_unique<Weights>();
+  Weights& w = *w_;
+  const int64_t q_dim = static_cast<int64_t>(c.n_head) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_head_kv) * c.head_dim;
+
+  TIERKV_ASSIGN_OR_RETURN(w.token_embd, b.Matrix("token_embd.weight", c.n_embd, c.n_vocab));
+  TIERKV_ASSIGN_OR_RETURN(w.output_norm, b.Vector("output_norm.weight", c.n_embd, &w.owned));
+  if (c.tied_output) {
+    w.output = w.token_embd;
+  } else {
+    TIERKV_ASSIGN_OR_RETURN(w.output, b.Matrix("output.weight", c.n_embd, c.n_vocab));
+  }
+  if (b.Has("rope_freqs.weight")) {
+    TIERKV_ASSIGN_OR_RETURN(rope_.freq_factors, b.Vector("rope_freqs.weight", c.rope_dims / 2, &w.owned));
+  }
+
+  w.layers.resize(static_cast<size_t>(c.n_layer));
+  for (int l = 0; l < c.n_layer; ++l) {
+    Layer& L = w.layers[static_cast<size_t>(l)];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    TIERKV_ASSIGN_OR_RETURN(L.attn_norm, b.Vector(p + "attn_norm.weight", c.n_embd, &w.owned));
+    TIERKV_ASSIGN_OR_RETURN(L.wq, b.Matrix(p + "attn_q.weight", c.n_embd, q_dim));
+    TIERKV_ASSIGN_OR_RETURN(L.wk, b.Matrix(p + "attn_k.weight", c.n_embd, kv_dim));
+    TIERKV_ASSIGN_OR_RETURN(L.wv, b.Matrix(p + "attn_v.weight", c.n_embd, kv_dim));
+    TIERKV_ASSIGN_OR_RETURN(L.wo, b.Matrix(p + "attn_output.weight", q_dim, c.n_embd));
+    if (c.qkv_bias) {
+      TIERKV_ASSIGN_OR_RETURN(L.bq, b.Vector(p + "attn_q.bias", q_dim, &w.owned));
+      TIERKV_ASSIGN_OR_RETURN(L.bk, b.Vector(p + "attn_k.bias", kv_dim, &w.owned));
+      TIERKV_ASSIGN_OR_RETURN(L.bv, b.Vector(p + "attn_v.bias", kv_dim, &w.owned));
+    }
+    if (c.qk_norm) {
+      TIERKV_ASSIGN_OR_RETURN(L.q_norm, b.Vector(p + "attn_q_norm.weight", c.head_dim, &w.owned));
+      TIERKV_ASSIGN_OR_RETURN(L.k_norm, b.Vector(p + "attn_k_norm.weight", c.head_dim, &w.owned));
+    }
+    TIERKV_ASSIGN_OR_RETURN(L.ffn_norm, b.Vector(p + "ffn_norm.weight", c.n_embd, &w.owned));
+    if (c.is_moe()) {
+      TIERKV_ASSIGN_OR_RETURN(L.gate_inp, b.Matrix(p + "ffn_gate_inp.weight", c.n_embd, c.n_expert));
+      TIERKV_ASSIGN_OR_RETURN(L.gate_exps, b.Matrix(p + "ffn_gate_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
+      TIERKV_ASSIGN_OR_RETURN(L.up_exps, b.Matrix(p + "ffn_up_exps.weight", c.n_embd, c.n_ff_exp, c.n_expert));
+      TIERKV_ASSIGN_OR_RETURN(L.down_exps, b.Matrix(p + "ffn_down_exps.weight", c.n_ff_exp, c.n_embd, c.n_expert));
+    } else {
+      TIERKV_ASSIGN_OR_RETURN(L.gate, b.Matrix(p + "ffn_gate.weight", c.n_embd, c.n_ff));
+      TIERKV_ASSIGN_OR_RETURN(L.up, b.Matrix(p + "ffn_up.weight", c.n_embd, c.n_ff));
+      TIERKV_ASSIGN_OR_RETURN(L.down, b.Matrix(p + "ffn_down.weight", c.n_ff, c.n_embd));
+    }
+  }
+  return Status::Ok();
+}
+
+KvGeometry Model::KvGeometryFor(KvCodec codec, int block_tokens) const {
+  KvGeometry g;
+  g.n_layers = cfg_.n_layer;
+  g.n_kv_heads = cfg_.n_head_kv;
+  g.head_dim = cfg_.head_dim;
+  g.block_tokens = block_tokens;
+  g.codec = codec;
+  return g;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,72 @@
+// runtime/model_internal.h
+//
+// The Model's private parts shared by model.cc (loading) and model_forward.cc (the
+// forward step): per-layer weight views and the scratch buffers of one step.
+// Not for other callers.
+#pragma once
+
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/matvec.h"
+#include "memory/memory_manager.h"
+#include "runtime/model.h"
+
+namespace tierkv {
+
+struct Model::Layer {
+  const float* attn_norm = nullptr;  // [n_embd]
+  kernels::MatrixView wq, wk, wv, wo;
+  const float* bq = nullptr;  // qwen2 biases, or null
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float* q_norm = nullptr;  // [head_dim], qwen3
+  const float* k_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  kernels::MatrixView gate, up, down;                    // dense FFN
+  kernels::MatrixView gate_inp;                          // MoE router [n_embd -> n_expert]
+  kernels::MatrixView gate_exps, up_exps, down_exps;     // one expert's rows; stacked
+};
+
+struct Model::Weights {
+  kernels::MatrixView token_embd;
+  kernels::MatrixView output;  // token_embd when tied
+  const float* output_norm = nullptr;
+  std::vector<Layer> layers;
+  std::vector<std::vector<float>> owned;  // vectors converted from F16/BF16
+};
+
+struct Model::Scratch {
+  explicit Scratch(const ModelConfig& c)
+      : x(static_cast<size_t>(c.n_embd)),
+        xn(static_cast<size_t>(c.n_embd)),
+        q(static_cast<size_t>(c.n_head) * c.head_dim),
+        k(static_cast<size_t>(c.n_head_kv) * c.head_dim),
+        v(static_cast<size_t>(c.n_head_kv) * c.head_dim),
+        attn(static_cast<size_t>(c.n_head) * c.head_dim),
+        proj(static_cast<size_t>(c.n_embd)),
+        gate(static_cast<size_t>(std::max(c.n_ff, c.n_ff_exp))),
+        up(gate.size()),
+        router(static_cast<size_t>(c.n_expert)),
+        moe_out(static_cast<size_t>(c.n_embd)),
+        cos_sin(static_cast<size_t>(c.rope_dims)) {}
+
+  std::vector<float> x;      // residual stream [n_embd]
+  std::vector<float> xn;     // normed input of a block
+  std::vector<float> q, k, v;
+  std::vector<float> attn;   // attention output [n_head * head_dim]
+  std::vector<float> proj;   // output of attn_output / ffn_down [n_embd]
+  std::vector<float> gate, up;
+  std::vector<float> router;
+  std::vector<float> moe_out;
+  std::vector<float> cos_sin;
+  kernels::ActivationRow act;   // the current matvec input, converted per weight type
+  kernels::ActivationRow act2;  // the FFN's hidden activation
+  kernels::AttentionState attention;
+  std::vector<Pin> pins;
+  std::vector<const std::byte*> blocks;
+  std::vector<int> expert_ids;
+  std::vector<float> expert_weights;
+};
+
+}  // namespace tierkv

@@ -1,0 +1,184 @@
+// runtime/run.cc
+#include "runtime/run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "kvcache/checksum.h"
+#include "kvcache/kv_cache.h"
+#include "runtime/model.h"
+#include "runtime/tokenizer.h"
+
+namespace tierkv {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+LogitsEntry Entry(int pos, std::span<const float> logits) {
+  return LogitsEntry{pos, TopLogits(logits, 10), LogSumExp(logits)};
+}
+
+nlohmann::json EntryJson(const LogitsEntry& e) {
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& [id, v] : e.top) top.push_back({id, v});
+  return {{"pos", e.pos}, {"top", top}, {"logsumexp", e.logsumexp}};
+}
+
+}  // namespace
+
+ModelFingerprint FingerprintOf(const GgufFile& file) {
+  std::string key = std::string(file.architecture()) + ";";
+  for (const GgufTensor& t : file.tensors()) {
+    key += std::string(t.name) + ":" + std::to_string(static_cast<int>(t.type));
+    for (int64_t d : t.ne) key += "," + std::to_string(d);
+    key += ";";
+  }
+  const std::string arch(file.architecture());
+  for (const char* k : {".rope.freq_base", ".rope.dimension_count", ".rope.scaling.type", ".rope.scaling.factor"}) {
+    if (const GgufValue* v = file.Find(arch + k)) key += std::string(k) + "=" + FormatGgufValue(*v, {}) + ";";
+  }
+  std::string desc = arch + ", " + std::to_string(file.tensors().size()) + " tensors, " +
+                     std::to_string(file.parameter_count()) + " parameters";
+  if (auto name = file.GetString("general.name"); name.ok()) desc = std::string(*name) + " (" + desc + ")";
+  return ModelFingerprint{Checksum(key.data(), key.size()), desc};
+}
+
+nlohmann::json RunReport::ToJson() const {
+  nlohmann::json j;
+  j["prompt_tokens"] = prompt_tokens;
+  j["generated_tokens"] = generated_tokens;
+  j["text"] = text;
+  const auto rate = [](int n, double s) { return s > 0 ? n / s : 0.0; };
+  j["timings"] = {{"warmup_s", warmup_s},
+                  {"restore_s", restore_s},
+                  {"prefill_s", prefill_s},
+                  {"decode_s", decode_s},
+                  {"prefill_tok_s", rate(prefill_tokens, prefill_s)},
+                  {"decode_tok_s", rate(static_cast<int>(generated_tokens.size()), decode_s)}};
+  nlohmann::json tj = nlohmann::json::array();
+  for (const TierStats& t : tiers) {
+    if (!t.present) continue;
+    tj.push_back({{"name", TierName(t.tier)},
+                  {"budget_bytes", t.budget_bytes},
+                  {"used_bytes", t.used_bytes.current},
+                  {"peak_bytes", t.used_bytes.peak},
+                  {"hits", t.hits},
+                  {"misses", t.misses},
+                  {"bytes_in", t.bytes_in},
+                  {"bytes_out", t.bytes_out},
+                  {"evictions", t.evictions},
+                  {"backend", t.backend}});
+  }
+  j["tiers"] = tj;
+  j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
+  j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
+                  {"restored_tokens", restored_tokens},
+                  {"reused_prefix_tokens", reused_prefix_tokens},
+                  {"saved", saved}};
+  if (!logits.empty() || !steps.empty()) {
+    nlohmann::json lj = nlohmann::json::array(), sj = nlohmann::json::array();
+    for (const auto& e : logits) lj.push_back(EntryJson(e));
+    for (const auto& e : steps) sj.push_back(EntryJson(e));
+    j["logits"] = lj;
+    j["steps"] = sj;
+  }
+  return j;
+}
+
+Result<RunReport> RunSession(const RunOptions& o) {
+  RunReport r;
+  TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, GgufFile::Open(o.model));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*file));
+  r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
+  if (r.prompt_tokens.empty()) return Status::InvalidArgument("the prompt is empty (no tokens)");
+  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : static_cast<int>(r.prompt_tokens.size()) + o.n_predict;
+  if (static_cast<int>(r.prompt_tokens.size()) + o.n_predict > n_ctx) {
+    return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
+                                   std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
+  }
+  ModelOptions mo;
+  mo.threads = o.threads;
+  mo.n_ctx = n_ctx;
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
+
+  const auto t_warm = std::chrono::steady_clock::now();
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<MemoryManager> mm, MemoryManager::Create(o.memory));
+  r.warmup_s = Since(t_warm);
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), model->KvGeometryFor(o.kv_type)));
+  r.kv_type = KvCodecName(o.kv_type);
+
+  // Session restore and prefix reuse.
+  const ModelFingerprint fp = FingerprintOf(*file);
+  SeqId seq;
+  int start = 0;
+  std::shared_ptr<SessionFile> session_file;
+  r.session_path = o.session;
+  if (!o.session.empty() && std::filesystem::exists(o.session)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    TIERKV_ASSIGN_OR_RETURN(SessionFile::Restored restored, SessionFile::Restore(*cache, o.session, fp));
+    r.restore_s = Since(t0);
+    seq = restored.seq;
+    session_file = restored.file;
+    r.restored_tokens = static_cast<int>(restored.tokens.size());
+    size_t lcp = 0;
+    while (lcp < restored.tokens.size() && lcp < r.prompt_tokens.size() && restored.tokens[lcp] == r.prompt_tokens[lcp]) ++lcp;
+    // The last prompt token is always recomputed: its logits choose the first new token.
+    lcp = std::min(lcp, r.prompt_tokens.size() - 1);
+    TIERKV_RETURN_IF_ERROR(cache->Truncate(seq, static_cast<int>(lcp)));
+    r.reused_prefix_tokens = static_cast<int>(lcp);
+    start = static_cast<int>(lcp);
+  } else {
+    seq = cache->NewSequence();
+  }
+
+  // Prefill: logits only where someone reads them.
+  const int n_prompt = static_cast<int>(r.prompt_tokens.size());
+  std::vector<float> logits(static_cast<size_t>(model->config().n_vocab));
+  auto wanted = [&](int pos) {
+    return pos == n_prompt - 1 || (o.dump_logits > 0 && (pos < o.dump_logits || pos >= n_prompt - o.dump_logits));
+  };
+  const auto t_prefill = std::chrono::steady_clock::now();
+  for (int pos = start; pos < n_prompt; ++pos) {
+    const bool want = wanted(pos);
+    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, r.prompt_tokens[static_cast<size_t>(pos)], pos,
+                                          want ? std::span<float>(logits) : std::span<float>()));
+    if (want && o.dump_logits > 0) r.logits.push_back(Entry(pos, logits));
+  }
+  r.prefill_s = Since(t_prefill);
+  r.prefill_tokens = n_prompt - start;
+
+  // Generation.
+  Sampler sampler(o.sampler);
+  const auto t_decode = std::chrono::steady_clock::now();
+  std::vector<int32_t> all = r.prompt_tokens;
+  for (int i = 0; i < o.n_predict; ++i) {
+    if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
+    const int32_t next = sampler.Sample(logits);
+    r.generated_tokens.push_back(next);
+    r.text += tok->TokenToPiece(next, /*render_special=*/false);
+    if (tok->IsEog(next) || i + 1 == o.n_predict) break;
+    const int pos = static_cast<int>(all.size());
+    all.push_back(next);
+    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, pos, logits));
+  }
+  r.decode_s = Since(t_decode);
+
+  r.kv_tokens = cache->Length(seq);
+  r.kv_bytes = static_cast<uint64_t>(r.kv_tokens) * cache->token_bytes();
+  if (!o.session.empty()) {
+    // The session holds every token whose K/V is in the cache.
+    std::vector<int32_t> tokens(all.begin(), all.begin() + r.kv_tokens);
+    TIERKV_RETURN_IF_ERROR(SessionFile::Save(*cache, seq, tokens, fp, o.session));
+    r.saved = true;
+  }
+  for (int t = 0; t < kNumTiers; ++t) r.tiers.push_back(mm->Stats(TierAt(t)));
+  return r;
+}
+
+}  // namespace tierkv

@@ -1,0 +1,71 @@
+// runtime/run.h
+//
+// One `tierkv run`: load a model, build the tiers and the KV cache from the options,
+// restore a session (reusing the longest common prefix of its tokens), prefill the
+// rest of the prompt, generate, save the session, and report (DESIGN.md, CLI contract).
+//
+// Thread-safety: RunSession is self-contained; it may be called from one thread at a time
+// per process (it sets up its own thread pool and memory manager).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvcache/codec.h"
+#include "kvcache/session_file.h"
+#include "memory/memory_manager.h"
+#include "runtime/gguf.h"
+#include "runtime/sampler.h"
+
+namespace tierkv {
+
+struct RunOptions {
+  std::string model;           // path to a .gguf
+  std::string prompt;
+  int n_predict = 32;          // -n
+  int n_ctx = 0;               // 0 = prompt + n_predict
+  SamplerOptions sampler;
+  MemoryOptions memory;        // tiers and budgets
+  KvCodec kv_type = KvCodec::kF16;
+  std::string session;         // "" = no session file
+  int threads = 0;             // 0 = all cores
+  int dump_logits = 0;         // first and last N prompt positions, plus every step
+};
+
+struct LogitsEntry {
+  int pos = 0;
+  std::vector<std::pair<int32_t, float>> top;  // 10 largest
+  double logsumexp = 0;
+};
+
+struct RunReport {
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> generated_tokens;
+  std::string text;  // the generated text
+  double warmup_s = 0, restore_s = 0, prefill_s = 0, decode_s = 0;
+  int prefill_tokens = 0;  // prompt tokens computed (not reused from the session)
+  std::vector<TierStats> tiers;
+  std::string kv_type;
+  int kv_tokens = 0;
+  uint64_t kv_bytes = 0;
+  std::string session_path;
+  int restored_tokens = 0;
+  int reused_prefix_tokens = 0;
+  bool saved = false;
+  std::vector<LogitsEntry> logits;  // with dump_logits
+  std::vector<LogitsEntry> steps;
+
+  nlohmann::json ToJson() const;
+};
+
+// The model identity stored in session files: architecture, every tensor's name,
+// type and shape, and the RoPE parameters.
+ModelFingerprint FingerprintOf(const GgufFile& file);
+
+Result<RunReport> RunSession(const RunOptions& options);
+
+}  // namespace tierkv

@@ -1,0 +1,209 @@
+// tests/kernels/attention_test.cc
+//
+// Paged attention against a double-precision reference (causal, GQA), with test codecs
+// defined here (kernels/ may not use kvcache's): results must not depend on how blocks
+// are batched or on the thread count, bit for bit; a codec working in another domain
+// (FinishOutput) must give the same answer.
+#include "kernels/attention.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/fp16.h"
+#include "kernels/thread_pool.h"
+
+namespace tierkv::kernels {
+namespace {
+
+// Stores f32 values; sign = -1 stores negated values, with the query negated in
+// PrepareQuery and the accumulator negated back in FinishOutput (a codec with its own
+// accumulation domain, like tq's rotation).
+class F32Codec {
+ public:
+  explicit F32Codec(int head_dim, float sign = 1.0f) : hd_(head_dim), sign_(sign) {}
+  int head_dim() const { return hd_; }
+  size_t vector_bytes() const { return static_cast<size_t>(hd_) * 4; }
+  void Encode(const float* x, void* out) const {
+    auto* o = static_cast<float*>(out);
+    for (int i = 0; i < hd_; ++i) o[i] = sign_ * x[i];
+  }
+  void PrepareQuery(const float* q, float* out) const {
+    for (int i = 0; i < hd_; ++i) out[i] = sign_ * q[i];
+  }
+  void DotMany(const float* q, const void* k, size_t n, float* s) const {
+    const auto* kf = static_cast<const float*>(k);
+    for (size_t j = 0; j < n; ++j) {
+      float acc = 0;
+      for (int i = 0; i < hd_; ++i) acc += q[i] * kf[j * hd_ + i];
+      s[j] = acc;
+    }
+  }
+  void AccumulateMany(const float* w, const void* v, size_t n, float* acc) const {
+    const auto* vf = static_cast<const float*>(v);
+    for (size_t j = 0; j < n; ++j) {
+      for (int i = 0; i < hd_; ++i) acc[i] += w[j] * vf[j * hd_ + i];
+    }
+  }
+  void FinishOutput(const float* acc, float* out) const {
+    for (int i = 0; i < hd_; ++i) out[i] = sign_ * acc[i];
+  }
+
+ private:
+  int hd_;
+  float sign_;
+};
+static_assert(AttentionCodec<F32Codec>);
+
+struct Fixture {
+  int n_heads = 8, n_kv = 2, hd = 32, block_tokens = 16, n_tokens = 75;
+  std::vector<float> k, v, q;  // k, v: [n_tokens][n_kv][hd]; q: [n_heads][hd]
+  std::vector<std::vector<std::byte>> blocks;
+  std::vector<const std::byte*> ptrs;
+
+  void Build(const F32Codec& codec, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    k.resize(static_cast<size_t>(n_tokens) * n_kv * hd);
+    v.resize(k.size());
+    q.resize(static_cast<size_t>(n_heads) * hd);
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    for (float& x : q) x = 2.0f * normal(rng);  // peaky softmax
+    const size_t vb = codec.vector_bytes();
+    const int n_blocks = (n_tokens + block_tokens - 1) / block_tokens;
+    blocks.assign(static_cast<size_t>(n_blocks), std::vector<std::byte>(2 * n_kv * block_tokens * vb));
+    for (int t = 0; t < n_tokens; ++t) {
+      auto& blk = blocks[static_cast<size_t>(t / block_tokens)];
+      for (int g = 0; g < n_kv; ++g) {
+        const size_t off = (static_cast<size_t>(g) * block_tokens + t % block_tokens) * vb;
+        codec.Encode(&k[(static_cast<size_t>(t) * n_kv + g) * hd], blk.data() + off);
+        codec.Encode(&v[(static_cast<size_t>(t) * n_kv + g) * hd], blk.data() + n_kv * block_tokens * vb + off);
+      }
+    }
+    ptrs.clear();
+    for (auto& b : blocks) ptrs.push_back(b.data());
+  }
+
+  AttentionParams Params(int64_t query_pos) const {
+    AttentionParams p;
+    p.n_heads = n_heads;
+    p.n_kv_heads = n_kv;
+    p.head_dim = hd;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    p.query_pos = query_pos;
+    return p;
+  }
+
+  PagedKvView View(int first, int count, size_t vb) const {
+    PagedKvView view;
+    view.blocks = ptrs.data() + first;
+    view.n_blocks = count;
+    view.first_block = first;
+    view.n_tokens = n_tokens;
+    view.block_tokens = block_tokens;
+    view.n_kv_heads = n_kv;
+    view.vector_bytes = vb;
+    return view;
+  }
+
+  std::vector<double> Reference(int64_t query_pos) const {
+    std::vector<double> out(static_cast<size_t>(n_heads) * hd, 0.0);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    for (int h = 0; h < n_heads; ++h) {
+      const int g = h / (n_heads / n_kv);
+      std::vector<double> s;
+      for (int t = 0; t <= query_pos && t < n_tokens; ++t) {
+        double d = 0;
+        for (int i = 0; i < hd; ++i) d += static_cast<double>(q[h * hd + i]) * k[(t * n_kv + g) * hd + i];
+        s.push_back(d * scale);
+      }
+      double m = -1e300, sum = 0;
+      for (double x : s) m = std::max(m, x);
+      for (double& x : s) sum += (x = std::exp(x - m));
+      for (size_t t = 0; t < s.size(); ++t) {
+        for (int i = 0; i < hd; ++i) out[h * hd + i] += s[t] / sum * v[(t * n_kv + g) * hd + i];
+      }
+    }
+    return out;
+  }
+};
+
+std::vector<float> RunAttention(const F32Codec& codec, const Fixture& f, const AttentionParams& p,
+                                const std::vector<int>& batch_sizes, ThreadPool* pool) {
+  AttentionState st;
+  AttentionBegin(codec, p, f.q.data(), &st);
+  int b = 0;
+  for (int n : batch_sizes) {
+    AttentionBlocks(codec, p, f.View(b, n, codec.vector_bytes()), &st, pool);
+    b += n;
+  }
+  std::vector<float> out(f.q.size());
+  AttentionEnd(codec, p, &st, out.data());
+  return out;
+}
+
+TEST(AttentionTest, MatchesDoubleReference) {
+  F32Codec codec(32);
+  Fixture f;
+  f.Build(codec, 1);
+  for (int64_t qp : {0, 1, 15, 16, 40, 74}) {
+    SCOPED_TRACE("query_pos " + std::to_string(qp));
+    const std::vector<float> got = RunAttention(codec, f, f.Params(qp), {5}, nullptr);
+    const std::vector<double> ref = f.Reference(qp);
+    for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 1e-5) << i;
+  }
+}
+
+TEST(AttentionTest, BatchingAndThreadsAreBitIdentical) {
+  F32Codec codec(32);
+  Fixture f;
+  f.Build(codec, 2);
+  ThreadPool pool(3);
+  const AttentionParams p = f.Params(74);
+  const std::vector<float> all = RunAttention(codec, f, p, {5}, nullptr);
+  EXPECT_EQ(RunAttention(codec, f, p, {1, 1, 1, 1, 1}, nullptr), all);
+  EXPECT_EQ(RunAttention(codec, f, p, {2, 3}, &pool), all);
+  EXPECT_EQ(RunAttention(codec, f, p, {4, 1}, &pool), all);
+}
+
+TEST(AttentionTest, CodecDomainIsHonoured) {
+  F32Codec plain(32), negated(32, -1.0f);
+  Fixture a, b;
+  a.Build(plain, 3);
+  b.Build(negated, 3);
+  EXPECT_EQ(RunAttention(plain, a, a.Params(60), {5}, nullptr), RunAttention(negated, b, b.Params(60), {5}, nullptr));
+}
+
+TEST(AttentionTest, F16RoundingStaysClose) {
+  F32Codec codec(32);
+  Fixture f;
+  f.Build(codec, 4);
+  AttentionParams p = f.Params(74);
+  p.round_query_f16 = true;
+  p.round_weights_f16 = true;
+  const std::vector<float> got = RunAttention(codec, f, p, {5}, nullptr);
+  const std::vector<double> ref = f.Reference(74);
+  double max_err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
+  EXPECT_LT(max_err, 5e-3);
+  EXPECT_GT(max_err, 0.0);  // the options do round
+}
+
+TEST(AttentionTest, SingleTokenReturnsItsValue) {
+  F32Codec codec(32);
+  Fixture f;
+  f.n_tokens = 1;
+  f.Build(codec, 5);
+  const std::vector<float> got = RunAttention(codec, f, f.Params(0), {1}, nullptr);
+  for (int h = 0; h < f.n_heads; ++h) {
+    const int g = h / (f.n_heads / f.n_kv);
+    for (int i = 0; i < f.hd; ++i) EXPECT_FLOAT_EQ(got[h * f.hd + i], f.v[g * f.hd + i]);
+  }
+}
+
+}  // namespace
+}  // namespace tierkv::kernels

@@ -1,0 +1,188 @@
+// tests/kernels/matvec_test.cc
+//
+// MatVec against per-row dots, independence from the thread count, MatVecMany, the
+// shared activation conversions, and the thread pool itself.
+#include "kernels/matvec.h"
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/fp16.h"
+#include "kernels/thread_pool.h"
+
+namespace tierkv::kernels {
+namespace {
+
+struct OwnedMatrix {
+  std::vector<uint8_t> bytes;
+  MatrixView view;
+};
+
+// A rows x cols matrix of `type` from random f32 values (quantized ones by simple
+// per-block rounding; the exact codes do not matter here).
+OwnedMatrix RandomMatrix(WeightType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  OwnedMatrix m;
+  const size_t rb = RowBytes(type, cols);
+  m.bytes.resize(rb * static_cast<size_t>(rows));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : m.bytes) b = static_cast<uint8_t>(byte(rng));
+  const WeightTypeInfo& info = GetWeightTypeInfo(type);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = m.bytes.data() + r * rb;
+    if (type == WeightType::kF32) {
+      for (int64_t i = 0; i < cols; ++i) {
+        const float v = normal(rng);
+        std::memcpy(row + 4 * i, &v, 4);
+      }
+    } else if (type == WeightType::kF16) {
+      for (int64_t i = 0; i < cols; ++i) {
+        const uint16_t h = F32ToF16(normal(rng));
+        std::memcpy(row + 2 * i, &h, 2);
+      }
+    } else {
+      // Sane fp16 scales at the places each layout keeps them.
+      for (int64_t b = 0; b < cols / info.block_size; ++b) {
+        uint8_t* blk = row + b * info.block_bytes;
+        const uint16_t d = F32ToF16(0.01f), dmin = F32ToF16(0.002f);
+        if (type == WeightType::kQ6_K) {
+          std::memcpy(blk + 208, &d, 2);
+        } else {
+          std::memcpy(blk, &d, 2);
+          if (type == WeightType::kQ4_K || type == WeightType::kQ5_K) std::memcpy(blk + 2, &dmin, 2);
+        }
+      }
+    }
+  }
+  m.view = MatrixView{type, m.bytes.data(), cols, rows, rb};
+  return m;
+}
+
+std::vector<float> RandomVector(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  return x;
+}
+
+TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
+  ThreadPool pool1(1), pool3(3);
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K,
+                       WeightType::kQ5_K, WeightType::kQ6_K}) {
+    SCOPED_TRACE(WeightTypeName(t));
+    const OwnedMatrix m = RandomMatrix(t, 300, 512, 1);
+    const std::vector<float> x = RandomVector(512, 2);
+    std::vector<float> y0(300), y1(300), y3(300);
+    MatVec(m.view, x.data(), y0.data(), nullptr);
+    MatVec(m.view, x.data(), y1.data(), &pool1);
+    MatVec(m.view, x.data(), y3.data(), &pool3);
+    ActivationRow row;
+    row.Set(x.data(), 512);
+    const void* act = row.For(t);
+    for (int r = 0; r < 300; ++r) {
+      EXPECT_EQ(y0[r], DotRow(t, m.view.Row(r), act, 512)) << r;
+      EXPECT_EQ(y0[r], y1[r]);
+      EXPECT_EQ(y0[r], y3[r]);
+    }
+  }
+}
+
+TEST(MatVecTest, ManyEqualsSingle) {
+  ThreadPool pool(2);
+  const OwnedMatrix a = RandomMatrix(WeightType::kQ8_0, 256, 256, 3);
+  const OwnedMatrix b = RandomMatrix(WeightType::kQ4_K, 128, 256, 4);
+  const OwnedMatrix c = RandomMatrix(WeightType::kF16, 64, 256, 5);
+  const std::vector<float> x = RandomVector(256, 6);
+  ActivationRow row;
+  row.Set(x.data(), 256);
+  std::vector<float> ya(256), yb(128), yc(64);
+  const MatVecJob jobs[] = {{&a.view, &row, ya.data()}, {&b.view, &row, yb.data()}, {&c.view, &row, yc.data()}};
+  MatVecMany(jobs, &pool);
+  std::vector<float> sa(256), sb(128), sc(64);
+  MatVec(a.view, x.data(), sa.data(), nullptr);
+  MatVec(b.view, x.data(), sb.data(), nullptr);
+  MatVec(c.view, x.data(), sc.data(), nullptr);
+  EXPECT_EQ(ya, sa);
+  EXPECT_EQ(yb, sb);
+  EXPECT_EQ(yc, sc);
+}
+
+TEST(MatVecTest, GetRowDequantizes) {
+  const OwnedMatrix m = RandomMatrix(WeightType::kQ6_K, 4, 256, 9);
+  std::vector<float> got(256), want(256);
+  GetRow(m.view, 2, got.data());
+  DequantizeRow(WeightType::kQ6_K, m.view.Row(2), want.data(), 256);
+  EXPECT_EQ(got, want);
+}
+
+TEST(MatVecTest, ActivationRowConvertsOncePerType) {
+  const std::vector<float> x = RandomVector(256, 8);
+  ActivationRow row;
+  row.Set(x.data(), 256);
+  const void* p1 = row.For(WeightType::kQ4_0);
+  const void* p2 = row.For(WeightType::kQ8_0);  // same activation type
+  EXPECT_EQ(p1, p2);
+  EXPECT_NE(row.For(WeightType::kQ6_K), p1);
+  EXPECT_EQ(row.For(WeightType::kF32), row.values());
+  std::vector<BlockQ8_0> want(8);
+  QuantizeActivation(WeightType::kQ8_0, x.data(), want.data(), 256);
+  EXPECT_EQ(std::memcmp(p1, want.data(), sizeof(BlockQ8_0) * 8), 0);
+}
+
+TEST(ThreadPoolTest, RunsEveryTaskOnce) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int64_t n : {0, 1, 2, 7, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      for (int rep = 0; rep < 50; ++rep) {
+        pool.ParallelFor(n, [&](int64_t i) { hits[static_cast<size_t>(i)].fetch_add(1); });
+      }
+      for (auto& h : hits) EXPECT_EQ(h.load(), 50);
+    }
+  }
+}
+
+TEST(ThreadPoolTest, RangesCoverExactly) {
+  ThreadPool pool(3);
+  for (int64_t n : {1, 5, 100, 12345}) {
+    for (int64_t grain : {1, 16, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      pool.ParallelRanges(n, grain, [&](int64_t b, int64_t e) {
+        EXPECT_LT(b, e);
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    }
+  }
+}
+
+TEST(ThreadPoolTest, NestedCallsRunInline) {
+  ThreadPool pool(2);
+  std::atomic<int> total{0};
+  pool.ParallelFor(4, [&](int64_t) { pool.ParallelFor(10, [&](int64_t) { total.fetch_add(1); }); });
+  EXPECT_EQ(total.load(), 40);
+}
+
+TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      for (int rep = 0; rep < 200; ++rep) pool.ParallelFor(17, [&](int64_t i) { total.fetch_add(i); });
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), 3 * 200 * (16 * 17 / 2));
+}
+
+}  // namespace
+}  // namespace tierkv::kernels

@@ -1,0 +1,375 @@
+// tests/kernels/quant_test.cc
+//
+// Block layouts, dequantization, activation quantization and the dot products of every
+// weight type, at every SIMD level the CPU has, against scalar double references written
+// here independently (element-wise formulas rather than the kernels' block loops).
+#include "kernels/quant.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu_features.h"
+#include "kernels/fp16.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace tierkv::kernels {
+namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("f16c"))) uint16_t HardwareF16(float x) { return static_cast<uint16_t>(_cvtss_sh(x, 0)); }
+#endif
+
+constexpr WeightType kWeightTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
+                                       WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K,
+                                       WeightType::kQ5_K, WeightType::kQ6_K};
+
+std::vector<SimdLevel> Levels() {
+  std::vector<SimdLevel> v = {SimdLevel::kScalar};
+  if (DetectedSimdLevel() >= SimdLevel::kAvx2) v.push_back(SimdLevel::kAvx2);
+  if (DetectedSimdLevel() >= SimdLevel::kAvx512) v.push_back(SimdLevel::kAvx512);
+  return v;
+}
+
+uint16_t RandomScale(std::mt19937& rng, float lo, float hi) {
+  return F32ToF16(std::uniform_real_distribution<float>(lo, hi)(rng));
+}
+
+// A random row of n values of `type` (raw bytes; quantized types with random codes and
+// plausible fp16 scales).
+std::vector<uint8_t> RandomRow(WeightType type, int64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> row(RowBytes(type, n));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : row) b = static_cast<uint8_t>(byte(rng));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  switch (type) {
+    case WeightType::kF32: {
+      auto* f = reinterpret_cast<float*>(row.data());
+      for (int64_t i = 0; i < n; ++i) f[i] = normal(rng);
+      break;
+    }
+    case WeightType::kF16: {
+      auto* h = reinterpret_cast<uint16_t*>(row.data());
+      for (int64_t i = 0; i < n; ++i) h[i] = F32ToF16(normal(rng));
+      break;
+    }
+    case WeightType::kBF16: {
+      auto* h = reinterpret_cast<uint16_t*>(row.data());
+      for (int64_t i = 0; i < n; ++i) h[i] = F32ToBf16(normal(rng));
+      break;
+    }
+    case WeightType::kQ8_0: {
+      auto* b = reinterpret_cast<BlockQ8_0*>(row.data());
+      for (int64_t i = 0; i < n / kQk0; ++i) {
+        b[i].d = RandomScale(rng, 0.001f, 0.02f);
+        for (int8_t& q : b[i].qs) q = static_cast<int8_t>(std::uniform_int_distribution<int>(-127, 127)(rng));
+      }
+      break;
+    }
+    case WeightType::kQ4_0: {
+      auto* b = reinterpret_cast<BlockQ4_0*>(row.data());
+      for (int64_t i = 0; i < n / kQk0; ++i) b[i].d = RandomScale(rng, 0.01f, 0.2f);
+      break;
+    }
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K: {
+      const size_t bytes = GetWeightTypeInfo(type).block_bytes;
+      for (int64_t i = 0; i < n / kQkK; ++i) {
+        uint16_t d = RandomScale(rng, 0.0005f, 0.005f), dmin = RandomScale(rng, 0.0005f, 0.005f);
+        std::memcpy(row.data() + i * bytes, &d, 2);
+        std::memcpy(row.data() + i * bytes + 2, &dmin, 2);
+      }
+      break;
+    }
+    case WeightType::kQ6_K: {
+      auto* b = reinterpret_cast<BlockQ6_K*>(row.data());
+      for (int64_t i = 0; i < n / kQkK; ++i) b[i].d = RandomScale(rng, 0.0002f, 0.002f);
+      break;
+    }
+    default: break;
+  }
+  return row;
+}
+
+// ---- independent element-wise dequantization ----
+
+void UnpackScaleMin(const uint8_t* s, int j, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+double RefValue(WeightType type, const uint8_t* row, int64_t i) {
+  switch (type) {
+    case WeightType::kF32: {
+      float f;
+      std::memcpy(&f, row + 4 * i, 4);
+      return f;
+    }
+    case WeightType::kF16: return F16ToF32(reinterpret_cast<const uint16_t*>(row)[i]);
+    case WeightType::kBF16: return Bf16ToF32(reinterpret_cast<const uint16_t*>(row)[i]);
+    case WeightType::kQ8_0: {
+      const uint8_t* b = row + (i / 32) * 34;
+      return LoadF16(b) * static_cast<int8_t>(b[2 + i % 32]);
+    }
+    case WeightType::kQ4_0: {
+      const uint8_t* b = row + (i / 32) * 18;
+      const int r = static_cast<int>(i % 32);
+      const int nib = r < 16 ? (b[2 + r] & 15) : (b[2 + r - 16] >> 4);
+      return LoadF16(b) * (nib - 8);
+    }
+    case WeightType::kQ4_K:
+    case WeightType::kQ5_K: {
+      const bool five = type == WeightType::kQ5_K;
+      const uint8_t* b = row + (i / 256) * (five ? 176 : 144);
+      const int r = static_cast<int>(i % 256);
+      const int c = r / 64, within = r % 64, l = within % 32;
+      const int j = 2 * c + (within >= 32 ? 1 : 0);
+      const uint8_t* qs = b + (five ? 48 : 16);
+      int q = within < 32 ? (qs[32 * c + l] & 15) : (qs[32 * c + l] >> 4);
+      if (five) q += ((b[16 + l] >> j) & 1) * 16;
+      int sc, m;
+      UnpackScaleMin(b + 4, j, &sc, &m);
+      return LoadF16(b) * sc * q - LoadF16(b + 2) * m;
+    }
+    case WeightType::kQ6_K: {
+      const uint8_t* b = row + (i / 256) * 210;
+      const int r = static_cast<int>(i % 256);
+      const int h = r / 128, k = (r % 128) / 32, l = r % 32;
+      const uint8_t qlb = b[64 * h + l + 32 * (k & 1)];
+      const int nib = k < 2 ? (qlb & 15) : (qlb >> 4);
+      const int hi = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+      const int q = (nib | (hi << 4)) - 32;
+      const int8_t sc = static_cast<int8_t>(b[192 + 8 * h + l / 16 + 2 * k]);
+      return LoadF16(b + 208) * sc * q;
+    }
+    default: break;
+  }
+  ADD_FAILURE() << "no reference for type";
+  return 0;
+}
+
+TEST(QuantTest, TypeTableMatchesGgml) {
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ4_K).block_bytes, 144);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ6_K).block_bytes, 210);
+  EXPECT_EQ(FindWeightType(12)->type, WeightType::kQ4_K);
+  EXPECT_EQ(FindWeightType(3), nullptr);  // Q4_1: not supported
+  EXPECT_EQ(ActivationType(WeightType::kQ4_0), WeightType::kQ8_0);
+  EXPECT_EQ(ActivationType(WeightType::kQ6_K), WeightType::kQ8_K);
+  EXPECT_EQ(ActivationType(WeightType::kF16), WeightType::kF16);
+  EXPECT_EQ(RowBytes(WeightType::kQ5_K, 512), 352u);
+  EXPECT_STREQ(WeightTypeName(WeightType::kBF16), "BF16");
+}
+
+TEST(QuantTest, DequantizeMatchesElementwiseReference) {
+  std::mt19937 rng(7);
+  const int64_t n = 512;
+  for (WeightType t : kWeightTypes) {
+    SCOPED_TRACE(WeightTypeName(t));
+    const std::vector<uint8_t> row = RandomRow(t, n, rng);
+    std::vector<float> out(n);
+    DequantizeRow(t, row.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double ref = RefValue(t, row.data(), i);
+      ASSERT_NEAR(out[i], ref, 1e-6 * std::fabs(ref) + 1e-9) << "element " << i;
+    }
+  }
+}
+
+TEST(QuantTest, Q8_0ActivationRounding) {
+  // amax 127 -> id 1: values round half to even (2.5 -> 2, 3.5 -> 4, -2.5 -> -2).
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;
+  x[1] = 2.5f;
+  x[2] = 3.5f;
+  x[3] = -2.5f;
+  x[4] = 0.49f;
+  BlockQ8_0 b;
+  QuantizeActivation(WeightType::kQ8_0, x.data(), &b, 32);
+  EXPECT_EQ(F16ToF32(b.d), 1.0f);
+  EXPECT_EQ(b.qs[0], 127);
+  EXPECT_EQ(b.qs[1], 2);
+  EXPECT_EQ(b.qs[2], 4);
+  EXPECT_EQ(b.qs[3], -2);
+  EXPECT_EQ(b.qs[4], 0);
+  // All zero: d = 0, codes 0.
+  std::vector<float> z(32, 0.0f);
+  QuantizeActivation(WeightType::kQ8_0, z.data(), &b, 32);
+  EXPECT_EQ(b.d, 0);
+  for (int8_t q : b.qs) EXPECT_EQ(q, 0);
+}
+
+TEST(QuantTest, Q8_KActivation) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> x(512);
+  for (float& v : x) v = normal(rng);
+  x[17] = 9.0f;     // largest magnitude of block 0: maps to -127 (s = -127/max)
+  x[300] = -11.0f;  // block 1, negative: also -127 (d < 0 then)
+  std::vector<BlockQ8_K> b(2);
+  QuantizeActivation(WeightType::kQ8_K, x.data(), b.data(), 512);
+  EXPECT_EQ(b[0].qs[17], -127);
+  EXPECT_EQ(b[1].qs[300 - 256], -127);
+  EXPECT_GT(b[1].d, 0.0f);
+  EXPECT_LT(b[0].d, 0.0f);
+  EXPECT_FLOAT_EQ(b[0].d, 1.0f / (-127.0f / 9.0f));
+  for (int i = 0; i < 2; ++i) {
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += b[i].qs[16 * g + l];
+      EXPECT_EQ(b[i].bsums[g], s);
+    }
+    for (int j = 0; j < 256; ++j) {
+      EXPECT_NEAR(b[i].d * b[i].qs[j], x[256 * i + j], std::fabs(b[i].d) * 0.5f + 1e-6f);
+    }
+  }
+}
+
+// Dot products: every level against the double dot of the dequantized weight row and
+// the dequantized (already rounded) activation row.
+TEST(QuantTest, DotProductsAllLevels) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {256, 512, 4096}) {
+    for (WeightType t : kWeightTypes) {
+      SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n));
+      const std::vector<uint8_t> row = RandomRow(t, n, rng);
+      std::vector<float> x(n);
+      for (float& v : x) v = normal(rng);
+      x[5] = 7.0f;  // an outlier, as real activations have
+      const WeightType at = ActivationType(t);
+      std::vector<uint8_t> act(RowBytes(at, n));
+      QuantizeActivation(at, x.data(), act.data(), n);
+      std::vector<float> wf(n), xf(n);
+      DequantizeRow(t, row.data(), wf.data(), n);
+      DequantizeRow(at, act.data(), xf.data(), n);
+      double ref = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        ref += static_cast<double>(wf[i]) * xf[i];
+        mag += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+      }
+      float scalar = 0;
+      for (SimdLevel level : Levels()) {
+        SCOPED_TRACE(SimdLevelName(level));
+        const float got = GetDotFn(t, level)(row.data(), act.data(), n);
+        EXPECT_NEAR(got, ref, 2e-6 * mag + 1e-7);
+        if (level == SimdLevel::kScalar) scalar = got;
+        EXPECT_NEAR(got, scalar, 2e-6 * mag + 1e-7);
+      }
+    }
+  }
+}
+
+// A quantized row whose activation equals an exactly representable Q8 row: the dot is
+// an exact integer combination, identical at every level.
+TEST(QuantTest, IntegerPartsExact) {
+  std::mt19937 rng(5);
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+    std::vector<uint8_t> row = RandomRow(t, 1024, rng);
+    std::vector<BlockQ8_0> act(1024 / 32);
+    for (auto& b : act) {
+      b.d = F32ToF16(1.0f);
+      for (int8_t& q : b.qs) q = static_cast<int8_t>(std::uniform_int_distribution<int>(-127, 127)(rng));
+    }
+    // Make every weight scale 1 too: the dot is then an integer, exact in f32.
+    const size_t bb = GetWeightTypeInfo(t).block_bytes;
+    for (size_t i = 0; i < 1024 / 32; ++i) {
+      const uint16_t one = F32ToF16(1.0f);
+      std::memcpy(row.data() + i * bb, &one, 2);
+    }
+    std::vector<float> wf(1024), xf(1024);
+    DequantizeRow(t, row.data(), wf.data(), 1024);
+    DequantizeRow(WeightType::kQ8_0, act.data(), xf.data(), 1024);
+    double ref = 0;
+    for (int i = 0; i < 1024; ++i) ref += static_cast<double>(wf[i]) * xf[i];
+    for (SimdLevel level : Levels()) {
+      EXPECT_EQ(GetDotFn(t, level)(row.data(), act.data(), 1024), static_cast<float>(ref)) << SimdLevelName(level);
+    }
+  }
+}
+
+TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
+  // Largest codes everywhere: maddubs pair sums reach their maximum.
+  std::vector<BlockQ8_0> w(4), x(4);
+  for (int i = 0; i < 4; ++i) {
+    w[i].d = x[i].d = F32ToF16(1.0f);
+    for (int j = 0; j < 32; ++j) {
+      w[i].qs[j] = -128;
+      x[i].qs[j] = (j & 1) ? 127 : -127;
+    }
+    x[i].qs[0] = -127;
+    x[i].qs[1] = -127;
+  }
+  int64_t ref = 0;
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 32; ++j) ref += w[i].qs[j] * x[i].qs[j];
+  }
+  for (SimdLevel level : Levels()) {
+    EXPECT_EQ(GetDotFn(WeightType::kQ8_0, level)(w.data(), x.data(), 128), static_cast<float>(ref))
+        << SimdLevelName(level);
+  }
+}
+
+TEST(Fp16Test, AllHalvesRoundTrip) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = F16ToF32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(F16ToF32(F32ToF16(f))));
+      continue;
+    }
+    ASSERT_EQ(F32ToF16(f), h) << h;
+  }
+}
+
+TEST(Fp16Test, MatchesF16cAndArrays) {
+  std::mt19937 rng(1);
+  std::vector<float> x(4099);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (size_t i = 0; i < x.size(); ++i) {
+    // Random floats over the whole range near the f16 range, plus exact ties.
+    const float r = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng),
+                               std::uniform_int_distribution<int>(-26, 17)(rng));
+    x[i] = (i % 7 == 0) ? std::bit_cast<float>((bits(rng) & 0xffffe000u) | 0x1000u) : r;
+  }
+  std::vector<uint16_t> a(x.size());
+  F32ToF16Array(x.data(), a.data(), x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(a[i], F32ToF16(x[i])) << x[i];
+#if defined(__x86_64__) || defined(__i386__)
+    if (DetectedSimdLevel() >= SimdLevel::kAvx2) {
+      if (!std::isnan(x[i])) {
+        ASSERT_EQ(a[i], HardwareF16(x[i])) << x[i];
+      }
+    }
+#endif
+  }
+  std::vector<float> back(x.size());
+  F16ToF32Array(a.data(), back.data(), a.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isnan(back[i])) {
+      ASSERT_EQ(back[i], F16ToF32(a[i]));
+    }
+  }
+}
+
+TEST(Fp16Test, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(F32ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(F32ToBf16(std::bit_cast<float>(0x3f808000u)), 0x3f80);  // tie -> even
+  EXPECT_EQ(F32ToBf16(std::bit_cast<float>(0x3f818000u)), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(F32ToBf16(std::bit_cast<float>(0x3f808001u)), 0x3f81);
+  EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::nanf("")))));
+  EXPECT_EQ(Bf16ToF32(0xc040), -3.0f);
+}
+
+}  // namespace
+}  // namespace tierkv::kernels

@@ -1,0 +1,111 @@
+// tests/runtime/run_test.cc
+//
+// `tierkv run` end to end (RunSession): --dump-logits reports what llama.cpp computed
+// for the reference models, and a session round trip reuses the common prefix.
+#include "runtime/run.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace tierkv {
+namespace {
+
+const std::string kRef = std::string(TIERKV_SHARED_DIR) + "/reference";
+
+RunOptions Options(const std::string& model) {
+  RunOptions o;
+  o.model = kRef + "/models/" + model + ".gguf";
+  o.memory.host_bytes = 64 << 20;
+  o.memory.mlock = MlockMode::kOff;
+  o.threads = 2;
+  return o;
+}
+
+TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
+  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  for (const char* name : {"ref-llama-q8_0", "ref-qwen3moe-f16"}) {
+    SCOPED_TRACE(name);
+    std::ifstream in(kRef + "/vectors/" + name + ".json");
+    const auto ref = nlohmann::json::parse(in);
+    const auto& c = ref["cases"][0];  // P1
+    const double tol = ref["tolerance"]["logit_abs"], lse_tol = ref["tolerance"]["logsumexp_abs"];
+    RunOptions o = Options(name);
+    o.prompt = c["prompt"];
+    o.n_predict = 4;
+    o.dump_logits = 8;
+    auto r = RunSession(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->prompt_tokens, c["prompt_ids"].get<std::vector<int32_t>>());
+    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(r->generated_tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + 4));
+    auto check = [&](const LogitsEntry& got, const nlohmann::json& want) {
+      EXPECT_NEAR(got.logsumexp, want["logsumexp"].get<double>(), lse_tol) << "pos " << got.pos;
+      // Compare by token id: every reference top-10 id must be in ours within tolerance
+      // of its reference logit (ids closer than the tolerance may swap ranks).
+      for (const auto& pair : want["top"]) {
+        const int32_t id = pair[0];
+        const double logit = pair[1];
+        bool found = false;
+        for (const auto& [gid, gl] : got.top) {
+          if (gid == id) { found = true; EXPECT_NEAR(gl, logit, tol) << "pos " << got.pos << " id " << id; }
+        }
+        if (!found) EXPECT_LT(logit, got.top.back().second + tol) << "pos " << got.pos << " id " << id << " missing";
+      }
+    };
+    size_t checked = 0;
+    for (const auto& want : c["prompt_positions"]) {
+      for (const auto& got : r->logits) {
+        if (got.pos == want["pos"].get<int>()) { check(got, want); ++checked; }
+      }
+    }
+    EXPECT_EQ(checked, c["prompt_positions"].size());
+    ASSERT_EQ(r->steps.size(), 4u);
+    for (size_t s = 0; s < 4; ++s) check(r->steps[s], c["greedy_steps"][s]);
+    const auto j = r->ToJson();
+    for (const char* k : {"prompt_tokens", "generated_tokens", "text", "timings", "tiers", "kv", "session", "logits", "steps"}) {
+      EXPECT_TRUE(j.contains(k)) << k;
+    }
+  }
+}
+
+TEST(RunTest, SessionRoundTripReusesThePrefixAndRefusesAnotherModel) {
+  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  const std::string path = ::testing::TempDir() + "/run_test_session.tkv";
+  std::filesystem::remove(path);
+  RunOptions a = Options("ref-llama-q4_0");
+  a.prompt = "Once upon a time there was a lighthouse";
+  a.n_predict = 6;
+  a.session = path;
+  auto first = RunSession(a);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(first->saved);
+  // Same prompt again: everything but the last prompt token is reused, same tokens out.
+  auto again = RunSession(a);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->reused_prefix_tokens, static_cast<int>(first->prompt_tokens.size()) - 1);
+  EXPECT_EQ(again->prefill_tokens, 1);
+  EXPECT_EQ(again->generated_tokens, first->generated_tokens);
+  // A longer prompt sharing the beginning reuses that beginning.
+  RunOptions b = a;
+  b.prompt = "Once upon a time there was a castle by the sea";
+  auto longer = RunSession(b);
+  ASSERT_TRUE(longer.ok()) << longer.status().ToString();
+  EXPECT_GT(longer->reused_prefix_tokens, 3);
+  EXPECT_LT(longer->reused_prefix_tokens, static_cast<int>(longer->prompt_tokens.size()));
+  // Another model: refused, the file untouched.
+  const auto size = std::filesystem::file_size(path);
+  RunOptions c = Options("ref-qwen3moe-q8_0");
+  c.prompt = "hi";
+  c.session = path;
+  auto wrong = RunSession(c);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("wrong model"), std::string::npos) << wrong.status().message();
+  EXPECT_EQ(std::filesystem::file_size(path), size);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace tierkv

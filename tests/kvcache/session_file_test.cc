@@ -366,7 +366,9 @@ TEST(SessionFileTest, FuzzedFilesNeverCrashTheReader) {
       for (int l = 0; l < 2; ++l) {
         for (int blk = 0; blk < b.cache->NumBlocks(r->seq); ++blk) {
           auto pin = b.mm->Acquire(b.cache->BlockPage(r->seq, l, blk), Tier::kHost);
-          if (!pin.ok()) EXPECT_EQ(pin.status().code(), StatusCode::kCorruption) << pin.status().ToString();
+          if (!pin.ok()) {
+            EXPECT_EQ(pin.status().code(), StatusCode::kCorruption) << pin.status().ToString();
+          }
         }
       }
       ASSERT_TRUE(b.cache->FreeSequence(r->seq).ok());

@@ -82,7 +82,7 @@ bool UseAvx2Kernels() {
   if (g_force_generic.load()) return false;
 #if defined(TIERKV_CODEC_X86)
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+                          half_internal::CpuHasF16c();
   return has;
 #else
   return false;
@@ -119,32 +119,32 @@ TIERKV_AVX2 inline __m256 LoadI8AsF32(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-TIERKV_AVX2 float DotF16Avx2(const float* q, const uint16_t* k, int n) {
+TIERKV_AVX2 float DotF16Avx2(const float* q, const uint8_t* k, int n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))), a0);
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 2 * i))), a0);
     a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i + 8))), a1);
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 2 * i + 16))), a1);
   }
   for (; i + 8 <= n; i += 8) {
     a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + i))), a0);
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 2 * i))), a0);
   }
   float s = HorizontalSum(_mm256_add_ps(a0, a1));
-  for (; i < n; ++i) s += q[i] * HalfToFloat(k[i]);
+  for (; i < n; ++i) s += q[i] * LoadHalf(k + 2 * i);
   return s;
 }
 
-TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint16_t* v, int n, float* acc) {
+TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc) {
   const __m256 wv = _mm256_set1_ps(w);
   int i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)));
+    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 2 * i)));
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(acc + i)));
   }
-  for (; i < n; ++i) acc[i] += w * HalfToFloat(v[i]);
+  for (; i < n; ++i) acc[i] += w * LoadHalf(v + 2 * i);
 }
 
 TIERKV_AVX2 void DecodeQ8Avx2(const uint8_t* in, int nb, float* out) {
@@ -176,6 +176,45 @@ TIERKV_AVX2 void AccumulateQ8Avx2(float w, const uint8_t* v, int nb, float* acc)
       _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wd, LoadI8AsF32(qs + i), _mm256_loadu_ps(acc + i)));
     }
   }
+}
+
+// EncodeQ8Block, bit for bit: vmaxps(|x|, acc) ignores a NaN |x| as fmaxf does;
+// round half away from zero as trunc + (|frac| >= 0.5), exact for |v| <= 127.
+TIERKV_AVX2 void EncodeQ8BlockAvx2(const float* x, uint8_t* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4];
+  __m256 amax8 = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    amax8 = _mm256_max_ps(_mm256_and_ps(v[i], abs_mask), amax8);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax8), _mm256_extractf128_ps(amax8, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float amax = _mm_cvtss_f32(m4);
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const uint16_t dh = FloatToHalf(d);
+  std::memcpy(out, &dh, 2);
+  const __m256 idv = _mm256_set1_ps(id);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256i q[4];
+  for (int i = 0; i < 4; ++i) {
+    __m256 t = _mm256_mul_ps(v[i], idv);
+    t = _mm256_max_ps(t, _mm256_set1_ps(-127.0f));  // NaN -> -127 (second operand)
+    t = _mm256_min_ps(t, _mm256_set1_ps(127.0f));
+    const __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_sub_ps(t, tr);
+    const __m256 up = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one);
+    const __m256 down = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(-0.5f), _CMP_LE_OQ), one);
+    q[i] = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(tr, up), down));
+  }
+  // int32 -> int8 with the packs' lane interleave undone.
+  const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+  const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+  const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), ordered);
 }
 
 // The 32 values of a q4_0 block as (nibble - 8), in element order, as 4 x 8 floats.
@@ -229,22 +268,23 @@ TIERKV_AVX2 void AccumulateQ4Avx2(float w, const uint8_t* v, int nb, float* acc)
 // ---- f16 ------------------------------------------------------------------------------
 
 struct F16Kernels {
-  float (*dot)(const float* q, const uint16_t* k, int n);
-  void (*accumulate)(float w, const uint16_t* v, int n, float* acc);
+  // k, v: [n] fp16, any alignment (loaded with memcpy / loadu)
+  float (*dot)(const float* q, const uint8_t* k, int n);
+  void (*accumulate)(float w, const uint8_t* v, int n, float* acc);
 };
 
-float DotF16Generic(const float* q, const uint16_t* k, int n) {
+float DotF16Generic(const float* q, const uint8_t* k, int n) {
   float lanes[8] = {};
   int i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) lanes[j] += q[i + j] * HalfToFloat(k[i + j]);
+    for (int j = 0; j < 8; ++j) lanes[j] += q[i + j] * LoadHalf(k + 2 * (i + j));
   }
-  for (; i < n; ++i) lanes[i & 7] += q[i] * HalfToFloat(k[i]);
+  for (; i < n; ++i) lanes[i & 7] += q[i] * LoadHalf(k + 2 * i);
   return SumLanes8(lanes);
 }
 
-void AccumulateF16Generic(float w, const uint16_t* v, int n, float* acc) {
-  for (int i = 0; i < n; ++i) acc[i] += w * HalfToFloat(v[i]);
+void AccumulateF16Generic(float w, const uint8_t* v, int n, float* acc) {
+  for (int i = 0; i < n; ++i) acc[i] += w * LoadHalf(v + 2 * i);
 }
 
 class F16Codec final : public VectorCodec {
@@ -275,21 +315,21 @@ class F16Codec final : public VectorCodec {
     if (q_prep != q) std::memcpy(q_prep, q, sizeof(float) * head_dim());
   }
   float Dot(const float* q_prep, const void* k_enc) const override {
-    return k_.dot(q_prep, static_cast<const uint16_t*>(k_enc), head_dim());
+    return k_.dot(q_prep, static_cast<const uint8_t*>(k_enc), head_dim());
   }
   void Accumulate(float w, const void* v_enc, float* acc) const override {
-    k_.accumulate(w, static_cast<const uint16_t*>(v_enc), head_dim(), acc);
+    k_.accumulate(w, static_cast<const uint8_t*>(v_enc), head_dim(), acc);
   }
   void FinishOutput(const float* acc, float* out) const override {
     if (out != acc) std::memcpy(out, acc, sizeof(float) * head_dim());
   }
   void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override {
-    const auto* p = static_cast<const uint16_t*>(k_enc);
-    for (size_t i = 0; i < n; ++i) scores[i] = k_.dot(q_prep, p + i * head_dim(), head_dim());
+    const auto* p = static_cast<const uint8_t*>(k_enc);
+    for (size_t i = 0; i < n; ++i) scores[i] = k_.dot(q_prep, p + i * vector_bytes(), head_dim());
   }
   void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override {
-    const auto* p = static_cast<const uint16_t*>(v_enc);
-    for (size_t i = 0; i < n; ++i) k_.accumulate(w[i], p + i * head_dim(), head_dim(), acc);
+    const auto* p = static_cast<const uint8_t*>(v_enc);
+    for (size_t i = 0; i < n; ++i) k_.accumulate(w[i], p + i * vector_bytes(), head_dim(), acc);
   }
   const char* kernel_name() const override { return avx2_ ? "avx2" : "generic"; }
 
@@ -305,17 +345,17 @@ class F16Codec final : public VectorCodec {
 
 void EncodeQ8Block(const float* x, uint8_t* out) {
   float amax = 0.0f;
-  for (int j = 0; j < kQBlock; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+  for (int j = 0; j < kQBlock; ++j) amax = std::fmax(amax, std::fabs(x[j]));  // NaN ignored
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const uint16_t dh = FloatToHalf(d);
   std::memcpy(out, &dh, 2);
   for (int j = 0; j < kQBlock; ++j) {
     // Finite inputs give |x * id| <= 127; the clamp only keeps NaN/inf defined.
-    float v = std::round(x[j] * id);
+    float v = x[j] * id;
     v = v >= -127.0f ? v : -127.0f;  // also maps NaN to -127
     v = v <= 127.0f ? v : 127.0f;
-    out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(v));
+    out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::round(v)));
   }
 }
 
@@ -438,7 +478,7 @@ class BlockCodec final : public VectorCodec {
 #if defined(TIERKV_CODEC_X86)
     if (UseAvx2Kernels()) {
       avx2_ = true;
-      k_ = q8 ? BlockKernels{EncodeQ8Block, DecodeQ8Avx2,
+      k_ = q8 ? BlockKernels{EncodeQ8BlockAvx2, DecodeQ8Avx2,
                              DotQ8Avx2, AccumulateQ8Avx2}
               : BlockKernels{EncodeQ4Block, DecodeQ4Avx2,
                              DotQ4Avx2, AccumulateQ4Avx2};

@@ -212,8 +212,7 @@ enum class TqScaleMode : uint8_t {
 struct TqOptions {
   int rounds = TqRotation::kDefaultRounds;
   TqScaleMode scale_mode = TqScaleMode::kLeastSquares;
-  int refine_iterations = 4;  // kLeastSquares: refits of the scale per refined book
-  int refine_books = kTqBooks;  // kLeastSquares: how many of the best books to refine
+  int refine_iterations = 2;  // kLeastSquares: refits of the scale per book
   int books = kTqBooks;       // 1..kTqBooks; 1 keeps the full fp16 scale in the header
   int group = kTqGroup;       // coordinates per header (power of two, clipped to head_dim)
 };

@@ -5,7 +5,8 @@
 //
 //   Encode:     z = sqrt(G) * R_g x_g / |x_g|        (R_g orthogonal; z_i ~ unit variance)
 //               for each codebook b: idx = nearest centroids of z / a, a = <z, c> / |c|^2,
-//               alternated a few times; keep the (b, a, idx) with the least |z - a c|^2
+//               alternated a few times; keep the (b, a) with the least |z - a c|^2
+//               (searched on a histogram of |z|; one exact pass then sets idx and a)
 //               header = fp16(scale = |x_g| / sqrt(G) * a) with book b in its 3 low bits
 //   Decode:     x_g = scale * R_g^T c_b[idx]
 //   Dot:        sum_g scale_g * <R_g q_g, c_b[idx]>     (R q computed once: PrepareQuery)
@@ -116,7 +117,7 @@ struct Book {
 // below any point are exact (a cell cut by a threshold is split linearly). The result
 // is scaled to unit variance.
 Book DesignBook(int dim, int levels, BookShape shape) {
-  constexpr int kCells = 1 << 16;
+  constexpr int kCells = 1 << 14;  // exact integration of a piecewise-constant density
   double half_width = 0;
   switch (shape.kind) {
     case BookShape::kSphere: half_width = std::min(std::sqrt(static_cast<double>(dim)), 12.0); break;
@@ -457,19 +458,23 @@ class TqCodec final : public VectorCodec {
     const int n = view_.group;
     const float* th = thresholds_[b];
     const float* cb = books_[b];
-    float c[kMaxCodecHeadDim];
+    float v[kMaxCodecHeadDim], c[kMaxCodecHeadDim];
+    int32_t k[kMaxCodecHeadDim];
     for (int i = 0; i < n; ++i) {
-      const float v = z[i] * inv_a;
-      int k = 0;
-      float ci = cb[0];
-      for (int t = 0; t < kLevels - 1; ++t) {
-        const bool above = v > th[t];
-        k += above ? 1 : 0;
-        ci = above ? cb[t + 1] : ci;
-      }
-      idx[i] = static_cast<uint8_t>(k);
-      c[i] = ci;
+      v[i] = z[i] * inv_a;
+      k[i] = 0;
+      c[i] = cb[0];
     }
+    for (int t = 0; t < kLevels - 1; ++t) {  // thresholds ascending: the last one passed wins
+      const float thr = th[t];
+      const float next = cb[t + 1];
+      for (int i = 0; i < n; ++i) {
+        const bool above = v[i] > thr;
+        k[i] += above ? 1 : 0;
+        c[i] = above ? next : c[i];
+      }
+    }
+    for (int i = 0; i < n; ++i) idx[i] = static_cast<uint8_t>(k[i]);
     float lz[8] = {}, lc[8] = {};
     for (int i = 0; i < n; i += 8) {
       for (int j = 0; j < 8; ++j) {
@@ -510,48 +515,89 @@ void TqCodec::FitGroup(const float* z, uint8_t* idx, int* book, double* alpha) c
     }
     return;
   }
-  // |z - a c|^2 = |z|^2 - zc^2 / cc at the best a = zc / cc: maximise gain = zc^2 / cc.
-  // Every book gets one pass at a = 1; the refine_books best are then refitted
-  // (alternating best a for the indices and nearest indices for a, which never lowers
-  // the gain) up to refine_iterations times.
+  // Least squares: |z - a c|^2 = |z|^2 - zc^2 / cc at the best a = zc / cc, so search
+  // for the book and indices with the largest gain zc^2 / cc. Per book, alternate the
+  // best a for the indices and the nearest indices for a (never lowers the gain).
+  // The books are symmetric, so the search works on a fine histogram of |z| (counts and
+  // sums per bin, prefix-summed): a pass costs levels/2 lookups instead of a sweep over
+  // the group. Cell edges snap to bin edges; the exact pass at the end fixes the result.
+  constexpr int kBins = 128;
+  float zmax = 0;
+  for (int i = 0; i < n; ++i) zmax = std::max(zmax, std::fabs(z[i]));
+  if (!(zmax > 0)) {
+    Quantize(z, 1.0f, 0, idx, &zc, &cc);
+    return;
+  }
+  const double bin_per_z = kBins / static_cast<double>(zmax);
+  int count[kBins + 1] = {};
+  double sum[kBins + 1] = {};
+  for (int i = 0; i < n; ++i) {
+    const double v = std::fabs(z[i]);
+    const int bin = std::min(kBins - 1, static_cast<int>(v * bin_per_z));
+    count[bin + 1] += 1;
+    sum[bin + 1] += v;
+  }
+  for (int i = 0; i < kBins; ++i) {  // prefix: count[e], sum[e] = below bin edge e
+    count[i + 1] += count[i];
+    sum[i + 1] += sum[i];
+  }
+  const int half = levels_ / 2;
+  auto gain_at = [&](int b, double a, double* out_zc, double* out_cc) {
+    const float* cp = books_[b] + half;       // positive centroids
+    const float* tp = thresholds_[b] + half;  // positive thresholds (the middle one is 0)
+    const float edge_per_t = static_cast<float>(a * bin_per_z);
+    double sz = 0, sc = 0;
+    int lo = 0;
+    for (int j = 0; j < half; ++j) {
+      int hi = kBins;
+      if (j + 1 < half) {
+        hi = static_cast<int>(std::min(static_cast<float>(kBins), tp[j] * edge_per_t + 0.5f));
+      }
+      hi = std::max(lo, hi);
+      sz += cp[j] * (sum[hi] - sum[lo]);
+      sc += cp[j] * cp[j] * static_cast<float>(count[hi] - count[lo]);
+      lo = hi;
+    }
+    *out_zc = sz;
+    *out_cc = sc;
+    return sc > 0 && sz > 0 ? sz * sz / sc : 0.0;
+  };
+  // First the least-squares fit at a = 1 for every book; then refits only for books
+  // whose error |z|^2 - gain is within 25 % of the best (a refit gains a few percent).
   const int books = std::max(1, std::min(opt_.books, kTqBooks));
-  uint8_t trial[kMaxCodecHeadDim];
-  double gain[kTqBooks], fitted[kTqBooks];
+  double z2 = 0;
+  for (int i = 0; i < n; ++i) z2 += static_cast<double>(z[i]) * z[i];
+  double gain[kTqBooks], next_a[kTqBooks];
   double best_gain = -1;
   for (int b = 0; b < books; ++b) {
-    Quantize(z, 1.0f, b, trial, &zc, &cc);
-    gain[b] = cc > 0 && zc > 0 ? zc * zc / cc : 0;
-    fitted[b] = cc > 0 && zc > 0 ? zc / cc : 1.0;
+    gain[b] = gain_at(b, 1.0, &zc, &cc);
+    next_a[b] = cc > 0 ? zc / cc : 1.0;
     if (gain[b] > best_gain) {
       best_gain = gain[b];
       *book = b;
-      *alpha = fitted[b];
-      std::memcpy(idx, trial, n);
+      *alpha = 1.0;
     }
   }
-  bool refined[kTqBooks] = {};
-  for (int r = 0; r < std::min(books, opt_.refine_books); ++r) {
-    int b = -1;  // the best book not refined yet (lowest index on ties)
-    for (int j = 0; j < books; ++j) {
-      if (!refined[j] && (b < 0 || gain[j] > gain[b])) b = j;
-    }
-    refined[b] = true;
-    double a = fitted[b];
-    double last_gain = gain[b];
+  const double refit_error = 1.25 * (z2 - best_gain);
+  for (int b = 0; b < books; ++b) {
+    if (!(gain[b] > 0) || z2 - gain[b] > refit_error) continue;
+    double g = gain[b];
+    double a = next_a[b];
     for (int it = 0; it < opt_.refine_iterations; ++it) {
-      Quantize(z, static_cast<float>(1.0 / a), b, trial, &zc, &cc);
-      const double g = cc > 0 && zc > 0 ? zc * zc / cc : 0;
-      if (!(g > last_gain)) break;
-      last_gain = g;
-      a = zc / cc;
+      const double ga = gain_at(b, a, &zc, &cc);
+      if (!(ga > g)) break;
+      g = ga;
       if (g > best_gain) {
         best_gain = g;
         *book = b;
         *alpha = a;
-        std::memcpy(idx, trial, n);
       }
+      a = zc / cc;
     }
   }
+  // The exact indices for the chosen book and scale, and the least-squares scale for them.
+  Quantize(z, static_cast<float>(1.0 / *alpha), *book, idx, &zc, &cc);
+  if (cc > 0 && zc > 0) *alpha = zc / cc;
 }
 
 uint16_t TqCodec::MakeHeader(float scale, int book) const {
@@ -568,26 +614,38 @@ uint16_t TqCodec::MakeHeader(float scale, int book) const {
 void TqCodec::Encode(const float* x, void* out) const {
   const int n = view_.group;
   auto* p = static_cast<uint8_t*>(out);
-  float z[kMaxCodecHeadDim];
-  uint8_t idx[kMaxCodecHeadDim];
-  rotation_.Forward(x, z);
-  for (int g = 0; g < view_.groups; ++g, p += view_.group_bytes) {
+  // Each group is scaled to |x_g| = sqrt(G) before the rotation (in double, so tiny and
+  // huge finite inputs stay finite), which makes the rotated coordinates unit-variance.
+  double norm[kMaxCodecHeadDim / 8];  // per group; 0 for a zero group, NaN if non-finite
+  float scaled[kMaxCodecHeadDim], z[kMaxCodecHeadDim];
+  for (int g = 0; g < view_.groups; ++g) {
     const float* xg = x + g * n;
-    float* zg = z + g * n;
     double norm2 = 0;
     for (int i = 0; i < n; ++i) norm2 += static_cast<double>(xg[i]) * xg[i];
+    const bool usable = norm2 > 0 && std::isfinite(norm2);
+    norm[g] = usable ? std::sqrt(norm2) : (norm2 == 0 ? 0.0 : NAN);
+    const double to_unit = usable ? sqrt_group_ / norm[g] : 0.0;
+    for (int i = 0; i < n; ++i) scaled[g * n + i] = usable ? static_cast<float>(xg[i] * to_unit) : 0.0f;
+  }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push  // every group above wrote its part of `scaled`
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+  rotation_.Forward(scaled, z);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+  uint8_t idx[kMaxCodecHeadDim];
+  for (int g = 0; g < view_.groups; ++g, p += view_.group_bytes) {
     float scale;
     int book = 0;
-    if (norm2 > 0 && std::isfinite(norm2)) {
-      const double norm = std::sqrt(norm2);
-      const float to_unit = static_cast<float>(sqrt_group_ / norm);
-      for (int i = 0; i < n; ++i) zg[i] *= to_unit;
+    if (norm[g] > 0) {
       double alpha;
-      FitGroup(zg, idx, &book, &alpha);
-      scale = static_cast<float>(norm / sqrt_group_ * alpha);
+      FitGroup(z + g * n, idx, &book, &alpha);
+      scale = static_cast<float>(norm[g] / sqrt_group_ * alpha);
     } else {
-      // Zero group: scale 0. Non-finite input: a NaN scale, so decodes are NaN too.
-      scale = norm2 == 0 ? 0.0f : NAN;
+      // Zero group: scale 0. Non-finite input: a NaN scale, so its decode is NaN too.
+      scale = norm[g] == 0 ? 0.0f : NAN;
       std::fill(idx, idx + n, static_cast<uint8_t>(levels_ / 2));
     }
     const uint16_t h = MakeHeader(scale, book);

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TIERKV_HALF_X86 1
 #endif
@@ -103,8 +104,14 @@ __attribute__((target("avx,f16c"))) inline void FloatToHalfF16c(const float* in,
   for (; i < n; ++i) out[i] = FloatToHalf(in[i]);
 }
 
+// F16C from CPUID leaf 1 (ECX bit 29); "avx" also checks that the OS saves AVX state.
+// (Not __builtin_cpu_supports("f16c"): older clang does not know that name.)
 inline bool CpuHasF16c() {
-  static const bool has = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    return (ecx & (1u << 29)) != 0 && __builtin_cpu_supports("avx");
+  }();
   return has;
 }
 #else

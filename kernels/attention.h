@@ -114,6 +114,20 @@ void AttentionBegin(const Codec& codec, const AttentionParams& p, const float* q
 
 namespace attention_internal {
 
+// Below this many multiply-adds a fork-join costs more than it saves.
+inline constexpr int64_t kMinParallelWork = int64_t{1} << 16;
+
+// Runs fn(h) for every head, on the pool when there is one and the work (multiply-adds
+// over all heads) is worth it.
+template <typename F>
+void ForHeads(const AttentionParams& p, int64_t work, ThreadPool* pool, F&& fn) {
+  if (pool != nullptr && work >= kMinParallelWork) {
+    pool->ParallelFor(p.n_heads, fn);
+  } else {
+    for (int h = 0; h < p.n_heads; ++h) fn(h);
+  }
+}
+
 template <AttentionCodec Codec>
 void HeadBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int h,
                 float* scores, float* weights) {
@@ -168,15 +182,11 @@ void AttentionBlocks(const Codec& codec, const AttentionParams& p, const PagedKv
   if (st->scratch.size() < per_head * static_cast<size_t>(p.n_heads)) {
     st->scratch.resize(per_head * static_cast<size_t>(p.n_heads));
   }
-  auto head = [&](int64_t h) {
+  const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim * 2;
+  attention_internal::ForHeads(p, work, pool, [&](int64_t h) {
     float* s = st->scratch.data() + per_head * static_cast<size_t>(h);
     attention_internal::HeadBlocks(codec, p, kv, st, static_cast<int>(h), s, s + kv.block_tokens);
-  };
-  if (pool != nullptr) {
-    pool->ParallelFor(p.n_heads, head);
-  } else {
-    for (int h = 0; h < p.n_heads; ++h) head(h);
-  }
+  });
 }
 
 
@@ -184,14 +194,21 @@ void AttentionBlocks(const Codec& codec, const AttentionParams& p, const PagedKv
 
 namespace attention_internal {
 
-// Runs fn(h) for every head, on the pool when there is one.
-template <typename F>
-void ForHeads(const AttentionParams& p, ThreadPool* pool, F&& fn) {
-  if (pool != nullptr) {
-    pool->ParallelFor(p.n_heads, fn);
-  } else {
-    for (int h = 0; h < p.n_heads; ++h) fn(h);
+// The sum of x[n] in the order of llama.cpp's AVX-512 softmax: 16-value chunks, each
+// reduced in f32 by a fixed tree (8 + 8, 4 + 4, 2 + 2, 1 + 1 lanes; lanes past n are
+// zero, as masked keys are), the chunk sums added in double. Matching the order keeps
+// 1 / sum, and so the f16-rounded weights, bit-identical to llama.cpp's more often.
+inline double SumLikeGgml(const float* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t c = 0; c < n; c += 16) {
+    float l[16];
+    for (int64_t i = 0; i < 16; ++i) l[i] = c + i < n ? x[c + i] : 0.0f;
+    float t8[8], t4[4];
+    for (int i = 0; i < 8; ++i) t8[i] = l[i] + l[i + 8];
+    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+    sum += static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
   }
+  return sum;
 }
 
 // Keys of block b of the view that the query sees: [start, start + n).
@@ -231,7 +248,8 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
   const size_t hd = static_cast<size_t>(p.head_dim);
   const int group = p.n_heads / p.n_kv_heads;
   const size_t vb = kv.vector_bytes;
-  attention_internal::ForHeads(p, pool, [&](int64_t h) {
+  const int64_t work = (end - st->n_keys) * p.n_heads * p.head_dim;
+  attention_internal::ForHeads(p, work, pool, [&](int64_t h) {
     const int g = static_cast<int>(h) / group;
     const float* q = st->q.data() + static_cast<size_t>(h) * hd;
     float* row = st->probs.data() + static_cast<size_t>(h) * stride;
@@ -252,20 +270,15 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
 inline void AttentionSoftmax(const AttentionParams& p, AttentionState* st, ThreadPool* pool) {
   const int64_t stride = p.n_heads > 0 ? static_cast<int64_t>(st->probs.size()) / p.n_heads : 0;
   const int64_t n = st->n_keys;
-  attention_internal::ForHeads(p, pool, [&](int64_t h) {
+  attention_internal::ForHeads(p, n * p.n_heads * 8, pool, [&](int64_t h) {
     float* row = st->probs.data() + static_cast<size_t>(h) * stride;
     float max = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      row[j] = std::exp(row[j] - max);
-      sum += static_cast<double>(row[j]);
-    }
+    for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - max);
+    const double sum = attention_internal::SumLikeGgml(row, n);
     const float inv = n > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float w = row[j] * inv;
-      row[j] = p.round_weights_f16 ? RoundToF16(w) : w;
-    }
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    if (p.round_weights_f16) RoundToF16Array(row, static_cast<size_t>(n));
     st->m[static_cast<size_t>(h)] = max;
     st->l[static_cast<size_t>(h)] = 1.0;  // the weights are normalised already
   });
@@ -281,7 +294,8 @@ void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKv
   const int group = p.n_heads / p.n_kv_heads;
   const size_t vb = kv.vector_bytes;
   const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
-  attention_internal::ForHeads(p, pool, [&](int64_t h) {
+  const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim;
+  attention_internal::ForHeads(p, work, pool, [&](int64_t h) {
     const int g = static_cast<int>(h) / group;
     const float* row = st->probs.data() + static_cast<size_t>(h) * stride;
     float* acc = st->acc.data() + static_cast<size_t>(h) * hd;

@@ -72,8 +72,23 @@ __attribute__((target("avx2,fma,f16c"))) void F32ToF16F16c(const float* in, uint
   }
   for (; i < n; ++i) out[i] = F32ToF16(in[i]);
 }
+__attribute__((target("avx2,fma,f16c"))) void RoundToF16F16c(float* x, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) x[i] = RoundToF16(x[i]);
+}
 }  // namespace
 #endif
+
+void RoundToF16Array(float* x, size_t n) {
+#if defined(TIERKV_KERNELS_X86)
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return RoundToF16F16c(x, n);
+#endif
+  for (size_t i = 0; i < n; ++i) x[i] = RoundToF16(x[i]);
+}
 
 void F16ToF32Array(const uint16_t* in, float* out, size_t n) {
 #if defined(TIERKV_KERNELS_X86)

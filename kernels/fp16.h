@@ -87,5 +87,7 @@ void F16ToF32Array(const uint16_t* in, float* out, size_t n);
 void F32ToF16Array(const float* in, uint16_t* out, size_t n);
 void Bf16ToF32Array(const uint16_t* in, float* out, size_t n);
 void F32ToBf16Array(const float* in, uint16_t* out, size_t n);
+// x[i] = RoundToF16(x[i]) in place.
+void RoundToF16Array(float* x, size_t n);
 
 }  // namespace tierkv::kernels

@@ -21,6 +21,9 @@ int SlotOf(WeightType act) {
   return 0;
 }
 
+// Below this many multiply-adds in one MatVecMany a fork-join costs more than it saves.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+
 // Rows per parallel task: enough work (~16K multiply-adds) to amortise the hand-out.
 int64_t RowsPerTask(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1)); }
 
@@ -61,6 +64,9 @@ void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
   // Plan the chunks first (the conversions happen here, on this thread).
   std::vector<Chunk> chunks;
   const SimdLevel level = ActiveSimdLevel();
+  int64_t macs = 0;
+  for (const MatVecJob& j : jobs) macs += j.w->rows * j.w->cols;
+  if (macs < kMinParallelMacs) pool = nullptr;
   for (const MatVecJob& j : jobs) {
     assert(j.x->size() == j.w->cols);
     const void* act = j.x->For(j.w->type);

@@ -211,7 +211,8 @@ float DotQ4_0Scalar(const void* row, const void* act, int64_t n) {
       sumi += ((w[i].qs[j] & 0xf) - 8) * x[i].qs[j];
       sumi += ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + kQk0 / 2];
     }
-    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
+    // One fused running sum, as llama.cpp's repacked Q4_0 kernels (quant_avx2.cc).
+    sum = std::fma(static_cast<float>(sumi), F16ToF32(w[i].d) * F16ToF32(x[i].d), sum);
   }
   return sum;
 }

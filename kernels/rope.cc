@@ -60,8 +60,11 @@ void ApplyRope(const RopeParams& p, const float* cos_sin, float* x, int n_heads,
       const int a = p.mode == RopeMode::kNorm ? i0 : i0 / 2;
       const int b = p.mode == RopeMode::kNorm ? i0 + 1 : i0 / 2 + half;
       const float x0 = v[a], x1 = v[b];
-      v[a] = x0 * c - x1 * s;
-      v[b] = x0 * s + x1 * c;
+      // llama.cpp's build (GNU mode, FMA targets) contracts x0*c - x1*s into
+      // fma(x0, c, -(x1*s)); doing the same keeps Q and K bit-identical to its more
+      // often (measured against the reference vectors, docs/kernels.md).
+      v[a] = std::fma(x0, c, -(x1 * s));
+      v[b] = std::fma(x0, s, x1 * c);
     }
   }
 }

@@ -13,10 +13,12 @@
 namespace tierkv::kernels {
 namespace {
 
-// Spin iterations (each a pause, ~10-150 cycles) before a thread blocks: long enough to
-// bridge the gap between the short jobs of one decode step, short enough not to burn a
-// shared core between steps.
-constexpr int kSpin = 1 << 13;
+// Pauses a worker spins for the next job before it sleeps (tens of microseconds: enough
+// to bridge the gaps between the jobs of one decode step, not enough to burn a shared
+// core between steps).
+constexpr int kWorkerSpin = 1 << 11;
+// Pauses the caller spins for running tasks before it starts yielding its core.
+constexpr int kCallerSpin = 1 << 10;
 
 // The pool whose job this thread is running (nested ParallelFor runs inline).
 thread_local const ThreadPool* tl_pool = nullptr;
@@ -33,17 +35,31 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    generation_.fetch_add(1);  // wakes spinners too
   }
   wake_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
-void ThreadPool::Work() {
-  const int64_t n = n_;
+void ThreadPool::Work(uint32_t gen, bool count) {
   for (;;) {
-    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
-    if (i >= n) break;
-    call_(ctx_, i);
+    // Counted before the claim, so a caller that sees every task claimed also sees
+    // this claim in flight (all seq_cst).
+    if (count) in_flight_.fetch_add(1);
+    uint64_t t = ticket_.load();
+    bool claimed = false;
+    while ((t >> 32) == gen && static_cast<int64_t>(t & 0xffffffffu) < n_.load()) {
+      if (ticket_.compare_exchange_weak(t, t + 1)) {
+        claimed = true;
+        break;
+      }
+    }
+    if (!claimed) {
+      if (count) in_flight_.fetch_sub(1);
+      return;
+    }
+    call_(ctx_, static_cast<int64_t>(t & 0xffffffffu));
+    if (count) in_flight_.fetch_sub(1);
   }
 }
 
@@ -54,52 +70,54 @@ void ThreadPool::Run(int64_t n, Call call, void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> run_lock(run_mu_);
+  const uint32_t gen = generation_.load() + 1;
   call_ = call;
   ctx_ = ctx;
-  n_ = n;
-  next_.store(0, std::memory_order_relaxed);
-  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  n_.store(n);
+  ticket_.store(static_cast<uint64_t>(gen) << 32);
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation_.store(gen);
+    wake = sleepers_ > 0;
   }
-  wake_cv_.notify_all();
+  if (wake) wake_cv_.notify_all();
 
   const ThreadPool* saved = tl_pool;
   tl_pool = this;
-  Work();
+  Work(gen, /*count=*/false);
   tl_pool = saved;
 
-  for (int s = 0; s < kSpin && pending_.load(std::memory_order_acquire) != 0; ++s) TIERKV_PAUSE();
-  if (pending_.load(std::memory_order_acquire) != 0) {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+  // Every task is claimed; wait for those running elsewhere.
+  for (int s = 0; in_flight_.load() != 0; ++s) {
+    if (s < kCallerSpin) {
+      TIERKV_PAUSE();
+    } else {
+      std::this_thread::yield();
+    }
   }
 }
 
 void ThreadPool::WorkerLoop() {
   tl_pool = this;
-  uint64_t seen = 0;
+  uint32_t seen = generation_.load();
   for (;;) {
-    bool ready = false;
-    for (int s = 0; s < kSpin; ++s) {
-      if (generation_.load(std::memory_order_acquire) != seen) {
-        ready = true;
-        break;
-      }
+    uint32_t g = generation_.load();
+    for (int s = 0; g == seen && s < kWorkerSpin; ++s) {
       TIERKV_PAUSE();
+      g = generation_.load();
     }
-    if (!ready) {
+    if (g == seen) {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_cv_.wait(lock, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
+      ++sleepers_;
+      wake_cv_.wait(lock, [&] { return stop_ || generation_.load() != seen; });
+      --sleepers_;
       if (stop_) return;
+      g = generation_.load();
     }
-    seen = generation_.load(std::memory_order_acquire);
-    Work();
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
-    }
+    if (stop_) return;  // the destructor bumps the generation to end the spin
+    seen = g;
+    Work(g, /*count=*/true);
   }
 }
 

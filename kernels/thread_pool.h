@@ -2,9 +2,14 @@
 //
 // A small fork-join pool for the CPU kernels: `threads` threads in all, the calling
 // thread being one of them (so ThreadPool(1) starts no thread and runs everything
-// inline). ParallelFor hands out task indices from an atomic counter; it returns when
-// every task has finished. Workers spin briefly after a job (a decode step issues
-// thousands of short jobs back to back) and then sleep on a condition variable.
+// inline). ParallelFor hands out task indices; it returns when every task has finished.
+//
+// Tasks are claimed from one atomic ticket that carries the job's generation, so the
+// caller never waits for a worker that has not started: if the workers are asleep or
+// descheduled (a machine shared with other processes), the caller runs every task itself
+// and returns; a worker that wakes late finds the job gone. The caller waits only for
+// tasks already running on other threads. Workers spin briefly between jobs (a decode
+// step issues many short jobs back to back) and then sleep.
 //
 // Which thread runs which task is not fixed, so kernels that must be deterministic give
 // each task its own output (rows of a matvec, heads of attention) and never reduce
@@ -20,7 +25,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
-#include <utility>
+#include <type_traits>
 #include <vector>
 
 namespace tierkv::kernels {
@@ -35,7 +40,7 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // fn(i) for every i in [0, n).
+  // fn(i) for every i in [0, n). REQUIRES: n < 2^32.
   template <typename F>
   void ParallelFor(int64_t n, F&& fn) {
     using Fn = std::remove_reference_t<F>;
@@ -66,22 +71,26 @@ class ThreadPool {
   using Call = void (*)(void* ctx, int64_t i);
   void Run(int64_t n, Call call, void* ctx);
   void WorkerLoop();
-  void Work();
+  // Claims and runs tasks of job `gen` until none is left; `count` marks the claims of
+  // other threads as in flight.
+  void Work(uint32_t gen, bool count);
 
   const int n_threads_;
   std::vector<std::thread> workers_;
 
   std::mutex run_mu_;  // serialises Run callers
-  std::mutex mu_;      // with the condition variables below
+  std::mutex mu_;      // with wake_cv_
   std::condition_variable wake_cv_;
-  std::condition_variable done_cv_;
-  bool stop_ = false;                      // GUARDED_BY(mu_)
-  std::atomic<uint64_t> generation_{0};    // bumped per job (under mu_)
-  std::atomic<int64_t> next_{0};           // next task index of the current job
-  std::atomic<int> pending_{0};            // workers still on the current job
-  Call call_ = nullptr;                    // the current job; written before generation_
+  std::atomic<bool> stop_{false};        // set under mu_
+  int sleepers_ = 0;                     // GUARDED_BY(mu_)
+  std::atomic<uint32_t> generation_{0};  // the current job's generation
+  // (generation << 32) | next task index: claiming a task is one compare-and-swap that
+  // fails once the job is over or replaced.
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<int> in_flight_{0};        // tasks claimed by workers and not finished
+  Call call_ = nullptr;                  // the current job; written before ticket_
   void* ctx_ = nullptr;
-  int64_t n_ = 0;
+  std::atomic<int64_t> n_{0};
 };
 
 }  // namespace tierkv::kernels

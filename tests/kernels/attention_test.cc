@@ -146,6 +146,26 @@ std::vector<float> RunAttention(const F32Codec& codec, const Fixture& f, const A
   return out;
 }
 
+std::vector<float> RunTwoPass(const F32Codec& codec, const Fixture& f, const AttentionParams& p,
+                              const std::vector<int>& batch_sizes, ThreadPool* pool) {
+  AttentionState st;
+  AttentionBegin(codec, p, f.q.data(), &st);
+  int b = 0;
+  for (int n : batch_sizes) {
+    AttentionScores(codec, p, f.View(b, n, codec.vector_bytes()), &st, pool);
+    b += n;
+  }
+  AttentionSoftmax(p, &st, pool);
+  b = 0;
+  for (int n : batch_sizes) {
+    AttentionValues(codec, p, f.View(b, n, codec.vector_bytes()), &st, pool);
+    b += n;
+  }
+  std::vector<float> out(f.q.size());
+  AttentionEnd(codec, p, &st, out.data());
+  return out;
+}
+
 TEST(AttentionTest, MatchesDoubleReference) {
   F32Codec codec(32);
   Fixture f;
@@ -191,6 +211,71 @@ TEST(AttentionTest, F16RoundingStaysClose) {
   for (size_t i = 0; i < ref.size(); ++i) max_err = std::max(max_err, std::fabs(got[i] - ref[i]));
   EXPECT_LT(max_err, 5e-3);
   EXPECT_GT(max_err, 0.0);  // the options do round
+}
+
+TEST(AttentionTest, TwoPassMatchesReferenceAndOnline) {
+  F32Codec codec(32);
+  Fixture f;
+  f.Build(codec, 6);
+  for (int64_t qp : {0, 9, 16, 74}) {
+    SCOPED_TRACE("query_pos " + std::to_string(qp));
+    const std::vector<float> two = RunTwoPass(codec, f, f.Params(qp), {5}, nullptr);
+    const std::vector<float> online = RunAttention(codec, f, f.Params(qp), {5}, nullptr);
+    const std::vector<double> ref = f.Reference(qp);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(two[i], ref[i], 1e-5) << i;
+      ASSERT_NEAR(two[i], online[i], 1e-5) << i;
+    }
+  }
+}
+
+TEST(AttentionTest, TwoPassBatchingAndThreadsAreBitIdentical) {
+  F32Codec codec(32);
+  Fixture f;
+  f.n_tokens = 200;  // enough work for the pool to fork
+  f.Build(codec, 7);
+  ThreadPool pool(3);
+  AttentionParams p = f.Params(199);
+  p.round_query_f16 = p.round_weights_f16 = true;
+  const std::vector<float> all = RunTwoPass(codec, f, p, {13}, nullptr);
+  EXPECT_EQ(RunTwoPass(codec, f, p, std::vector<int>(13, 1), &pool), all);
+  EXPECT_EQ(RunTwoPass(codec, f, p, {4, 9}, &pool), all);
+  EXPECT_EQ(RunTwoPass(codec, f, p, {12, 1}, nullptr), all);
+}
+
+// The two-pass weights are llama.cpp's: p_j = fp16(e_j * (float)(1 / sum)).
+TEST(AttentionTest, TwoPassWeightsAreRoundedNormalisedWeights) {
+  F32Codec codec(32);
+  Fixture f;
+  f.n_tokens = 40;
+  f.Build(codec, 8);
+  AttentionParams p = f.Params(39);
+  p.round_query_f16 = p.round_weights_f16 = true;
+  AttentionState st;
+  AttentionBegin(codec, p, f.q.data(), &st);
+  AttentionScores(codec, p, f.View(0, 3, codec.vector_bytes()), &st, nullptr);
+  std::vector<float> scores(st.probs.begin(), st.probs.begin() + 40);  // head 0
+  AttentionSoftmax(p, &st, nullptr);
+  float max = scores[0];
+  for (float s : scores) max = std::max(max, s);
+  double sum = 0;
+  for (float s : scores) sum += std::exp(static_cast<double>(s) - max);
+  for (int j = 0; j < 40; ++j) {
+    const double want = std::exp(static_cast<double>(scores[j]) - max) / sum;
+    EXPECT_EQ(st.probs[j], RoundToF16(st.probs[j]));  // an f16 value
+    EXPECT_NEAR(st.probs[j], want, want * 1e-3 + 1e-7);
+  }
+}
+
+TEST(AttentionTest, SoftmaxSumFollowsGgmlOrder) {
+  // 16-lane chunks reduced in f32: 1 + 2^-24 (lanes 0 and 8) rounds to 1 in f32, which a
+  // plain double sum would keep.
+  std::vector<float> x(20, 0.0f);
+  x[0] = 1.0f;
+  x[8] = 0x1p-24f;
+  x[16] = 0x1p-24f;  // next chunk: added in double
+  EXPECT_EQ(attention_internal::SumLikeGgml(x.data(), 20), 1.0 + 0x1p-24);
+  EXPECT_EQ(attention_internal::SumLikeGgml(x.data(), 16), 1.0);
 }
 
 TEST(AttentionTest, SingleTokenReturnsItsValue) {

@@ -578,44 +578,33 @@ void MemoryManager::ReleasePin(PageId p) {
 }
 
 Ticket MemoryManager::Prefetch(std::vector<PageId> pages, Tier tier) {
-  if (!has_tier(tier)) {
-    Ticket t = Ticket::Pending();
-    t.Complete(Status::InvalidArgument(std::string("no ") + TierName(tier) + " tier configured"));
-    return t;
-  }
-  return RunOnStreamAsync([this, pages = std::move(pages), tier](Lock& lock) {
-    std::vector<PageId> todo;
-    for (PageId p : UniquePages(pages)) {
-      if (!table_.Contains(p)) continue;
-      const PageEntry& e = table_.at(p);
-      if (e.pins > 0 || TierIndex(e.top()) <= TierIndex(tier)) continue;
-      todo.push_back(p);
-    }
-    SetInFlight(todo, true);
-    Status st = PromoteLocked(lock, todo, tier);
-    SetInFlight(todo, false);
-    return st.Annotate("prefetch to the " + std::string(TierName(tier)) + " tier");
-  });
+  return MoveAsync(std::move(pages), tier, /*promote=*/true);
 }
 
 Ticket MemoryManager::Demote(std::vector<PageId> pages, Tier tier) {
+  return MoveAsync(std::move(pages), tier, /*promote=*/false);
+}
+
+Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promote) {
   if (!has_tier(tier)) {
     Ticket t = Ticket::Pending();
     t.Complete(Status::InvalidArgument(std::string("no ") + TierName(tier) + " tier configured"));
     return t;
   }
-  return RunOnStreamAsync([this, pages = std::move(pages), tier](Lock& lock) {
+  return RunOnStreamAsync([this, pages = std::move(pages), tier, promote](Lock& lock) {
+    // Pages already where they should be, and pinned pages, are left alone.
     std::vector<PageId> todo;
     for (PageId p : UniquePages(pages)) {
       if (!table_.Contains(p)) continue;
       const PageEntry& e = table_.at(p);
-      if (e.pins > 0 || TierIndex(e.top()) >= TierIndex(tier)) continue;
+      const int top = TierIndex(e.top()), to = TierIndex(tier);
+      if (e.pins > 0 || (promote ? top <= to : top >= to)) continue;
       todo.push_back(p);
     }
     SetInFlight(todo, true);
-    Status st = DemoteLocked(lock, todo, tier);
+    Status st = promote ? PromoteLocked(lock, todo, tier) : DemoteLocked(lock, todo, tier);
     SetInFlight(todo, false);
-    return st.Annotate("demotion to the " + std::string(TierName(tier)) + " tier");
+    return st.Annotate(std::string(promote ? "prefetch" : "demotion") + " to the " + TierName(tier) + " tier");
   });
 }
 

@@ -182,6 +182,8 @@ class MemoryManager {
 
   // Runs fn(lock) on the copy stream with mu_ held and waits for its status.
   Status RunOnStream(std::function<Status(Lock&)> fn);
+  // Prefetch (promote) or Demote: the batch, deduplicated, on the copy stream.
+  Ticket MoveAsync(std::vector<PageId> pages, Tier tier, bool promote);
   Ticket RunOnStreamAsync(std::function<Status(Lock&)> fn);
 
   // --- copy-stream side; REQUIRE: on the stream, lock held (released during copies).

@@ -507,13 +507,9 @@ SessionFile::SessionFile(std::string path, int fd, uint64_t block_bytes, std::ve
 SessionFile::~SessionFile() { close(fd_); }
 
 Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
-  auto loaded = Load(path, fd);
-  if (!loaded.ok()) {
-    close(fd);
-    return loaded.status();
-  }
+  int fd = -1;
+  auto loaded = OpenAndLoad(path, &fd);
+  if (!loaded.ok()) return loaded.status();
   if (!loaded->note.empty()) spdlog::warn("{}", loaded->note);
   const Header& h = loaded->header;
   if (h.model.hash != model.hash) {
@@ -587,27 +583,7 @@ Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
 }
 
 // ------------------------------------------------------------------- inspect / verify
-Result<SessionSummary> SessionFile::Inspect(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
-  auto loaded = Load(path, fd);
-  close(fd);
-  if (!loaded.ok()) return loaded.status();
-  SessionSummary s;
-  s.version = loaded->header.version;
-  s.model = loaded->header.model;
-  s.geometry = loaded->header.geometry;
-  s.commit_seq = loaded->slot.seq;
-  s.n_tokens = loaded->tokens.size();
-  s.tokens = loaded->tokens;
-  s.n_records = loaded->records.size();
-  s.file_bytes = loaded->file_bytes;
-  s.block_bytes = loaded->header.block_bytes;
-  s.live_bytes = kHeaderBytes + s.n_records * (kRecordHeaderBytes + s.block_bytes) + loaded->slot.manifest_bytes;
-  return s;
-}
-
-Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
+Result<SessionFile::Loaded> SessionFile::OpenAndLoad(const std::string& path, int* fd_out) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
   auto loaded = Load(path, fd);
@@ -615,18 +591,46 @@ Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
     close(fd);
     return loaded.status();
   }
+  *fd_out = fd;
+  return loaded;
+}
+
+SessionSummary SessionFile::Summarize(const Loaded& loaded) {
+  SessionSummary s;
+  s.version = loaded.header.version;
+  s.model = loaded.header.model;
+  s.geometry = loaded.header.geometry;
+  s.commit_seq = loaded.slot.seq;
+  s.n_tokens = loaded.tokens.size();
+  s.tokens = loaded.tokens;
+  s.n_records = loaded.records.size();
+  s.file_bytes = loaded.file_bytes;
+  s.block_bytes = loaded.header.block_bytes;
+  s.live_bytes = kHeaderBytes + s.n_records * (kRecordHeaderBytes + s.block_bytes) + loaded.slot.manifest_bytes;
+  return s;
+}
+
+Result<SessionSummary> SessionFile::Inspect(const std::string& path) {
+  int fd = -1;
+  auto loaded = OpenAndLoad(path, &fd);
+  if (!loaded.ok()) return loaded.status();
+  close(fd);
+  return Summarize(*loaded);
+}
+
+Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
+  int fd = -1;
+  auto loaded = OpenAndLoad(path, &fd);
+  if (!loaded.ok()) return loaded.status();
   if (!loaded->note.empty()) {
     close(fd);
     return Status::Corruption(loaded->note);
   }
-  SessionFile file(path, fd, loaded->header.block_bytes, loaded->records);  // owns fd now
-  std::unique_ptr<std::byte[]> buf(new std::byte[loaded->header.block_bytes]);
+  if (summary) *summary = Summarize(*loaded);
+  SessionFile file(path, fd, loaded->header.block_bytes, std::move(loaded->records));  // owns fd now
+  std::unique_ptr<std::byte[]> buf(new std::byte[file.block_bytes_]);
   for (size_t i = 0; i < file.records_.size(); ++i) {
-    TIERKV_RETURN_IF_ERROR(file.ReadPage(i, std::span<std::byte>(buf.get(), loaded->header.block_bytes)));
-  }
-  if (summary) {
-    auto s = Inspect(path);
-    if (s.ok()) *summary = *s;
+    TIERKV_RETURN_IF_ERROR(file.ReadPage(i, std::span<std::byte>(buf.get(), file.block_bytes_)));
   }
   return Status::Ok();
 }

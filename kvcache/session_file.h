@@ -115,6 +115,9 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   };
   struct Loaded;  // header + slot + manifest, parsed
   static Result<Loaded> Load(const std::string& path, int fd);
+  // Opens `path` read-only and loads it; on success *fd is the open descriptor.
+  static Result<Loaded> OpenAndLoad(const std::string& path, int* fd);
+  static SessionSummary Summarize(const Loaded& loaded);
 
   SessionFile(std::string path, int fd, uint64_t block_bytes, std::vector<Record> records);
 

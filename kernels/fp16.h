@@ -11,10 +11,8 @@
 //   F32ToBf16: round to nearest, ties to even; NaN becomes a quiet NaN (as ggml does).
 //   Bf16ToF32: exact (shift into the high half).
 //
-// kvcache/half.h holds the same fp16 conversion for the KV codecs; kernels/ may not
-// include kvcache/, so the kernels carry their own (tests check both against the F16C
-// instructions). Scalar functions use integer operations only, so they are exact in any
-// floating-point environment.
+// The scalar fp16 conversion is memory/half.h's, shared with the KV codecs; it uses
+// integer operations only, so it is exact in any floating-point environment.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -24,45 +22,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "memory/half.h"
+
 namespace tierkv::kernels {
 
-inline float F16ToF32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  const uint32_t normal = ((exp + (127 - 15)) << 23) | (man << 13);
-  const uint32_t special = 0x7f800000u | (man << 13) | (man != 0 ? 0x00400000u : 0u);
-  // A subnormal half is man * 2^-24: an exact int->float conversion times a power of two.
-  const uint32_t subnormal = std::bit_cast<uint32_t>(static_cast<float>(man) * 0x1p-24f);
-  const uint32_t mag = exp == 0 ? subnormal : (exp == 0x1f ? special : normal);
-  return std::bit_cast<float>(sign | mag);
-}
-
-inline uint16_t F32ToF16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) {  // inf or NaN
-    if (ax == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
-    return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  }
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
-  if (ax >= 0x38800000u) {  // normal half
-    uint32_t h = (ax - 0x38000000u) >> 13;
-    const uint32_t rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25: zero
-  const uint32_t e = ax >> 23;
-  const uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-  const uint32_t shift = 126 - e;
-  uint32_t q = m >> shift;
-  const uint32_t rem = m & ((1u << shift) - 1u);
-  const uint32_t halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
-}
+// The scalar conversions are memory/half.h's (one implementation for the KV codecs and
+// the kernels): round to nearest even, exact in any floating-point environment.
+inline float F16ToF32(uint16_t h) { return HalfToFloat(h); }
+inline uint16_t F32ToF16(float f) { return FloatToHalf(f); }
 
 // The value f16 rounding gives back as a float (q and softmax weights in attention).
 inline float RoundToF16(float f) { return F16ToF32(F32ToF16(f)); }

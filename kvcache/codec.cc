@@ -21,7 +21,7 @@
 #define TIERKV_CODEC_X86 1
 #endif
 
-#include "kvcache/half.h"
+#include "memory/half.h"
 
 namespace tierkv {
 

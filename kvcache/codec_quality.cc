@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvcache/codec.h"
-#include "kvcache/half.h"
+#include "memory/half.h"
 
 namespace tierkv {
 namespace {

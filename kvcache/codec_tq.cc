@@ -21,7 +21,7 @@
 #include <utility>
 
 #include "kvcache/codec.h"
-#include "kvcache/half.h"
+#include "memory/half.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

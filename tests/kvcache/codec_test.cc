@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kvcache/half.h"
+#include "memory/half.h"
 
 namespace tierkv {
 namespace {

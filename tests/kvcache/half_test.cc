@@ -1,9 +1,9 @@
 // tests/kvcache/half_test.cc
 //
-// fp16 <-> f32 (kvcache/half.h): all 65536 halves against an independent decoding,
+// fp16 <-> f32 (memory/half.h): all 65536 halves against an independent decoding,
 // round trips, hand-checked values, round-to-nearest-even against the neighbours in a
 // sweep of the float range, and the array (F16C) paths bit-identical to the scalar ones.
-#include "kvcache/half.h"
+#include "memory/half.h"
 
 #include <bit>
 #include <cmath>

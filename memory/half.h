@@ -1,6 +1,6 @@
-// kvcache/half.h
+// memory/half.h
 //
-// IEEE 754 binary16 ("fp16", "half") <-> binary32 conversion, used by the KV codecs for
+// IEEE 754 binary16 ("fp16", "half") <-> binary32 conversion, shared by the KV codecs and the kernels (both may include memory/), for
 // f16 values and for the fp16 scales of q8_0, q4_0, tq4 and tq3.
 //
 //   FloatToHalf: round to nearest, ties to even; overflow (|x| >= 65520) gives +-inf;

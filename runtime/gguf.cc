@@ -740,6 +740,18 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Parse(const void* data, size_t size)
   return file;
 }
 
+Result<std::unique_ptr<GgufFile>> GgufFile::ParseOwned(std::vector<uint8_t> image, std::string name) {
+  std::unique_ptr<GgufFile> file(new GgufFile());
+  file->owned_image_ = std::move(image);
+  file->path_ = std::move(name);
+  file->base_ = file->owned_image_.data();
+  file->size_ = file->owned_image_.size();
+  GgufParser parser(file->base_, file->size_, file.get());
+  Status st = parser.Run();
+  if (!st.ok()) return st.Annotate(file->path_);
+  return file;
+}
+
 Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, path);

@@ -144,6 +144,8 @@ class GgufFile {
   // Validates an image already in memory, which must outlive the result and stay
   // unchanged (tests, fuzzers). No copy is made.
   static Result<std::unique_ptr<GgufFile>> Parse(const void* data, size_t size);
+  // Validates an image the GgufFile then owns (builtin models); path() is `name`.
+  static Result<std::unique_ptr<GgufFile>> ParseOwned(std::vector<uint8_t> image, std::string name);
 
   ~GgufFile();
   GgufFile(const GgufFile&) = delete;
@@ -209,6 +211,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   void* mapping_ = nullptr;  // owned when Open() mapped the file
+  std::vector<uint8_t> owned_image_;  // ParseOwned()
   size_t mapping_size_ = 0;
   uint32_t version_ = 0;
   uint32_t alignment_ = 32;

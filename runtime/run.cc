@@ -10,6 +10,7 @@
 
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
+#include "runtime/builtin_model.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
 
@@ -93,7 +94,7 @@ nlohmann::json RunReport::ToJson() const {
 
 Result<RunReport> RunSession(const RunOptions& o) {
   RunReport r;
-  TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, GgufFile::Open(o.model));
+  TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, OpenModelFile(o.model));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*file));
   r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
   if (r.prompt_tokens.empty()) return Status::InvalidArgument("the prompt is empty (no tokens)");

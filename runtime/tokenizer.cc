@@ -104,6 +104,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& gguf) {
   auto model = gguf.GetString("tokenizer.ggml.model");
   if (!model.ok()) return model.status().Annotate("tokenizer");
   v.model = std::string(*model);
+  if (v.model == "none" || v.model == "no_vocab") {
+    // No vocabulary (builtin models): one id per byte, sized to the embedding rows.
+    const GgufTensor* embd = gguf.FindTensor("token_embd.weight");
+    if (embd == nullptr || embd->n_dims < 2 || embd->ne[1] > (1 << 30)) {
+      return Status::InvalidArgument("tokenizer: model '" + v.model + "' needs token_embd.weight to size the vocabulary");
+    }
+    return ByteLevel(static_cast<int>(embd->ne[1]));
+  }
   if (gguf.Has("tokenizer.ggml.pre")) {
     auto pre = gguf.GetString("tokenizer.ggml.pre");
     if (!pre.ok()) return pre.status().Annotate("tokenizer");

@@ -62,7 +62,8 @@ class Tokenizer {
     std::optional<bool> add_bos, add_eos, add_space_prefix;
   };
 
-  // Reads tokenizer.ggml.* from `gguf`. Errors (one line, prefixed "tokenizer: "):
+  // Reads tokenizer.ggml.* from `gguf`; model "none" (or llama.cpp's "no_vocab") is
+  // ByteLevel(rows of token_embd.weight). Errors (one line, prefixed "tokenizer: "):
   // missing or mistyped keys, array lengths that disagree, and an unsupported
   // tokenizer.ggml.model or tokenizer.ggml.pre (kUnsupported, naming the value and
   // listing what is supported).

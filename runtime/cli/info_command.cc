@@ -11,13 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/size.h"
+#include "runtime/builtin_model.h"
 
 namespace tierkv {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-constexpr std::string_view kBuiltinPrefix = "builtin:";
 
 std::string ShapeString(const GgufTensor& t) {
   std::string out = "[";
@@ -365,11 +364,7 @@ std::string FormatInfoJson(const GgufFile& file, const InfoOptions& options) {
 
 Result<std::string> RunInfo(const std::string& model, const InfoOptions& options) {
   if (model.empty()) return Status::InvalidArgument("no model given: tierkv info FILE.gguf");
-  if (model.starts_with(kBuiltinPrefix)) {
-    return Status::NotFound("unknown builtin model '" + EscapeGgufString(model.substr(kBuiltinPrefix.size())) +
-                            "'");
-  }
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(model));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, OpenModelFile(model));
   return options.json ? FormatInfoJson(*file, options) : FormatInfoText(*file, options);
 }
 

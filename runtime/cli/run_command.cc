@@ -29,9 +29,6 @@ struct RunFlags {
 Result<RunOptions> ToOptions(const RunFlags& f) {
   RunOptions o;
   if (f.model.empty()) return Status::InvalidArgument("--model is required");
-  if (f.model.rfind("builtin:", 0) == 0) {
-    return Status::Unsupported("unknown builtin model '" + f.model + "' (builtin models come with the paged decoder)");
-  }
   o.model = f.model;
   if (!f.prompt_file.empty()) {
     std::ifstream in(f.prompt_file, std::ios::binary);
@@ -126,7 +123,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
     std::fprintf(stderr, "prompt %zu tokens (%d reused from the session) in %.3f s, %zu generated in %.3f s (%.1f tok/s)\n",
                  r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, r.generated_tokens.size(), r.decode_s,
                  r.decode_s > 0 ? static_cast<double>(r.generated_tokens.size()) / r.decode_s : 0.0);
-    if (f->json) std::printf("%s\n", r.ToJson().dump().c_str());
+    if (f->json) std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   });
 }
 

@@ -1,0 +1,148 @@
+// runtime/builtin_model.cc
+#include "runtime/builtin_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/quant.h"
+#include "runtime/gguf_writer.h"
+
+namespace tierkv {
+namespace {
+
+// SplitMix64: a fixed, portable stream (std:: distributions differ between libraries).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-1, 1).
+  float Uniform() { return static_cast<float>(static_cast<double>(Next() >> 11) * 0x1.0p-52 - 1.0); }
+
+ private:
+  uint64_t s_;
+};
+
+struct TinyMoeShape {
+  int n_vocab = 258;
+  int n_embd = 256;
+  int n_layer = 4;
+  int n_head = 8;
+  int n_head_kv = 2;
+  int head_dim = 64;
+  int n_expert = 32;
+  int n_expert_used = 4;
+  int n_ff_exp = 256;
+  int context_length = 262144;
+  float rope_freq_base = 1000000.0f;
+  float rms_eps = 1e-6f;
+};
+
+// A matrix of `rows` rows of `cols` values, uniform in [-scale, scale) times the
+// row's own factor, quantised to Q8_0.
+std::vector<uint8_t> Q8Matrix(Rng& rng, int64_t cols, int64_t rows, float scale,
+                              const std::vector<float>& row_factor = {}) {
+  const size_t row_bytes = kernels::RowBytes(kernels::WeightType::kQ8_0, cols);
+  std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float f = row_factor.empty() ? 1.0f : row_factor[static_cast<size_t>(r)];
+    for (float& v : row) v = scale * f * rng.Uniform();
+    kernels::QuantizeActivation(kernels::WeightType::kQ8_0, row.data(), out.data() + static_cast<size_t>(r) * row_bytes,
+                                cols);
+  }
+  return out;
+}
+
+// n f32 values around `center`.
+std::vector<uint8_t> F32Vector(Rng& rng, int64_t n, float center, float spread) {
+  std::vector<uint8_t> out(static_cast<size_t>(n) * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = center + spread * rng.Uniform();
+    std::memcpy(out.data() + static_cast<size_t>(i) * sizeof(float), &v, sizeof(float));
+  }
+  return out;
+}
+
+std::vector<uint8_t> TinyMoeImage() {
+  const TinyMoeShape s;
+  Rng rng(0x7469'6e79'6d6f'6501ull);  // "tinymoe", version 1: changing it changes the model
+  GgufWriter w;
+  const std::string a = "qwen3moe.";
+  w.String("general.architecture", "qwen3moe")
+      .String("general.name", "tierkv tiny-moe")
+      .U32("general.alignment", 32)
+      .U32(a + "context_length", static_cast<uint32_t>(s.context_length))
+      .U32(a + "embedding_length", static_cast<uint32_t>(s.n_embd))
+      .U32(a + "block_count", static_cast<uint32_t>(s.n_layer))
+      .U32(a + "attention.head_count", static_cast<uint32_t>(s.n_head))
+      .U32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv))
+      .U32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim))
+      .U32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim))
+      .F32(a + "attention.layer_norm_rms_epsilon", s.rms_eps)
+      .F32(a + "rope.freq_base", s.rope_freq_base)
+      .U32(a + "expert_count", static_cast<uint32_t>(s.n_expert))
+      .U32(a + "expert_used_count", static_cast<uint32_t>(s.n_expert_used))
+      .U32(a + "expert_feed_forward_length", static_cast<uint32_t>(s.n_ff_exp))
+      .Bool(a + "expert_weights_norm", true)
+      .String("tokenizer.ggml.model", "none");
+
+  using GT = GgmlType;
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  const float embd_scale = 1.0f;
+  const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.n_embd));
+  const int64_t q_dim = static_cast<int64_t>(s.n_head) * s.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(s.n_head_kv) * s.head_dim;
+  w.Tensor("token_embd.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_vocab)}, Q8Matrix(rng, s.n_embd, s.n_vocab, embd_scale));
+  w.Tensor("output_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+  w.Tensor("output.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_vocab)}, Q8Matrix(rng, s.n_embd, s.n_vocab, 4 * in_scale));
+  // Router rows: expert e's logits scaled by 0.5 + 2 e^(-e / 6), so that low ids win
+  // the top-k more often (skewed popularity), as trained routers do.
+  std::vector<float> router_factor(static_cast<size_t>(s.n_expert));
+  for (int e = 0; e < s.n_expert; ++e) router_factor[static_cast<size_t>(e)] = 0.5f + 2.0f * std::exp(-e / 6.0f);
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w.Tensor(p + "attn_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+    w.Tensor(p + "attn_q.weight", GT::kQ8_0, {u(s.n_embd), u(q_dim)}, Q8Matrix(rng, s.n_embd, q_dim, in_scale));
+    w.Tensor(p + "attn_k.weight", GT::kQ8_0, {u(s.n_embd), u(kv_dim)}, Q8Matrix(rng, s.n_embd, kv_dim, in_scale));
+    w.Tensor(p + "attn_v.weight", GT::kQ8_0, {u(s.n_embd), u(kv_dim)}, Q8Matrix(rng, s.n_embd, kv_dim, in_scale));
+    w.Tensor(p + "attn_output.weight", GT::kQ8_0, {u(q_dim), u(s.n_embd)},
+             Q8Matrix(rng, q_dim, s.n_embd, 1.0f / std::sqrt(static_cast<float>(q_dim))));
+    w.Tensor(p + "attn_q_norm.weight", GT::kF32, {u(s.head_dim)}, F32Vector(rng, s.head_dim, 1.0f, 0.1f));
+    w.Tensor(p + "attn_k_norm.weight", GT::kF32, {u(s.head_dim)}, F32Vector(rng, s.head_dim, 1.0f, 0.1f));
+    w.Tensor(p + "ffn_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+    w.Tensor(p + "ffn_gate_inp.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_expert)},
+             Q8Matrix(rng, s.n_embd, s.n_expert, 4 * in_scale, router_factor));
+    const int64_t exp_rows = static_cast<int64_t>(s.n_ff_exp) * s.n_expert;
+    w.Tensor(p + "ffn_gate_exps.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_ff_exp), u(s.n_expert)},
+             Q8Matrix(rng, s.n_embd, exp_rows, in_scale));
+    w.Tensor(p + "ffn_up_exps.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_ff_exp), u(s.n_expert)},
+             Q8Matrix(rng, s.n_embd, exp_rows, in_scale));
+    w.Tensor(p + "ffn_down_exps.weight", GT::kQ8_0, {u(s.n_ff_exp), u(s.n_embd), u(s.n_expert)},
+             Q8Matrix(rng, s.n_ff_exp, static_cast<int64_t>(s.n_embd) * s.n_expert,
+                      1.0f / std::sqrt(static_cast<float>(s.n_ff_exp))));
+  }
+  return w.Finish();
+}
+
+}  // namespace
+
+std::vector<std::string> BuiltinModelNames() { return {"tiny-moe"}; }
+
+Result<std::unique_ptr<GgufFile>> BuildBuiltinModel(std::string_view name) {
+  if (name == "tiny-moe") return GgufFile::ParseOwned(TinyMoeImage(), std::string(kBuiltinPrefix) + "tiny-moe");
+  std::string known;
+  for (const std::string& n : BuiltinModelNames()) known += (known.empty() ? "" : ", ") + std::string(kBuiltinPrefix) + n;
+  return Status::NotFound("unknown builtin model '" + EscapeGgufString(name) + "' (builtin models: " + known + ")");
+}
+
+Result<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& spec) {
+  if (spec.starts_with(kBuiltinPrefix)) return BuildBuiltinModel(std::string_view(spec).substr(kBuiltinPrefix.size()));
+  return GgufFile::Open(spec);
+}
+
+}  // namespace tierkv

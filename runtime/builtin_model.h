@@ -1,0 +1,39 @@
+// runtime/builtin_model.h
+//
+// Models that ship inside the binary, so the main job runs with nothing downloaded.
+// A builtin model is a GGUF image built in memory from a fixed recipe and read back
+// through GgufFile's strict parser: everything downstream (config, weights, info,
+// session fingerprints) treats it exactly like a file.
+//
+// builtin:tiny-moe (docs/builtin-models.md): qwen3moe-shaped, 4 layers, embedding 256,
+// 8 query heads over 2 KV heads of 64, 32 experts of which 4 are used (expert FFN 256),
+// a 262144-token trained context, byte-level vocabulary of 258 (bytes, <s>, </s>),
+// Q8_0 matrices, F32 norms. Weights are deterministic (SplitMix64 from a fixed seed),
+// scaled like an initialised network; the router rows are scaled so that expert
+// popularity is skewed (low ids chosen more often), as in trained MoE models.
+//
+// Thread-safety: free functions, no shared state.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memory/status.h"
+#include "runtime/gguf.h"
+
+namespace tierkv {
+
+inline constexpr std::string_view kBuiltinPrefix = "builtin:";
+
+// Names after "builtin:".
+std::vector<std::string> BuiltinModelNames();
+
+// The image of builtin model `name` (without the prefix); kNotFound listing the names.
+Result<std::unique_ptr<GgufFile>> BuildBuiltinModel(std::string_view name);
+
+// A model argument as the CLI takes it: "builtin:NAME" or a path to a .gguf file.
+Result<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& spec);
+
+}  // namespace tierkv

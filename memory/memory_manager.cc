@@ -27,6 +27,7 @@ Pin& Pin::operator=(Pin&& o) noexcept {
     tier_ = o.tier_;
     data_ = std::exchange(o.data_, nullptr);
     bytes_ = o.bytes_;
+    hit_ = o.hit_;
   }
   return *this;
 }
@@ -551,7 +552,7 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
         for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
         e.source = -1;  // the backing is stale from now on
       }
-      return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes);
+      return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes, !missed);
     }
     if (!missed) ++s.misses;
     missed = true;

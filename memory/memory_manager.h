@@ -92,17 +92,21 @@ class Pin {
   Tier tier() const { return tier_; }
   std::byte* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
+  // Whether the Acquire that made this pin found the page on its tier (a hit, possibly
+  // after waiting for a prefetch in flight) rather than copying it there (a miss).
+  bool hit() const { return hit_; }
   void Release();
 
  private:
   friend class MemoryManager;
-  Pin(MemoryManager* mm, PageId page, Tier tier, std::byte* data, uint64_t bytes)
-      : mm_(mm), page_(page), tier_(tier), data_(data), bytes_(bytes) {}
+  Pin(MemoryManager* mm, PageId page, Tier tier, std::byte* data, uint64_t bytes, bool hit)
+      : mm_(mm), page_(page), tier_(tier), data_(data), bytes_(bytes), hit_(hit) {}
   MemoryManager* mm_ = nullptr;
   PageId page_;
   Tier tier_ = Tier::kHost;
   std::byte* data_ = nullptr;
   uint64_t bytes_ = 0;
+  bool hit_ = false;
 };
 
 class MemoryManager {
@@ -161,6 +165,9 @@ class MemoryManager {
   size_t live_pages() const;
 
   TierStats Stats(Tier tier) const;
+  // Seconds the copy stream has spent working (allocation, eviction and copies), since
+  // creation: the copy side of the pipeline, for overlap accounting.
+  double copy_busy_seconds() const { return stream_->busy_seconds(); }
   // Whole-structure validation (expensive: O(pages + frames)); false + why on failure.
   bool CheckInvariants(std::string* why = nullptr) const;
 

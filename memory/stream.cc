@@ -2,6 +2,7 @@
 #include "memory/stream.h"
 
 #include <cassert>
+#include <chrono>
 
 namespace tierkv {
 
@@ -70,7 +71,11 @@ void Stream::Run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    const auto t0 = std::chrono::steady_clock::now();
     task();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    busy_ns_.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+    tasks_run_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -13,6 +13,7 @@
 // Thread-safety: Stream and Ticket are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -73,6 +74,11 @@ class Stream {
   // True when called from this stream's worker (tasks must not Synchronize themselves).
   bool OnWorker() const { return std::this_thread::get_id() == worker_.get_id(); }
 
+  // The stream's own counters: seconds its worker spent running tasks (busy, not
+  // waiting for work) and the tasks run, since construction. Callers take differences.
+  double busy_seconds() const { return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) * 1e-9; }
+  uint64_t tasks_run() const { return tasks_run_.load(std::memory_order_relaxed); }
+
  private:
   void Run();
 
@@ -81,6 +87,8 @@ class Stream {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
   bool stop_ = false;                        // GUARDED_BY(mu_)
+  std::atomic<uint64_t> busy_ns_{0};
+  std::atomic<uint64_t> tasks_run_{0};
   std::thread worker_;
 };
 

@@ -17,6 +17,7 @@
 // Forward at a time per Model (several Models may share one GgufFile).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "kernels/rope.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
+#include "memory/memory_manager.h"
 #include "memory/status.h"
 #include "runtime/gguf.h"
 
@@ -93,9 +95,39 @@ struct ModelOptions {
   // With an f16 KV codec, round Q and the softmax weights to f16 in attention as
   // llama.cpp does without flash attention (keeps logits closest to llama.cpp's).
   bool llama_attention_rounding = true;
-  // Attention pins a layer's KV blocks this many at a time (0 = all at once). Results
-  // do not depend on it; small values keep the compute tier's working set small.
+  // Attention pins a layer's KV blocks this many at a time (0 = automatic: all at
+  // once, or after UseMemory a batch of at most 1/8 of the compute tier's budget).
+  // Results do not depend on it; small values keep the compute tier's working set small.
   int kv_batch_blocks = 0;
+  // After UseMemory: while layer l computes, the copy stream fetches what layer l + 1
+  // needs (its weights, its first batch of KV blocks, and the experts its router picks
+  // for the current hidden state), and attention fetches batch b + 1 while batch b
+  // computes. Off: every page is fetched when it is needed.
+  bool prefetch = true;
+};
+
+// One routing decision of a MoE layer (traces for the expert-paging benchmark).
+struct RouteRecord {
+  int32_t pos = 0;
+  int32_t layer = 0;
+  std::vector<int32_t> experts;    // chosen by the layer's router, in router order
+  std::vector<int32_t> predicted;  // predicted one layer earlier (empty for layer 0)
+};
+
+// The paged decoder's counters since Load or ResetCounters (DESIGN.md pipeline).
+struct DecodeCounters {
+  uint64_t steps = 0;
+  double step_s = 0;  // wall time inside Forward
+  double wait_s = 0;  // of which blocked acquiring pages (waiting for copies)
+  // Acquires on the compute tier and how many found the page there (or in flight
+  // from a prefetch): KV blocks, weight pages (per layer and output), experts.
+  uint64_t kv_acquires = 0, kv_hits = 0;
+  uint64_t weight_acquires = 0, weight_hits = 0;
+  uint64_t expert_acquires = 0, expert_hits = 0;
+  // Expert predictions made for layer l + 1 and how many of them the router chose.
+  uint64_t experts_predicted = 0, experts_predicted_used = 0;
+  // Page ids queued for prefetch (KV blocks, weights and experts).
+  uint64_t prefetched_pages = 0;
 };
 
 class Model {
@@ -108,6 +140,31 @@ class Model {
   const ModelOptions& options() const { return options_; }
   const GgufFile& file() const { return *file_; }
   kernels::ThreadPool& pool() { return *pool_; }
+
+  // Places the weights under `mm`'s budgets: each layer's matrices (attention, dense
+  // FFN), each expert, and the output matrix become pages backed by the GGUF mapping
+  // (read on first use; dropped, never written, when evicted). Token embeddings (one
+  // row per step), norms, biases and routers (needed to predict the next layer's
+  // experts) stay read in place. Later Forward calls must use a KvCache on the same
+  // MemoryManager. Errors: a weight page larger than the compute tier's budget.
+  // REQUIRES: called at most once; mm outlives the Model.
+  Status UseMemory(MemoryManager* mm);
+  bool uses_memory() const { return mm_ != nullptr; }
+  // The largest page UseMemory would make: the compute tier must hold at least this.
+  uint64_t LargestWeightPage();
+
+  // A weight page's contents: parts copied out of the mapping (internal; public for the
+  // page source).
+  struct WeightPart {
+    const uint8_t* src;
+    size_t bytes;
+    size_t offset;  // within the page
+  };
+
+  const DecodeCounters& counters() const { return counters_; }
+  void ResetCounters() { counters_ = {}; }
+  // While set, each Forward appends one RouteRecord per MoE layer (null: off).
+  void set_route_trace(std::vector<RouteRecord>* trace) { route_trace_ = trace; }
 
   // The KV geometry this model needs, for KvCache::Create.
   KvGeometry KvGeometryFor(KvCodec codec, int block_tokens = 0) const;
@@ -126,10 +183,22 @@ class Model {
 
   Model(std::shared_ptr<const GgufFile> file, ModelConfig cfg, ModelOptions options);
   Status BindWeights();
+  struct WeightPage {
+    std::string what;  // for messages: "layer 3's weights", "expert 5 of layer 2"
+    std::vector<WeightPart> parts;
+    uint64_t bytes;
+  };
+  std::vector<WeightPage> PlanWeightPages();
   Status ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits);
   Status Attention(KvCache& cache, SeqId seq, int layer, int pos, const float* q, float* out);
   void Ffn(const Layer& L);
-  void Moe(const Layer& L);
+  Status Moe(const Layer& L, int layer, int pos);
+  // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
+  Status AcquireLayer(int layer, Layer* out);
+  Result<Pin> AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits);
+  // Queues what layer `next` needs (weights, first KV batch, predicted experts).
+  void PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos);
+  int KvBatchBlocks(KvCache& cache, int n_blocks) const;
 
   std::shared_ptr<const GgufFile> file_;
   ModelConfig cfg_;
@@ -138,6 +207,19 @@ class Model {
   std::unique_ptr<kernels::ThreadPool> pool_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Scratch> s_;
+  // Paged weights (UseMemory).
+  MemoryManager* mm_ = nullptr;
+  Tier weight_tier_ = Tier::kHost;
+  std::vector<PageId> layer_pages_;   // [n_layer]
+  std::vector<PageId> expert_pages_;  // [n_layer * n_expert]
+  PageId output_page_;
+  // [layer]: offset of each present matrix in its page, in Layer::PagedMatrices order;
+  // of gate, up and down in the layer's expert pages.
+  std::vector<std::vector<size_t>> layer_offsets_;
+  std::vector<std::array<size_t, 3>> expert_offsets_;
+  DecodeCounters counters_;
+  std::vector<RouteRecord>* route_trace_ = nullptr;
+  std::vector<std::vector<int32_t>> predicted_;  // [n_layer]: experts predicted for the layer
 };
 
 }  // namespace tierkv

@@ -3,6 +3,7 @@
 // One decode step. The order of operations and the places where activations are
 // rounded follow llama.cpp's graph for these architectures (docs/kernels.md).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "kernels/activation.h"
@@ -51,11 +52,18 @@ Status Model::Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::sp
     return Status::InvalidArgument("model: position " + std::to_string(pos) + " is not the next position (" +
                                    std::to_string(length) + ") of the sequence");
   }
+  if (mm_ != nullptr && &cache.memory() != mm_) {
+    return Status::InvalidArgument("model: the KV cache is on another memory manager than the model's weights");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(const int appended, cache.AppendToken(seq));
   if (appended != pos) return Status::Internal("model: KV cache appended at an unexpected position");
   Status st = ForwardLayers(cache, seq, token, pos, logits);
   s_->pins.clear();
+  s_->layer_pin.Release();
   if (!st.ok()) (void)cache.Truncate(seq, pos);
+  ++counters_.steps;
+  counters_.step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return st;
 }
 
@@ -69,7 +77,11 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
   kernels::RopeAngles(rope_, pos, s.cos_sin.data());
 
   for (int l = 0; l < c.n_layer; ++l) {
-    const Layer& L = w_->layers[static_cast<size_t>(l)];
+    // What layer l + 1 needs (after the last layer: layer 0 of the next step) is queued
+    // on the copy stream before layer l computes.
+    if (options_.prefetch) PrefetchLayer(cache, seq, (l + 1) % c.n_layer, pos);
+    Layer L;
+    TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
 
     // Attention block.
     kernels::RmsNorm(s.x.data(), L.attn_norm, c.n_embd, c.rms_eps, s.xn.data());
@@ -96,7 +108,8 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
     // Feed-forward block.
     kernels::RmsNorm(s.x.data(), L.ffn_norm, c.n_embd, c.rms_eps, s.xn.data());
     if (c.is_moe()) {
-      Moe(L);
+      s.layer_pin.Release();  // the experts are separate pages: keep the working set small
+      TIERKV_RETURN_IF_ERROR(Moe(L, l, pos));
       AddInPlace(s.x.data(), s.moe_out.data(), n_embd);
     } else {
       Ffn(L);
@@ -104,10 +117,18 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
     }
   }
 
+  s.layer_pin.Release();
   if (!logits.empty()) {
+    kernels::MatrixView output = w_->output;
+    if (mm_ != nullptr) {
+      auto pin = AcquireCounted(output_page_, &counters_.weight_acquires, &counters_.weight_hits);
+      if (!pin.ok()) return pin.status().Annotate("output weights");
+      output.data = pin->data();
+      s.pins.push_back(std::move(pin).value());
+    }
     kernels::RmsNorm(s.x.data(), w_->output_norm, c.n_embd, c.rms_eps, s.xn.data());
     s.act.Set(s.xn.data(), c.n_embd);
-    kernels::MatVec(w_->output, s.act, logits.data(), pool);
+    kernels::MatVec(output, s.act, logits.data(), pool);
   }
   return Status::Ok();
 }
@@ -124,7 +145,8 @@ void Model::Ffn(const Layer& L) {
 }
 
 // moe_out = sum over the selected experts, in router order, of weight * expert(xn).
-void Model::Moe(const Layer& L) {
+// Paged: each expert is pinned on the compute tier just before it computes.
+Status Model::Moe(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   s.act.Set(s.xn.data(), c.n_embd);
@@ -133,11 +155,35 @@ void Model::Moe(const Layer& L) {
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
   kernels::RouteTopK(s.router.data(), c.n_expert, c.n_expert_used, c.norm_topk_prob, s.expert_ids.data(),
                      s.expert_weights.data());
+  static const std::vector<int32_t> kNone;
+  const std::vector<int32_t>& predicted =
+      options_.prefetch && static_cast<size_t>(layer) < predicted_.size() ? predicted_[static_cast<size_t>(layer)] : kNone;
+  if (!predicted.empty()) {
+    counters_.experts_predicted += predicted.size();
+    for (int32_t p : predicted) {
+      counters_.experts_predicted_used += std::count(s.expert_ids.begin(), s.expert_ids.end(), p) > 0 ? 1 : 0;
+    }
+  }
+  if (route_trace_ != nullptr) {
+    route_trace_->push_back({pos, layer, std::vector<int32_t>(s.expert_ids.begin(), s.expert_ids.end()),
+                             predicted});
+  }
   std::fill(s.moe_out.begin(), s.moe_out.end(), 0.0f);
   for (int i = 0; i < c.n_expert_used; ++i) {
     const int e = s.expert_ids[static_cast<size_t>(i)];
     const float w = s.expert_weights[static_cast<size_t>(i)];
-    const MatrixView gate = Expert(L.gate_exps, e), up = Expert(L.up_exps, e), down = Expert(L.down_exps, e);
+    MatrixView gate = Expert(L.gate_exps, e), up = Expert(L.up_exps, e), down = Expert(L.down_exps, e);
+    Pin pin;
+    if (mm_ != nullptr) {
+      auto p = AcquireCounted(expert_pages_[static_cast<size_t>(layer * c.n_expert + e)], &counters_.expert_acquires,
+                              &counters_.expert_hits);
+      if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
+      pin = std::move(p).value();
+      const std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(layer)];
+      gate.data = pin.data() + off[0];
+      up.data = pin.data() + off[1];
+      down.data = pin.data() + off[2];
+    }
     const MatVecJob gu[] = {{&gate, &s.act, s.gate.data()}, {&up, &s.act, s.up.data()}};
     kernels::MatVecMany(gu, pool_.get());
     kernels::SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), c.n_ff_exp);
@@ -145,10 +191,13 @@ void Model::Moe(const Layer& L) {
     kernels::MatVec(down, s.act2, s.proj.data(), pool_.get());
     for (int d = 0; d < c.n_embd; ++d) s.moe_out[static_cast<size_t>(d)] += w * s.proj[static_cast<size_t>(d)];
   }
+  return Status::Ok();
 }
 
-// Attention of the query at `pos` over the sequence's blocks of `layer`, each pinned on
-// the compute tier (batches of kv_batch_blocks) and read in its codec's encoding.
+// Attention of the query at `pos` over the sequence's blocks of `layer`, pinned on the
+// compute tier a batch at a time and read in their codec's encoding. With prefetch on,
+// the next batch's copies are queued before the current batch computes (double
+// buffering); the first batch was queued before the layer started (PrefetchLayer).
 Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const float* q, float* out) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
@@ -167,40 +216,55 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   kernels::AttentionBegin(codec, p, q, &s.attention);
 
   // Two passes (llama.cpp's exact softmax weights) with an f16 cache and llama rounding;
-  // otherwise one online pass. Either way blocks are pinned `batch` at a time.
+  // otherwise one online pass. Either way the blocks are visited in order, `batch` at a
+  // time: visit v covers blocks [b0, b0 + batch) of pass v / n_batches.
   const bool two_pass = p.round_weights_f16;
   const int n_blocks = cache.NumBlocks(seq);
-  const int batch = options_.kv_batch_blocks > 0 ? options_.kv_batch_blocks : std::max(n_blocks, 1);
-  for (int pass = 0; pass < (two_pass ? 2 : 1); ++pass) {
-    for (int b0 = 0; b0 < n_blocks; b0 += batch) {
-      const int count = std::min(batch, n_blocks - b0);
-      s.pins.clear();
-      s.blocks.clear();
-      for (int b = b0; b < b0 + count; ++b) {
-        auto pin = mm.Acquire(cache.BlockPage(seq, layer, b), tier, Access::kRead);
-        if (!pin.ok()) {
-          return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
-        }
-        s.blocks.push_back(pin->data());
-        s.pins.push_back(std::move(pin).value());
+  const int batch = KvBatchBlocks(cache, n_blocks);
+  const int n_batches = (n_blocks + batch - 1) / batch;
+  const int n_visits = n_batches * (two_pass ? 2 : 1);
+  auto first_block = [&](int v) { return (v % n_batches) * batch; };
+  auto block_count = [&](int v) { return std::min(batch, n_blocks - first_block(v)); };
+  for (int v = 0; v < n_visits; ++v) {
+    const int b0 = first_block(v), count = block_count(v);
+    s.pins.clear();
+    s.blocks.clear();
+    for (int b = b0; b < b0 + count; ++b) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto pin = mm.Acquire(cache.BlockPage(seq, layer, b), tier, Access::kRead);
+      counters_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!pin.ok()) {
+        return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
       }
-      kernels::PagedKvView view;
-      view.blocks = s.blocks.data();
-      view.n_blocks = count;
-      view.first_block = b0;
-      view.n_tokens = cache.Length(seq);
-      view.block_tokens = g.block_tokens;
-      view.n_kv_heads = g.n_kv_heads;
-      view.vector_bytes = codec.vector_bytes();
-      if (!two_pass) {
-        kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
-      } else if (pass == 0) {
-        kernels::AttentionScores(codec, p, view, &s.attention, pool_.get());
-      } else {
-        kernels::AttentionValues(codec, p, view, &s.attention, pool_.get());
-      }
+      ++counters_.kv_acquires;
+      if (pin->hit()) ++counters_.kv_hits;
+      s.blocks.push_back(pin->data());
+      s.pins.push_back(std::move(pin).value());
     }
-    if (two_pass && pass == 0) kernels::AttentionSoftmax(p, &s.attention, pool_.get());
+    if (options_.prefetch && v + 1 < n_visits && n_batches > 1) {
+      std::vector<PageId> next;
+      for (int b = first_block(v + 1); b < first_block(v + 1) + block_count(v + 1); ++b) {
+        next.push_back(cache.BlockPage(seq, layer, b));
+      }
+      counters_.prefetched_pages += next.size();
+      (void)mm.Prefetch(std::move(next), tier);
+    }
+    kernels::PagedKvView view;
+    view.blocks = s.blocks.data();
+    view.n_blocks = count;
+    view.first_block = b0;
+    view.n_tokens = cache.Length(seq);
+    view.block_tokens = g.block_tokens;
+    view.n_kv_heads = g.n_kv_heads;
+    view.vector_bytes = codec.vector_bytes();
+    if (!two_pass) {
+      kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
+    } else if (v < n_batches) {
+      kernels::AttentionScores(codec, p, view, &s.attention, pool_.get());
+      if (v + 1 == n_batches) kernels::AttentionSoftmax(p, &s.attention, pool_.get());
+    } else {
+      kernels::AttentionValues(codec, p, view, &s.attention, pool_.get());
+    }
   }
   s.pins.clear();
   kernels::AttentionEnd(codec, p, &s.attention, out);

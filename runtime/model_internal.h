@@ -5,6 +5,7 @@
 // Not for other callers.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -26,6 +27,10 @@ struct Model::Layer {
   kernels::MatrixView gate, up, down;                    // dense FFN
   kernels::MatrixView gate_inp;                          // MoE router [n_embd -> n_expert]
   kernels::MatrixView gate_exps, up_exps, down_exps;     // one expert's rows; stacked
+
+  // The matrices a layer page holds, in page order (absent ones, data == null, are
+  // skipped): attention and dense FFN. Routers, norms and experts are not in it.
+  static std::span<kernels::MatrixView Layer::* const> PagedMatrices();
 };
 
 struct Model::Weights {
@@ -48,6 +53,7 @@ struct Model::Scratch {
         gate(static_cast<size_t>(std::max(c.n_ff, c.n_ff_exp))),
         up(gate.size()),
         router(static_cast<size_t>(c.n_expert)),
+        pred_xn(static_cast<size_t>(c.n_embd)),
         moe_out(static_cast<size_t>(c.n_embd)),
         cos_sin(static_cast<size_t>(c.rope_dims)) {}
 
@@ -58,12 +64,15 @@ struct Model::Scratch {
   std::vector<float> proj;   // output of attn_output / ffn_down [n_embd]
   std::vector<float> gate, up;
   std::vector<float> router;
+  std::vector<float> pred_xn;         // the next layer's router input, predicted
+  kernels::ActivationRow pred_act;
   std::vector<float> moe_out;
   std::vector<float> cos_sin;
   kernels::ActivationRow act;   // the current matvec input, converted per weight type
   kernels::ActivationRow act2;  // the FFN's hidden activation
   kernels::AttentionState attention;
-  std::vector<Pin> pins;
+  std::vector<Pin> pins;  // KV blocks of the current batch, or the output matrix
+  Pin layer_pin;          // the current layer's weight page (paged weights)
   std::vector<const std::byte*> blocks;
   std::vector<int> expert_ids;
   std::vector<float> expert_weights;

@@ -77,6 +77,21 @@ nlohmann::json RunReport::ToJson() const {
                   {"backend", t.backend}});
   }
   j["tiers"] = tj;
+  const DecodeCounters& d = decoder;
+  const auto ratio = [](uint64_t a, uint64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
+  j["decoder"] = {{"steps", d.steps},
+                  {"step_s", d.step_s},
+                  {"wait_s", d.wait_s},
+                  {"compute_s", d.step_s - d.wait_s},
+                  {"copy_busy_s", copy_busy_s},
+                  {"kv_acquires", d.kv_acquires},
+                  {"kv_hit_rate", ratio(d.kv_hits, d.kv_acquires)},
+                  {"weight_acquires", d.weight_acquires},
+                  {"weight_hit_rate", ratio(d.weight_hits, d.weight_acquires)},
+                  {"expert_acquires", d.expert_acquires},
+                  {"expert_hit_rate", ratio(d.expert_hits, d.expert_acquires)},
+                  {"expert_prediction_accuracy", ratio(d.experts_predicted_used, d.experts_predicted)},
+                  {"prefetched_pages", d.prefetched_pages}};
   j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
@@ -103,14 +118,17 @@ Result<RunReport> RunSession(const RunOptions& o) {
     return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
                                    std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
   }
-  ModelOptions mo;
-  mo.threads = o.threads;
-  mo.n_ctx = n_ctx;
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
-
   const auto t_warm = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<MemoryManager> mm, MemoryManager::Create(o.memory));
   r.warmup_s = Since(t_warm);
+  ModelOptions mo;
+  mo.threads = o.threads;
+  mo.n_ctx = n_ctx;
+  mo.prefetch = o.prefetch;
+  mo.kv_batch_blocks = o.kv_batch_blocks;
+  // Declared after mm: destroyed first, while the pages it placed there still exist.
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
+  if (o.page_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), model->KvGeometryFor(o.kv_type)));
   r.kv_type = KvCodecName(o.kv_type);
 
@@ -144,6 +162,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   auto wanted = [&](int pos) {
     return pos == n_prompt - 1 || (o.dump_logits > 0 && (pos < o.dump_logits || pos >= n_prompt - o.dump_logits));
   };
+  const double copy_busy0 = mm->copy_busy_seconds();
   const auto t_prefill = std::chrono::steady_clock::now();
   for (int pos = start; pos < n_prompt; ++pos) {
     const bool want = wanted(pos);
@@ -178,6 +197,8 @@ Result<RunReport> RunSession(const RunOptions& o) {
     TIERKV_RETURN_IF_ERROR(SessionFile::Save(*cache, seq, tokens, fp, o.session));
     r.saved = true;
   }
+  r.decoder = model->counters();
+  r.copy_busy_s = mm->copy_busy_seconds() - copy_busy0;
   for (int t = 0; t < kNumTiers; ++t) r.tiers.push_back(mm->Stats(TierAt(t)));
   return r;
 }

@@ -19,6 +19,7 @@
 #include "kvcache/session_file.h"
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
+#include "runtime/model.h"
 #include "runtime/sampler.h"
 
 namespace tierkv {
@@ -34,6 +35,9 @@ struct RunOptions {
   std::string session;         // "" = no session file
   int threads = 0;             // 0 = all cores
   int dump_logits = 0;         // first and last N prompt positions, plus every step
+  bool page_weights = true;    // weights as pages under the budgets (Model::UseMemory)
+  bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
+  int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
 };
 
 struct LogitsEntry {
@@ -49,6 +53,8 @@ struct RunReport {
   double warmup_s = 0, restore_s = 0, prefill_s = 0, decode_s = 0;
   int prefill_tokens = 0;  // prompt tokens computed (not reused from the session)
   std::vector<TierStats> tiers;
+  DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
+  double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
   int kv_tokens = 0;
   uint64_t kv_bytes = 0;

@@ -23,7 +23,9 @@ struct RunFlags {
   float temp = 0.0f, top_p = 0.95f;
   uint64_t seed = 0;
   double sim_gbps = 0;
-  bool no_warmup = false, json = false;
+  bool no_warmup = false, json = false, no_prefetch = false;
+  std::string weights = "paged";
+  int kv_batch = 0;
 };
 
 Result<RunOptions> ToOptions(const RunFlags& f) {
@@ -63,6 +65,13 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   m.disk_dir = f.disk_dir;
   m.sim_gbps = f.sim_gbps;
   m.warmup = !f.no_warmup;
+  o.prefetch = !f.no_prefetch;
+  if (f.weights != "paged" && f.weights != "mapped") {
+    return Status::InvalidArgument("--weights must be paged or mapped, not '" + f.weights + "'");
+  }
+  o.page_weights = f.weights == "paged";
+  if (f.kv_batch < 0) return Status::InvalidArgument("--kv-batch must be >= 0");
+  o.kv_batch_blocks = f.kv_batch;
   return o;
 }
 
@@ -103,6 +112,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-t,--threads", f->threads, "kernel threads (default: all cores)");
   run->add_option("--mlock", f->mlock, "off | try | require (default try)");
   run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
+  run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
+  run->add_option("--weights", f->weights, "paged (weights are pages under the budgets) or mapped (read in place)");
+  run->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
   run->callback([f, &exit_code] {

@@ -1,0 +1,220 @@
+// runtime/model_paging.cc
+//
+// Weights as pages (Model::UseMemory): one page per layer (its attention and dense FFN
+// matrices), one per expert (its gate, up and down rows), one for the output matrix,
+// all backed by the GGUF mapping through a PageSource, so they are read on first use
+// and dropped without a copy when evicted. The forward step pins them on the compute
+// tier and reads them through views rebased onto the pin; the bytes are the file's, so
+// the arithmetic is the same as reading the mapping in place.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+
+#include "kernels/moe.h"
+#include "kernels/norm.h"
+#include "memory/size.h"
+#include "runtime/model.h"
+#include "runtime/model_internal.h"
+
+namespace tierkv {
+namespace {
+
+constexpr size_t kPartAlign = 64;  // each matrix starts on a cache line of the page
+
+size_t AlignUp(size_t x) { return (x + kPartAlign - 1) / kPartAlign * kPartAlign; }
+
+
+// Pages of weights: key -> the parts to copy out of the mapping.
+class WeightSource : public PageSource {
+ public:
+  explicit WeightSource(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {}
+
+  uint64_t Add(std::vector<Model::WeightPart> parts) {
+    pages_.push_back(std::move(parts));
+    return pages_.size() - 1;
+  }
+
+  Status ReadPage(uint64_t key, std::span<std::byte> out) override {
+    if (key >= pages_.size()) return Status::Internal("weight page key " + std::to_string(key) + " out of range");
+    size_t end = 0;
+    for (const Model::WeightPart& p : pages_[key]) {
+      if (p.offset + p.bytes > out.size()) return Status::Internal("weight page part past the page's end");
+      std::memcpy(out.data() + p.offset, p.src, p.bytes);
+      end = p.offset + p.bytes;
+    }
+    std::memset(out.data() + end, 0, out.size() - end);  // deterministic padding
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<const GgufFile> file_;  // keeps the mapping alive
+  std::vector<std::vector<Model::WeightPart>> pages_;
+};
+
+size_t MatrixBytes(const kernels::MatrixView& m) { return static_cast<size_t>(m.rows) * m.row_bytes; }
+
+}  // namespace
+
+std::span<kernels::MatrixView Model::Layer::* const> Model::Layer::PagedMatrices() {
+  static constexpr kernels::MatrixView Layer::*kMatrices[] = {&Layer::wq, &Layer::wk, &Layer::wv, &Layer::wo,
+                                                             &Layer::gate, &Layer::up, &Layer::down};
+  return kMatrices;
+}
+
+// The weight pages in key order: layers (0 .. n_layer-1), the output matrix
+// (n_layer), experts (n_layer + 1 + l * n_expert + e). Sets the offsets the forward
+// step rebases views with.
+std::vector<Model::WeightPage> Model::PlanWeightPages() {
+  const ModelConfig& c = cfg_;
+  std::vector<WeightPage> pages;
+  layer_offsets_.assign(static_cast<size_t>(c.n_layer), {});
+  for (int l = 0; l < c.n_layer; ++l) {
+    const Layer& L = w_->layers[static_cast<size_t>(l)];
+    WeightPage page{"layer " + std::to_string(l) + "'s weights", {}, 0};
+    for (auto member : Layer::PagedMatrices()) {
+      const kernels::MatrixView& m = L.*member;
+      if (m.data == nullptr) continue;
+      page.parts.push_back({static_cast<const uint8_t*>(m.data), MatrixBytes(m), page.bytes});
+      layer_offsets_[static_cast<size_t>(l)].push_back(page.bytes);
+      page.bytes = AlignUp(page.bytes + MatrixBytes(m));
+    }
+    pages.push_back(std::move(page));
+  }
+  const size_t out_bytes = MatrixBytes(w_->output);
+  pages.push_back({"the output matrix", {{static_cast<const uint8_t*>(w_->output.data), out_bytes, 0}}, out_bytes});
+  if (c.is_moe()) {
+    // Types may differ between layers (Q4_K_M keeps some in Q6_K): offsets per layer.
+    expert_offsets_.assign(static_cast<size_t>(c.n_layer), {});
+    for (int l = 0; l < c.n_layer; ++l) {
+      const Layer& L = w_->layers[static_cast<size_t>(l)];
+      const kernels::MatrixView* stacked[3] = {&L.gate_exps, &L.up_exps, &L.down_exps};
+      const size_t sizes[3] = {MatrixBytes(L.gate_exps), MatrixBytes(L.up_exps), MatrixBytes(L.down_exps)};
+      std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(l)];
+      off = {0, AlignUp(sizes[0]), AlignUp(sizes[0]) + AlignUp(sizes[1])};
+      for (int e = 0; e < c.n_expert; ++e) {
+        WeightPage page{"expert " + std::to_string(e) + " of layer " + std::to_string(l), {}, 0};
+        for (int i = 0; i < 3; ++i) {
+          const auto* base = static_cast<const uint8_t*>(stacked[i]->data);
+          page.parts.push_back({base + static_cast<size_t>(e) * sizes[i], sizes[i], off[static_cast<size_t>(i)]});
+        }
+        page.bytes = off[2] + sizes[2];
+        pages.push_back(std::move(page));
+      }
+    }
+  }
+  return pages;
+}
+
+uint64_t Model::LargestWeightPage() {
+  uint64_t max = 0;
+  for (const WeightPage& p : PlanWeightPages()) max = std::max<uint64_t>(max, p.bytes);
+  return max;
+}
+
+Status Model::UseMemory(MemoryManager* mm) {
+  if (mm == nullptr) return Status::InvalidArgument("model: no memory manager");
+  if (mm_ != nullptr) return Status::FailedPrecondition("model: weights are already placed in a memory manager");
+  const Tier tier = mm->host_addressable(mm->compute_tier()) ? mm->compute_tier() : Tier::kHost;
+  const uint64_t budget = mm->Stats(tier).budget_bytes;
+  std::vector<WeightPage> plan = PlanWeightPages();
+  for (const WeightPage& p : plan) {
+    const uint64_t frames = (p.bytes + mm->frame_bytes() - 1) / mm->frame_bytes();
+    if (frames * mm->frame_bytes() > budget) {
+      return Status::InvalidArgument("model: the " + std::string(TierName(tier)) + " budget (" + FormatBytes(budget) +
+                                     ") cannot hold " + p.what + " (" + FormatBytes(p.bytes) + "); raise it");
+    }
+  }
+  auto source = std::make_shared<WeightSource>(file_);
+  for (WeightPage& p : plan) source->Add(std::move(p.parts));
+  const int32_t src = mm->AddSource(source);
+  std::vector<PageId> pages;
+  pages.reserve(plan.size());
+  for (uint64_t key = 0; key < plan.size(); ++key) {
+    auto page = mm->RegisterBacked(plan[key].bytes, src, key, /*tag=*/1);
+    if (!page.ok()) {
+      for (PageId p : pages) (void)mm->Free(p);
+      return page.status().Annotate("model: placing " + plan[key].what);
+    }
+    pages.push_back(*page);
+  }
+  const size_t n_layer = static_cast<size_t>(cfg_.n_layer);
+  layer_pages_.assign(pages.begin(), pages.begin() + static_cast<ptrdiff_t>(n_layer));
+  output_page_ = pages[n_layer];
+  expert_pages_.assign(pages.begin() + static_cast<ptrdiff_t>(n_layer) + 1, pages.end());
+  mm_ = mm;
+  weight_tier_ = tier;
+  return Status::Ok();
+}
+
+Result<Pin> Model::AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto pin = mm_->Acquire(page, weight_tier_, Access::kRead);
+  counters_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++*acquires;
+  if (pin.ok() && pin->hit()) ++*hits;
+  return pin;
+}
+
+Status Model::AcquireLayer(int layer, Layer* out) {
+  *out = w_->layers[static_cast<size_t>(layer)];
+  if (mm_ == nullptr) return Status::Ok();
+  auto pin = AcquireCounted(layer_pages_[static_cast<size_t>(layer)], &counters_.weight_acquires,
+                            &counters_.weight_hits);
+  if (!pin.ok()) return pin.status().Annotate("weights of layer " + std::to_string(layer));
+  size_t i = 0;
+  for (auto member : Layer::PagedMatrices()) {
+    kernels::MatrixView& m = out->*member;
+    if (m.data == nullptr) continue;
+    m.data = pin->data() + layer_offsets_[static_cast<size_t>(layer)][i++];
+  }
+  s_->layer_pin = std::move(pin).value();
+  return Status::Ok();
+}
+
+int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
+  if (options_.kv_batch_blocks > 0) return options_.kv_batch_blocks;
+  if (mm_ == nullptr) return std::max(n_blocks, 1);
+  const MemoryManager& mm = cache.memory();
+  const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
+  const uint64_t block_frames = (cache.block_bytes() + mm.frame_bytes() - 1) / mm.frame_bytes();
+  const uint64_t budget_frames = mm.Stats(tier).frames;
+  return static_cast<int>(std::clamp<uint64_t>(budget_frames / 8 / std::max<uint64_t>(block_frames, 1), 1,
+                                               static_cast<uint64_t>(std::max(n_blocks, 1))));
+}
+
+void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
+  const ModelConfig& c = cfg_;
+  MemoryManager& mm = cache.memory();
+  const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
+  std::vector<PageId> pages;
+  if (mm_ != nullptr) pages.push_back(layer_pages_[static_cast<size_t>(next)]);
+  const int n_blocks = cache.NumBlocks(seq);
+  const int batch = std::min(KvBatchBlocks(cache, n_blocks), n_blocks);
+  for (int b = 0; b < batch; ++b) pages.push_back(cache.BlockPage(seq, next, b));
+  predicted_.resize(static_cast<size_t>(c.n_layer));
+  std::vector<int32_t>& predicted = predicted_[static_cast<size_t>(next)];
+  predicted.clear();
+  if (c.is_moe() && next > 0) {
+    // The next layer's router on the current hidden state (normed as its input will be).
+    Scratch& s = *s_;
+    const Layer& N = w_->layers[static_cast<size_t>(next)];
+    kernels::RmsNorm(s.x.data(), N.ffn_norm, c.n_embd, c.rms_eps, s.pred_xn.data());
+    s.pred_act.Set(s.pred_xn.data(), c.n_embd);
+    kernels::MatVec(N.gate_inp, s.pred_act, s.router.data(), pool_.get());
+    predicted.resize(static_cast<size_t>(c.n_expert_used));
+    std::vector<float> weights(predicted.size());
+    kernels::RouteTopK(s.router.data(), c.n_expert, c.n_expert_used, c.norm_topk_prob, predicted.data(),
+                       weights.data());
+    if (mm_ != nullptr) {
+      for (int32_t e : predicted) pages.push_back(expert_pages_[static_cast<size_t>(next * c.n_expert + e)]);
+    }
+  }
+  (void)pos;
+  counters_.prefetched_pages += pages.size();
+  // Fire and forget: a failed prefetch is retried, and reported, by the Acquire that
+  // needs the page.
+  (void)mm.Prefetch(std::move(pages), tier);
+}
+
+}  // namespace tierkv

@@ -33,20 +33,36 @@
 // then V [n_kv_heads][block_tokens][vector_bytes].
 //
 // The codec type is a template parameter so that kernels/ does not depend on kvcache/:
-// anything with the members of AttentionCodec works (kvcache's VectorCodec does).
+// anything with the members of AttentionCodec works (kvcache's VectorCodec does). A codec
+// that also has the grouped members of GroupedAttentionCodec serves all query heads of a
+// KV head from one read of each K/V vector; otherwise each query head calls DotMany /
+// AccumulateMany on its own (the same bits either way: the grouped forms must equal the
+// per-head ones).
 //
-// Thread-safety: an AttentionState belongs to one caller; heads run in parallel on the
+// Parallel tasks are KV heads (each with all its query heads), and in pass 1 also ranges
+// of blocks (scores are independent of each other). Every head's arithmetic runs in the
+// same order as with one thread and one batch; no sum crosses a task boundary.
+//
+// Thread-safety: an AttentionState belongs to one caller; tasks run in parallel on the
 // pool, each writing only its own part of the state.
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TIERKV_ATTENTION_X86 1
+#endif
+
+#include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/thread_pool.h"
 
@@ -61,6 +77,16 @@ concept AttentionCodec = requires(const C& c, const float* f, float* out, const 
   c.AccumulateMany(f, enc, n, out);
   c.FinishOutput(f, out);
 };
+
+// Optional: `heads` queries ([heads][head_dim]) against the same n vectors, scores
+// [heads][stride]; weights [heads][stride] into acc [heads][head_dim]. Per head
+// bit-identical to DotMany / AccumulateMany.
+template <typename C>
+concept GroupedAttentionCodec =
+    requires(const C& c, const float* f, float* out, const void* enc, size_t n, int heads) {
+      c.DotManyGroup(f, heads, enc, n, out, n);
+      c.AccumulateManyGroup(f, n, heads, enc, n, out);
+    };
 
 // One layer's blocks of one sequence (a batch of consecutive blocks of it).
 struct PagedKvView {
@@ -117,37 +143,243 @@ namespace attention_internal {
 // Below this many multiply-adds a fork-join costs more than it saves.
 inline constexpr int64_t kMinParallelWork = int64_t{1} << 16;
 
-// Runs fn(h) for every head, on the pool when there is one and the work (multiply-adds
-// over all heads) is worth it.
+// Runs fn(i) for i in [0, n), on the pool when there is one and the work (multiply-adds
+// over all tasks) is worth it.
 template <typename F>
-void ForHeads(const AttentionParams& p, int64_t work, ThreadPool* pool, F&& fn) {
-  if (pool != nullptr && work >= kMinParallelWork) {
-    pool->ParallelFor(p.n_heads, fn);
+void ForTasks(int64_t n, int64_t work, ThreadPool* pool, F&& fn) {
+  if (pool != nullptr && work >= kMinParallelWork && n > 1) {
+    pool->ParallelFor(n, fn);
   } else {
-    for (int h = 0; h < p.n_heads; ++h) fn(h);
+    for (int64_t i = 0; i < n; ++i) fn(i);
   }
 }
 
+// Runs fn(h) for every query head.
+template <typename F>
+void ForHeads(const AttentionParams& p, int64_t work, ThreadPool* pool, F&& fn) {
+  ForTasks(p.n_heads, work, pool, std::forward<F>(fn));
+}
+
+// scores[h * stride + j] = Dot(q[h], k_j) for the `heads` query heads of one KV head.
 template <AttentionCodec Codec>
-void HeadBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int h,
-                float* scores, float* weights) {
+void DotGroup(const Codec& codec, const float* q, int heads, size_t hd, const std::byte* k, size_t n,
+              float* scores, size_t stride) {
+  if constexpr (GroupedAttentionCodec<Codec>) {
+    codec.DotManyGroup(q, heads, k, n, scores, stride);
+  } else {
+    for (int h = 0; h < heads; ++h) {
+      codec.DotMany(q + static_cast<size_t>(h) * hd, k, n, scores + static_cast<size_t>(h) * stride);
+    }
+  }
+}
+
+// acc[h] += sum_j w[h * stride + j] * V_j for the `heads` query heads of one KV head.
+template <AttentionCodec Codec>
+void AccumulateGroup(const Codec& codec, const float* w, size_t stride, int heads, size_t hd, const std::byte* v,
+                     size_t n, float* acc) {
+  if constexpr (GroupedAttentionCodec<Codec>) {
+    codec.AccumulateManyGroup(w, stride, heads, v, n, acc);
+  } else {
+    for (int h = 0; h < heads; ++h) {
+      codec.AccumulateMany(w + static_cast<size_t>(h) * stride, v, n, acc + static_cast<size_t>(h) * hd);
+    }
+  }
+}
+
+// ---- exp: glibc's expf, vectorised ------------------------------------------------------
+//
+// The softmax needs e^x for every score. std::exp (glibc's expf, its FMA variant on
+// x86-64) is correctly rounded in all but rare cases, and the two-pass weights must keep
+// its bits (they match llama.cpp's f16-rounded weights often enough to keep the
+// reference logits within tolerance). ExpAvx512 is the same algorithm, operation for
+// operation: x in double, x * 32 / ln 2 = k + r by the 0x1.8p52 shift, 2^(k/32) from a
+// 32-entry table, a cubic in r, one rounding to float at the end; the same fused
+// multiply-adds as libm's __expf_fma, and its special cases (overflow above 88.72,
+// 2^-149 or 0 below -103.28 / -103.97, NaN in, NaN out). VectorExpMatchesLibm() checks it
+// against std::exp once per process and the scalar loop is used if they ever differ
+// (another libm).
+
+#if defined(TIERKV_ATTENTION_X86)
+#define TIERKV_ATTENTION_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+// GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports (as in kernels/quant_avx512.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// __exp2f_data of glibc (and ARM's optimized-routines): T[i] = asuint64(2^(i/32)) - (i << 47).
+inline constexpr uint64_t kExpTable[32] = {
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+inline constexpr uint64_t kExpInvLn2N = 0x40471547652b82fe;  // 32 / ln 2
+inline constexpr uint64_t kExpShift = 0x4338000000000000;    // 0x1.8p52
+inline constexpr uint64_t kExpC0 = 0x3ebc6af84b912394;       // poly_scaled
+inline constexpr uint64_t kExpC1 = 0x3f2ebfce50fac4f3;
+inline constexpr uint64_t kExpC2 = 0x3f962e42ff0c52d6;
+
+TIERKV_ATTENTION_AVX512 inline __m512d ExpConst(uint64_t bits) {
+  return _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(bits)));
+}
+
+// e^x for 8 floats, computed in double as glibc's __expf_fma does (no special cases).
+TIERKV_ATTENTION_AVX512 inline __m256 ExpCore8(__m256 x) {
+  const __m512d xd = _mm512_cvtps_pd(x);
+  const __m512d inv_ln2n = ExpConst(kExpInvLn2N), shift = ExpConst(kExpShift);
+  const __m512d kd_shifted = _mm512_fmadd_pd(inv_ln2n, xd, shift);
+  const __m512i ki = _mm512_castpd_si512(kd_shifted);
+  const __m512d kd = _mm512_sub_pd(kd_shifted, shift);
+  const __m512d r = _mm512_fmsub_pd(inv_ln2n, xd, kd);
+  const __m512d t0 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable));
+  const __m512d t1 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable + 8));
+  const __m512d t2 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable + 16));
+  const __m512d t3 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable + 24));
+  const __mmask8 upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
+  const __m512d tab = _mm512_mask_blend_pd(upper, _mm512_permutex2var_pd(t0, ki, t1), _mm512_permutex2var_pd(t2, ki, t3));
+  const __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(tab), _mm512_slli_epi64(ki, 47)));
+  const __m512d z = _mm512_fmadd_pd(ExpConst(kExpC0), r, ExpConst(kExpC1));
+  const __m512d r2 = _mm512_mul_pd(r, r);
+  __m512d y = _mm512_fmadd_pd(r, ExpConst(kExpC2), _mm512_set1_pd(1.0));
+  y = _mm512_fmadd_pd(z, r2, y);
+  return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
+}
+
+// std::exp(x) for 16 floats, bit for bit (special cases as glibc's expf).
+TIERKV_ATTENTION_AVX512 inline __m512 Exp16(__m512 x) {
+  const __m256 lo = ExpCore8(_mm512_castps512_ps256(x));
+  const __m256 hi = ExpCore8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+  __m512 e = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+  const __mmask16 may_underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9d1d9ep6f), _CMP_LT_OQ);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ);
+  const __mmask16 overflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  e = _mm512_mask_mov_ps(e, may_underflow, _mm512_set1_ps(0x1p-149f));
+  e = _mm512_mask_mov_ps(e, underflow, _mm512_setzero_ps());
+  e = _mm512_mask_mov_ps(e, overflow, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_mov_ps(e, nan, _mm512_add_ps(x, x));
+}
+
+inline __mmask16 TailMask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+}
+
+// out[j] = std::exp(x[j] - sub); out may equal x.
+TIERKV_ATTENTION_AVX512 inline void ExpShiftedAvx512(const float* x, float sub, int64_t n, float* out) {
+  const __m512 vs = _mm512_set1_ps(sub);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = TailMask(n - j);
+    _mm512_mask_storeu_ps(out + j, m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), vs)));
+  }
+}
+
+// The two-pass softmax of one row, as the scalar AttentionSoftmax does it: the max; e_j;
+// their sum in SumLikeGgml's order; e_j * (float)(1 / sum), optionally f16-rounded.
+TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, bool round_f16) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m512 vmax = _mm512_set1_ps(neg_inf);
+  for (int64_t j = 0; j < n; j += 16) {
+    // max(x, m) keeps m when x is NaN, as std::max(m, x) does.
+    vmax = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(neg_inf), TailMask(n - j), row + j), vmax);
+  }
+  const float max = _mm512_reduce_max_ps(vmax);
+  const __m512 vm = _mm512_set1_ps(max);
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = TailMask(n - j);
+    // Lanes past n are 0, as in SumLikeGgml.
+    const __m512 e = _mm512_maskz_mov_ps(m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm)));
+    _mm512_mask_storeu_ps(row + j, m, e);
+    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(e),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // t4[0] + t4[2], t4[1] + t4[3]
+    sum += static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1))));
+  }
+  const __m512 inv = _mm512_set1_ps(n > 0 ? static_cast<float>(1.0 / sum) : 0.0f);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = TailMask(n - j);
+    __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), inv);
+    if (round_f16) w = _mm512_cvtph_ps(_mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm512_mask_storeu_ps(row + j, m, w);
+  }
+  return max;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif  // TIERKV_ATTENTION_X86
+
+// True when the AVX-512 exp gives std::exp's bits on a sweep of inputs (every float
+// exponent, both signs, the special-case edges): checked once per process.
+inline bool VectorExpMatchesLibm() {
+#if defined(TIERKV_ATTENTION_X86)
+  static const bool ok = [] {
+    if (DetectedSimdLevel() < SimdLevel::kAvx512) return false;
+    std::vector<float> x;
+    for (uint32_t top = 0; top < 512; ++top) {  // sign + exponent
+      for (uint32_t low : {0u, 1u, 0x2aaaaau, 0x400000u, 0x555555u, 0x7fffffu}) {
+        x.push_back(std::bit_cast<float>((top << 23) | low));
+      }
+    }
+    for (int i = -110 * 64; i <= 90 * 64; ++i) x.push_back(static_cast<float>(i) / 64.0f + 0x1p-9f);
+    for (float edge : {-0x1.9d1d9ep6f, -0x1.9fe368p6f, 0x1.62e42ep6f, 88.0f, -88.0f}) {
+      x.push_back(edge);
+      x.push_back(std::nextafter(edge, 0.0f));
+      x.push_back(std::nextafter(edge, edge * 2.0f));
+    }
+    std::vector<float> got(x.size());
+    ExpShiftedAvx512(x.data(), 0.0f, static_cast<int64_t>(x.size()), got.data());
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(std::exp(x[i])) &&
+          !(std::isnan(got[i]) && std::isnan(std::exp(x[i])))) {
+        return false;
+      }
+    }
+    return true;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// True when the softmax uses the AVX-512 exp (the CPU has it, the level is not capped
+// below it, and it matches this process's std::exp).
+inline bool UseVectorExp() { return ActiveSimdLevel() >= SimdLevel::kAvx512 && VectorExpMatchesLibm(); }
+
+// out[j] = std::exp(x[j] - sub), bit for bit; out may equal x.
+inline void ExpShifted(const float* x, float sub, int64_t n, float* out) {
+#if defined(TIERKV_ATTENTION_X86)
+  if (UseVectorExp()) return ExpShiftedAvx512(x, sub, n, out);
+#endif
+  for (int64_t j = 0; j < n; ++j) out[j] = std::exp(x[j] - sub);
+}
+
+// One block of the online form for the query heads [h0, h0 + heads) of one KV head:
+// their scores, then per head the running max / sum update and the weights, then one
+// grouped accumulation. Per head the order of operations is that of a head on its own.
+template <AttentionCodec Codec>
+void GroupBlock(const Codec& codec, const AttentionParams& p, AttentionState* st, int h0, int heads,
+                const std::byte* k, const std::byte* v, int64_t n, float* scratch, size_t per_head,
+                size_t block_tokens) {
   const size_t hd = static_cast<size_t>(p.head_dim);
-  const int group = p.n_heads / p.n_kv_heads;
-  const int g = h / group;
-  const size_t vb = kv.vector_bytes;
-  const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
-  const float* q = st->q.data() + static_cast<size_t>(h) * hd;
-  float* acc = st->acc.data() + static_cast<size_t>(h) * hd;
-  float m = st->m[static_cast<size_t>(h)];
-  double l = st->l[static_cast<size_t>(h)];
-  const int64_t limit = std::min<int64_t>(kv.n_tokens, p.query_pos + 1);  // causal
-  for (int b = 0; b < kv.n_blocks; ++b) {
-    const int64_t start = static_cast<int64_t>(kv.first_block + b) * kv.block_tokens;
-    const int64_t n = std::min<int64_t>(kv.block_tokens, limit - start);
-    if (n <= 0) continue;
-    const std::byte* k = kv.blocks[b] + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
-    const std::byte* v = k + half;
-    codec.DotMany(q, k, static_cast<size_t>(n), scores);
+  DotGroup(codec, st->q.data() + static_cast<size_t>(h0) * hd, heads, hd, k, static_cast<size_t>(n), scratch,
+           per_head);
+  for (int i = 0; i < heads; ++i) {
+    const size_t h = static_cast<size_t>(h0 + i);
+    float* scores = scratch + per_head * static_cast<size_t>(i);
+    float* weights = scores + block_tokens;
+    float* acc = st->acc.data() + h * hd;
+    float m = st->m[h];
+    double l = st->l[h];
     float bmax = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) {
       scores[j] *= p.scale;
@@ -156,19 +388,21 @@ void HeadBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView&
     const float m_new = std::max(m, bmax);
     if (m_new > m && l > 0.0) {
       const float alpha = std::exp(m - m_new);
-      for (size_t i = 0; i < hd; ++i) acc[i] *= alpha;
+      for (size_t d = 0; d < hd; ++d) acc[d] *= alpha;
       l *= static_cast<double>(alpha);
     }
     m = m_new;
+    ExpShifted(scores, m, n, weights);
     for (int64_t j = 0; j < n; ++j) {
-      const float w = std::exp(scores[j] - m);
+      const float w = weights[j];
       l += static_cast<double>(w);
       weights[j] = p.round_weights_f16 ? RoundToF16(w) : w;
     }
-    codec.AccumulateMany(weights, v, static_cast<size_t>(n), acc);
+    st->m[h] = m;
+    st->l[h] = l;
   }
-  st->m[static_cast<size_t>(h)] = m;
-  st->l[static_cast<size_t>(h)] = l;
+  AccumulateGroup(codec, scratch + block_tokens, per_head, heads, hd, v, static_cast<size_t>(n),
+                  st->acc.data() + static_cast<size_t>(h0) * hd);
 }
 
 }  // namespace attention_internal
@@ -182,10 +416,24 @@ void AttentionBlocks(const Codec& codec, const AttentionParams& p, const PagedKv
   if (st->scratch.size() < per_head * static_cast<size_t>(p.n_heads)) {
     st->scratch.resize(per_head * static_cast<size_t>(p.n_heads));
   }
+  const int group = p.n_heads / p.n_kv_heads;
+  const size_t vb = kv.vector_bytes;
+  const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
+  const int64_t limit = std::min<int64_t>(kv.n_tokens, p.query_pos + 1);  // causal
   const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim * 2;
-  attention_internal::ForHeads(p, work, pool, [&](int64_t h) {
-    float* s = st->scratch.data() + per_head * static_cast<size_t>(h);
-    attention_internal::HeadBlocks(codec, p, kv, st, static_cast<int>(h), s, s + kv.block_tokens);
+  // One task per KV head: its query heads' running max, sum and accumulator go through
+  // the blocks in order.
+  attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
+    const int h0 = static_cast<int>(g) * group;
+    float* scratch = st->scratch.data() + per_head * static_cast<size_t>(h0);
+    for (int b = 0; b < kv.n_blocks; ++b) {
+      const int64_t start = static_cast<int64_t>(kv.first_block + b) * kv.block_tokens;
+      const int64_t n = std::min<int64_t>(kv.block_tokens, limit - start);
+      if (n <= 0) continue;
+      const std::byte* k = kv.blocks[b] + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
+      attention_internal::GroupBlock(codec, p, st, h0, group, k, k + half, n, scratch, per_head,
+                                     static_cast<size_t>(kv.block_tokens));
+    }
   });
 }
 
@@ -218,6 +466,26 @@ inline int64_t BlockKeys(const AttentionParams& p, const PagedKvView& kv, int b,
   return std::max<int64_t>(0, std::min<int64_t>(kv.block_tokens, limit - *start));
 }
 
+// The scalar softmax of one row (the reference for SoftmaxRowAvx512); returns the max.
+inline float SoftmaxRowScalar(float* row, int64_t n, bool round_f16) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - max);
+  const double sum = SumLikeGgml(row, n);
+  const float inv = n > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+  for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+  if (round_f16) RoundToF16Array(row, static_cast<size_t>(n));
+  return max;
+}
+
+// The softmax of one row, vectorised where UseVectorExp() (the same bits).
+inline float SoftmaxRow(float* row, int64_t n, bool round_f16) {
+#if defined(TIERKV_ATTENTION_X86)
+  if (UseVectorExp()) return SoftmaxRowAvx512(row, n, round_f16);
+#endif
+  return SoftmaxRowScalar(row, n, round_f16);
+}
+
 }  // namespace attention_internal
 
 // Pass 1: the scaled scores of a batch of blocks (in sequence order, after those of
@@ -244,22 +512,33 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
     }
     st->probs.swap(grown);
   }
-  const int64_t stride = static_cast<int64_t>(st->probs.size()) / p.n_heads;
+  const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
   const size_t hd = static_cast<size_t>(p.head_dim);
   const int group = p.n_heads / p.n_kv_heads;
   const size_t vb = kv.vector_bytes;
   const int64_t work = (end - st->n_keys) * p.n_heads * p.head_dim;
-  attention_internal::ForHeads(p, work, pool, [&](int64_t h) {
-    const int g = static_cast<int>(h) / group;
-    const float* q = st->q.data() + static_cast<size_t>(h) * hd;
-    float* row = st->probs.data() + static_cast<size_t>(h) * stride;
-    for (int b = 0; b < kv.n_blocks; ++b) {
+  // Tasks: (KV head, range of blocks). Scores do not depend on each other, so the split
+  // (about 4 tasks per thread) cannot change a bit.
+  const int threads = pool != nullptr ? pool->size() : 1;
+  const int per_head_tasks = std::max(1, std::min(kv.n_blocks, (4 * threads + p.n_kv_heads - 1) / p.n_kv_heads));
+  const int blocks_per_task = (kv.n_blocks + per_head_tasks - 1) / std::max(per_head_tasks, 1);
+  const int ranges = blocks_per_task > 0 ? (kv.n_blocks + blocks_per_task - 1) / blocks_per_task : 0;
+  attention_internal::ForTasks(static_cast<int64_t>(p.n_kv_heads) * ranges, work, pool, [&](int64_t task) {
+    const int g = static_cast<int>(task / ranges);
+    const int b0 = static_cast<int>(task % ranges) * blocks_per_task;
+    const int h0 = g * group;
+    const float* q = st->q.data() + static_cast<size_t>(h0) * hd;
+    float* rows = st->probs.data() + static_cast<size_t>(h0) * stride;
+    for (int b = b0; b < std::min(kv.n_blocks, b0 + blocks_per_task); ++b) {
       int64_t start;
       const int64_t n = BlockKeys(p, kv, b, &start);
       if (n <= 0) continue;
       const std::byte* k = kv.blocks[b] + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
-      codec.DotMany(q, k, static_cast<size_t>(n), row + start);
-      for (int64_t j = start; j < start + n; ++j) row[j] *= p.scale;
+      attention_internal::DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride);
+      for (int i = 0; i < group; ++i) {
+        float* row = rows + static_cast<size_t>(i) * stride;
+        for (int64_t j = start; j < start + n; ++j) row[j] *= p.scale;
+      }
     }
   });
   st->n_keys = end;
@@ -272,14 +551,7 @@ inline void AttentionSoftmax(const AttentionParams& p, AttentionState* st, Threa
   const int64_t n = st->n_keys;
   attention_internal::ForHeads(p, n * p.n_heads * 8, pool, [&](int64_t h) {
     float* row = st->probs.data() + static_cast<size_t>(h) * stride;
-    float max = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
-    for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - max);
-    const double sum = attention_internal::SumLikeGgml(row, n);
-    const float inv = n > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-    if (p.round_weights_f16) RoundToF16Array(row, static_cast<size_t>(n));
-    st->m[static_cast<size_t>(h)] = max;
+    st->m[static_cast<size_t>(h)] = attention_internal::SoftmaxRow(row, n, p.round_weights_f16);
     st->l[static_cast<size_t>(h)] = 1.0;  // the weights are normalised already
   });
 }
@@ -289,23 +561,24 @@ template <AttentionCodec Codec>
 void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
                      ThreadPool* pool) {
   using attention_internal::BlockKeys;
-  const int64_t stride = static_cast<int64_t>(st->probs.size()) / p.n_heads;
+  const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
   const size_t hd = static_cast<size_t>(p.head_dim);
   const int group = p.n_heads / p.n_kv_heads;
   const size_t vb = kv.vector_bytes;
   const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
   const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim;
-  attention_internal::ForHeads(p, work, pool, [&](int64_t h) {
-    const int g = static_cast<int>(h) / group;
-    const float* row = st->probs.data() + static_cast<size_t>(h) * stride;
-    float* acc = st->acc.data() + static_cast<size_t>(h) * hd;
+  // One task per KV head: each accumulator sums its tokens in order.
+  attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
+    const size_t h0 = static_cast<size_t>(g) * static_cast<size_t>(group);
+    const float* rows = st->probs.data() + h0 * stride;
+    float* acc = st->acc.data() + h0 * hd;
     for (int b = 0; b < kv.n_blocks; ++b) {
       int64_t start;
       const int64_t n = BlockKeys(p, kv, b, &start);
       if (n <= 0) continue;
       const std::byte* v =
           kv.blocks[b] + half + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
-      codec.AccumulateMany(row + start, v, static_cast<size_t>(n), acc);
+      attention_internal::AccumulateGroup(codec, rows + start, stride, group, hd, v, static_cast<size_t>(n), acc);
     }
   });
 }

@@ -10,6 +10,7 @@
 // Float sums use fixed lane counts, so results never depend on the compiler's choices.
 #include "kvcache/codec.h"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cmath>
@@ -61,6 +62,22 @@ void VectorCodec::AccumulateMany(const float* w, const void* v_enc, size_t n,
   for (size_t i = 0; i < n; ++i) Accumulate(w[i], p + i * vector_bytes_, acc);
 }
 
+void VectorCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n,
+                               float* scores, size_t scores_stride) const {
+  for (int h = 0; h < heads; ++h) {
+    DotMany(q_prep + static_cast<size_t>(h) * head_dim_, k_enc, n,
+            scores + static_cast<size_t>(h) * scores_stride);
+  }
+}
+
+void VectorCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads,
+                                      const void* v_enc, size_t n, float* acc) const {
+  for (int h = 0; h < heads; ++h) {
+    AccumulateMany(w + static_cast<size_t>(h) * w_stride, v_enc, n,
+                   acc + static_cast<size_t>(h) * head_dim_);
+  }
+}
+
 void VectorCodec::EncodeMany(const float* x, size_t n, void* out) const {
   auto* p = static_cast<uint8_t*>(out);
   for (size_t i = 0; i < n; ++i) Encode(x + i * head_dim_, p + i * vector_bytes_);
@@ -74,9 +91,22 @@ void VectorCodec::DecodeMany(const void* in, size_t n, float* out) const {
 namespace codec_internal {
 namespace {
 std::atomic<bool> g_force_generic{false};
+std::atomic<bool> g_force_no_avx512{false};
 }  // namespace
 
 void ForceGenericKernels(bool force) { g_force_generic.store(force); }
+void ForceNoAvx512Kernels(bool force) { g_force_no_avx512.store(force); }
+
+bool UseAvx512Kernels() {
+  if (g_force_no_avx512.load() || !UseAvx2Kernels()) return false;
+#if defined(TIERKV_CODEC_X86)
+  // libgcc's check includes the OS's support for the 512-bit register state.
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+#else
+  return false;
+#endif
+}
 
 bool UseAvx2Kernels() {
   if (g_force_generic.load()) return false;
@@ -146,6 +176,191 @@ TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc)
   }
   for (; i < n; ++i) acc[i] += w * LoadHalf(v + 2 * i);
 }
+
+// ---- f16, AVX-512: many tokens and heads per call ------------------------------------
+// The same arithmetic per (head, token) as DotF16Avx2 / AccumulateF16Avx2 for
+// head_dim % 16 == 0, so the bits are the same: a 512-bit product sum holds DotF16Avx2's
+// a0 in lanes 0-7 and its a1 in lanes 8-15; accumulation is elementwise. What changes is
+// that tokens and the query heads of a group are looped inside one function, each K/V
+// vector is converted once for every head, and the accumulators stay in registers.
+
+#define TIERKV_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+// GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports (as in kernels/quant_avx512.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// Software prefetch distance in the token loops. A layer's K (or V) of one KV head is a
+// run of block_tokens vectors, and runs are a block apart: the hardware prefetchers
+// restart at each run and each 4 KiB page, the prefetch keeps loads in flight.
+constexpr size_t kPrefetchBytes = 2048;
+
+TIERKV_AVX512 inline void PrefetchVector(const uint8_t* p, size_t vb) {
+  for (size_t o = 0; o < vb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), _MM_HINT_T0);
+}
+
+TIERKV_AVX512 inline __m512 LoadHalf16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// a0 + a1 of a 512-bit product sum: the vector DotF16Avx2 reduces.
+TIERKV_AVX512 inline void StoreHalves(__m512 p, float* out) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
+  _mm256_store_ps(out, _mm256_add_ps(_mm512_castps512_ps256(p), hi));
+}
+
+// x[t][8] for 8 tokens -> their 8 HorizontalSums, in token order (the same adds:
+// u_i = l_i + l_(i+4), then (u_0 + u_2) + (u_1 + u_3)), transposed across tokens.
+TIERKV_AVX512 inline __m256 ReduceTile8(const float (*x)[8]) {
+  __m256 y[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 a = _mm256_load_ps(x[2 * i]), b = _mm256_load_ps(x[2 * i + 1]);
+    y[i] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  // Lane 0: tokens 0, 2 (then 4, 6); lane 1: tokens 1, 3 (5, 7): [v0 v1 v0 v1] each.
+  const __m256 z0 = _mm256_add_ps(_mm256_shuffle_ps(y[0], y[1], 0x44), _mm256_shuffle_ps(y[0], y[1], 0xee));
+  const __m256 z1 = _mm256_add_ps(_mm256_shuffle_ps(y[2], y[3], 0x44), _mm256_shuffle_ps(y[2], y[3], 0xee));
+  const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(z0, z1, 0x88), _mm256_shuffle_ps(z0, z1, 0xdd));
+  return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// scores[h * stride + t] = Dot(q[h], k_t) for `heads` heads and n tokens (stride vb),
+// head_dim = 16 * nv. kV = nv keeps each K vector in registers for all heads; kV = 0
+// (nv > 8) converts it again per head.
+template <int kV>
+TIERKV_AVX512 void DotF16GroupAvx512(const float* q, int heads, const uint8_t* k, size_t n, size_t vb, int nv,
+                                     float* scores, size_t stride) {
+  constexpr int kTileHeads = 8;
+  const size_t hd = 16 * static_cast<size_t>(nv);
+  alignas(32) float tile[kTileHeads][8][8];  // [head][token][a0 + a1 lanes]
+  for (size_t t0 = 0; t0 < n; t0 += 8) {
+    const int tn = static_cast<int>(std::min<size_t>(8, n - t0));
+    for (int h0 = 0; h0 < heads; h0 += kTileHeads) {
+      const int hn = std::min(kTileHeads, heads - h0);
+      if (tn < 8) std::memset(tile, 0, sizeof(tile));
+      for (int t = 0; t < tn; ++t) {
+        const uint8_t* kt = k + (t0 + static_cast<size_t>(t)) * vb;
+        if (h0 == 0) PrefetchVector(kt, vb);
+        if constexpr (kV > 0) {
+          __m512 kx[kV];
+          for (int i = 0; i < kV; ++i) kx[i] = LoadHalf16(kt + 32 * i);
+          for (int h = 0; h < hn; ++h) {
+            const float* qh = q + static_cast<size_t>(h0 + h) * hd;
+            __m512 p = _mm512_setzero_ps();
+            for (int i = 0; i < kV; ++i) p = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kx[i], p);
+            StoreHalves(p, tile[h][t]);
+          }
+        } else {
+          for (int h = 0; h < hn; ++h) {
+            const float* qh = q + static_cast<size_t>(h0 + h) * hd;
+            __m512 p = _mm512_setzero_ps();
+            for (int i = 0; i < nv; ++i) p = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), LoadHalf16(kt + 32 * i), p);
+            StoreHalves(p, tile[h][t]);
+          }
+        }
+      }
+      for (int h = 0; h < hn; ++h) {
+        const __m256 r = ReduceTile8(tile[h]);
+        float* out = scores + static_cast<size_t>(h0 + h) * stride + t0;
+        if (tn == 8) {
+          _mm256_storeu_ps(out, r);
+        } else {
+          alignas(32) float tmp[8];
+          _mm256_store_ps(tmp, r);
+          std::memcpy(out, tmp, sizeof(float) * static_cast<size_t>(tn));
+        }
+      }
+    }
+  }
+}
+
+void DotF16GroupAvx512Any(const float* q, int heads, const uint8_t* k, size_t n, size_t vb, int nv,
+                          float* scores, size_t stride) {
+  switch (nv) {
+    case 1: return DotF16GroupAvx512<1>(q, heads, k, n, vb, nv, scores, stride);
+    case 2: return DotF16GroupAvx512<2>(q, heads, k, n, vb, nv, scores, stride);
+    case 3: return DotF16GroupAvx512<3>(q, heads, k, n, vb, nv, scores, stride);
+    case 4: return DotF16GroupAvx512<4>(q, heads, k, n, vb, nv, scores, stride);
+    case 5: return DotF16GroupAvx512<5>(q, heads, k, n, vb, nv, scores, stride);
+    case 6: return DotF16GroupAvx512<6>(q, heads, k, n, vb, nv, scores, stride);
+    case 7: return DotF16GroupAvx512<7>(q, heads, k, n, vb, nv, scores, stride);
+    case 8: return DotF16GroupAvx512<8>(q, heads, k, n, vb, nv, scores, stride);
+    default: return DotF16GroupAvx512<0>(q, heads, k, n, vb, nv, scores, stride);
+  }
+}
+
+// acc[h][16 * i ...] += w[h * w_stride + t] * v_t for kH heads, kV 16-float vectors of
+// each accumulator (held in registers over all n tokens), tokens in order.
+template <int kV, int kH>
+TIERKV_AVX512 void AccumulateF16TileAvx512(const float* w, size_t w_stride, const uint8_t* v, size_t n, size_t vb,
+                                           float* acc, size_t hd) {
+  __m512 a[kH][kV];
+  for (int h = 0; h < kH; ++h) {
+    for (int i = 0; i < kV; ++i) a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
+  }
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t* vt = v + t * vb;
+    PrefetchVector(vt, 32 * kV);
+    __m512 x[kV];
+    for (int i = 0; i < kV; ++i) x[i] = LoadHalf16(vt + 32 * i);
+    for (int h = 0; h < kH; ++h) {
+      const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
+      for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, x[i], a[h][i]);
+    }
+  }
+  for (int h = 0; h < kH; ++h) {
+    for (int i = 0; i < kV; ++i) _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
+  }
+}
+
+// All heads over dims [0, 16 * kV) of v and acc (the caller offsets both).
+template <int kV>
+void AccumulateF16ChunkAvx512(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t n, size_t vb,
+                              float* acc, size_t hd) {
+  constexpr int kMaxHeads = 16 / kV;  // at most 16 accumulators in registers
+  int h = 0;
+  if constexpr (kMaxHeads >= 4) {
+    for (; h + 4 <= heads; h += 4) {
+      AccumulateF16TileAvx512<kV, 4>(w + static_cast<size_t>(h) * w_stride, w_stride, v, n, vb,
+                                     acc + static_cast<size_t>(h) * hd, hd);
+    }
+  }
+  for (; h + 2 <= heads; h += 2) {
+    AccumulateF16TileAvx512<kV, 2>(w + static_cast<size_t>(h) * w_stride, w_stride, v, n, vb,
+                                   acc + static_cast<size_t>(h) * hd, hd);
+  }
+  for (; h < heads; ++h) {
+    AccumulateF16TileAvx512<kV, 1>(w + static_cast<size_t>(h) * w_stride, w_stride, v, n, vb,
+                                   acc + static_cast<size_t>(h) * hd, hd);
+  }
+}
+
+// Dims are independent, so chunks of up to 128 of them run one after the other.
+void AccumulateF16GroupAvx512(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t n, size_t vb,
+                              int nv, float* acc) {
+  const size_t hd = 16 * static_cast<size_t>(nv);
+  for (int d0 = 0; d0 < nv; d0 += 8) {
+    const uint8_t* vc = v + 32 * static_cast<size_t>(d0);
+    float* ac = acc + 16 * static_cast<size_t>(d0);
+    switch (std::min(8, nv - d0)) {
+      case 1: AccumulateF16ChunkAvx512<1>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      case 2: AccumulateF16ChunkAvx512<2>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      case 3: AccumulateF16ChunkAvx512<3>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      case 4: AccumulateF16ChunkAvx512<4>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      case 5: AccumulateF16ChunkAvx512<5>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      case 6: AccumulateF16ChunkAvx512<6>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      case 7: AccumulateF16ChunkAvx512<7>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+      default: AccumulateF16ChunkAvx512<8>(w, w_stride, heads, vc, n, vb, ac, hd); break;
+    }
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 TIERKV_AVX2 void DecodeQ8Avx2(const uint8_t* in, int nb, float* out) {
   for (int b = 0; b < nb; ++b, in += kQ8Bytes, out += kQBlock) {
@@ -295,6 +510,7 @@ class F16Codec final : public VectorCodec {
     if (UseAvx2Kernels()) {
       k_ = {DotF16Avx2, AccumulateF16Avx2};
       avx2_ = true;
+      avx512_ = codec_internal::UseAvx512Kernels() && head_dim % 16 == 0;
       return;
     }
 #endif
@@ -324,18 +540,45 @@ class F16Codec final : public VectorCodec {
     if (out != acc) std::memcpy(out, acc, sizeof(float) * head_dim());
   }
   void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override {
-    const auto* p = static_cast<const uint8_t*>(k_enc);
-    for (size_t i = 0; i < n; ++i) scores[i] = k_.dot(q_prep, p + i * vector_bytes(), head_dim());
+    DotManyGroup(q_prep, 1, k_enc, n, scores, n);
   }
   void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override {
-    const auto* p = static_cast<const uint8_t*>(v_enc);
-    for (size_t i = 0; i < n; ++i) k_.accumulate(w[i], p + i * vector_bytes(), head_dim(), acc);
+    AccumulateManyGroup(w, n, 1, v_enc, n, acc);
   }
-  const char* kernel_name() const override { return avx2_ ? "avx2" : "generic"; }
+  void DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
+                    size_t scores_stride) const override {
+    const auto* p = static_cast<const uint8_t*>(k_enc);
+#if defined(TIERKV_CODEC_X86)
+    if (avx512_) {
+      return DotF16GroupAvx512Any(q_prep, heads, p, n, vector_bytes(), head_dim() / 16, scores, scores_stride);
+    }
+#endif
+    const size_t hd = static_cast<size_t>(head_dim());
+    for (int h = 0; h < heads; ++h) {
+      float* s = scores + static_cast<size_t>(h) * scores_stride;
+      for (size_t i = 0; i < n; ++i) s[i] = k_.dot(q_prep + h * hd, p + i * vector_bytes(), head_dim());
+    }
+  }
+  void AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
+                           float* acc) const override {
+    const auto* p = static_cast<const uint8_t*>(v_enc);
+#if defined(TIERKV_CODEC_X86)
+    if (avx512_) {
+      return AccumulateF16GroupAvx512(w, w_stride, heads, p, n, vector_bytes(), head_dim() / 16, acc);
+    }
+#endif
+    const size_t hd = static_cast<size_t>(head_dim());
+    for (int h = 0; h < heads; ++h) {
+      const float* wh = w + static_cast<size_t>(h) * w_stride;
+      for (size_t i = 0; i < n; ++i) k_.accumulate(wh[i], p + i * vector_bytes(), head_dim(), acc + h * hd);
+    }
+  }
+  const char* kernel_name() const override { return avx512_ ? "avx512" : avx2_ ? "avx2" : "generic"; }
 
  private:
   F16Kernels k_;
   bool avx2_ = false;
+  bool avx512_ = false;  // batched and grouped forms (head_dim % 16 == 0)
 };
 
 // ---- q8_0 -----------------------------------------------------------------------------
@@ -464,7 +707,32 @@ struct BlockKernels {
   void (*decode)(const uint8_t* in, int nb, float* out);
   float (*dot)(const float* q, const uint8_t* k, int nb);
   void (*accumulate)(float w, const uint8_t* v, int nb, float* acc);
+  // The same over n vectors of `stride` bytes, looped inside (one call per batch).
+  void (*dot_many)(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores);
+  void (*accumulate_many)(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc);
 };
+
+// The per-vector kernel inlined into a loop over the vectors: the same code per vector,
+// so the same bits, without a call per vector.
+template <float (*kDot)(const float*, const uint8_t*, int)>
+void DotManyLoop(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
+  for (size_t i = 0; i < n; ++i) scores[i] = kDot(q, k + i * stride, nb);
+}
+template <void (*kAcc)(float, const uint8_t*, int, float*)>
+void AccumulateManyLoop(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc) {
+  for (size_t i = 0; i < n; ++i) kAcc(w[i], v + i * stride, nb, acc);
+}
+#if defined(TIERKV_CODEC_X86)
+template <float (*kDot)(const float*, const uint8_t*, int)>
+TIERKV_AVX2 void DotManyLoopAvx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
+  for (size_t i = 0; i < n; ++i) scores[i] = kDot(q, k + i * stride, nb);
+}
+template <void (*kAcc)(float, const uint8_t*, int, float*)>
+TIERKV_AVX2 void AccumulateManyLoopAvx2(const float* w, const uint8_t* v, size_t n, size_t stride, int nb,
+                                        float* acc) {
+  for (size_t i = 0; i < n; ++i) kAcc(w[i], v + i * stride, nb, acc);
+}
+#endif
 
 class BlockCodec final : public VectorCodec {
  public:
@@ -478,15 +746,17 @@ class BlockCodec final : public VectorCodec {
 #if defined(TIERKV_CODEC_X86)
     if (UseAvx2Kernels()) {
       avx2_ = true;
-      k_ = q8 ? BlockKernels{EncodeQ8BlockAvx2, DecodeQ8Avx2,
-                             DotQ8Avx2, AccumulateQ8Avx2}
-              : BlockKernels{EncodeQ4Block, DecodeQ4Avx2,
-                             DotQ4Avx2, AccumulateQ4Avx2};
+      k_ = q8 ? BlockKernels{EncodeQ8BlockAvx2, DecodeQ8Avx2, DotQ8Avx2, AccumulateQ8Avx2,
+                             DotManyLoopAvx2<DotQ8Avx2>, AccumulateManyLoopAvx2<AccumulateQ8Avx2>}
+              : BlockKernels{EncodeQ4Block, DecodeQ4Avx2, DotQ4Avx2, AccumulateQ4Avx2,
+                             DotManyLoopAvx2<DotQ4Avx2>, AccumulateManyLoopAvx2<AccumulateQ4Avx2>};
       return;
     }
 #endif
-    k_ = q8 ? BlockKernels{EncodeQ8Block, DecodeQ8Generic, DotQ8Generic, AccumulateQ8Generic}
-            : BlockKernels{EncodeQ4Block, DecodeQ4Generic, DotQ4Generic, AccumulateQ4Generic};
+    k_ = q8 ? BlockKernels{EncodeQ8Block, DecodeQ8Generic, DotQ8Generic, AccumulateQ8Generic,
+                           DotManyLoop<DotQ8Generic>, AccumulateManyLoop<AccumulateQ8Generic>}
+            : BlockKernels{EncodeQ4Block, DecodeQ4Generic, DotQ4Generic, AccumulateQ4Generic,
+                           DotManyLoop<DotQ4Generic>, AccumulateManyLoop<AccumulateQ4Generic>};
   }
 
   void Encode(const float* x, void* out) const override {
@@ -509,12 +779,10 @@ class BlockCodec final : public VectorCodec {
     if (out != acc) std::memcpy(out, acc, sizeof(float) * head_dim());
   }
   void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override {
-    const auto* p = static_cast<const uint8_t*>(k_enc);
-    for (size_t i = 0; i < n; ++i) scores[i] = k_.dot(q_prep, p + i * vector_bytes(), nb_);
+    k_.dot_many(q_prep, static_cast<const uint8_t*>(k_enc), n, vector_bytes(), nb_, scores);
   }
   void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override {
-    const auto* p = static_cast<const uint8_t*>(v_enc);
-    for (size_t i = 0; i < n; ++i) k_.accumulate(w[i], p + i * vector_bytes(), nb_, acc);
+    k_.accumulate_many(w, static_cast<const uint8_t*>(v_enc), n, vector_bytes(), nb_, acc);
   }
   void DecodeMany(const void* in, size_t n, float* out) const override {
     k_.decode(static_cast<const uint8_t*>(in), static_cast<int>(n) * nb_, out);

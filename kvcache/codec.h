@@ -98,7 +98,19 @@ class VectorCodec {
   virtual void EncodeMany(const float* x, size_t n, void* out) const;
   virtual void DecodeMany(const void* in, size_t n, float* out) const;
 
-  // Which inner loops run: "avx2" (AVX2+FMA+F16C, chosen at run time) or "generic".
+  // Grouped forms, for grouped-query attention: `heads` query heads against the same n
+  // consecutive encoded vectors, each vector read once for all of them. Per head,
+  // bit-identical to DotMany / AccumulateMany (so to the single-vector calls).
+  // q_prep: [heads][head_dim]; scores: [heads][scores_stride], the first n of each row.
+  virtual void DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n,
+                            float* scores, size_t scores_stride) const;
+  // w: [heads][w_stride], the first n of each row; acc: [heads][head_dim].
+  virtual void AccumulateManyGroup(const float* w, size_t w_stride, int heads,
+                                   const void* v_enc, size_t n, float* acc) const;
+
+  // Which inner loops run: "avx512" (f16 only: its batched and grouped forms use
+  // AVX-512F, the single-vector calls AVX2), "avx2" (AVX2+FMA+F16C, chosen at run time)
+  // or "generic".
   virtual const char* kernel_name() const = 0;
 
  protected:
@@ -223,6 +235,10 @@ Result<std::unique_ptr<VectorCodec>> CreateTqCodec(KvCodec codec, int head_dim,
 void ForceGenericKernels(bool force);
 // True when codecs created now get the AVX2+FMA+F16C kernels.
 bool UseAvx2Kernels();
+// Keeps AVX-512 out of codecs created afterwards (tests compare with the AVX2 kernels).
+void ForceNoAvx512Kernels(bool force);
+// True when codecs created now may use AVX-512F (and the AVX2 kernels).
+bool UseAvx512Kernels();
 
 }  // namespace codec_internal
 }  // namespace tierkv

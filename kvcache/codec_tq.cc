@@ -287,6 +287,9 @@ inline uint32_t LoadWord(const uint8_t* idx, int w, int bits) {
 struct TqKernels {
   float (*dot)(const TqView& v, const float* q, const uint8_t* p);
   void (*accumulate)(const TqView& v, float w, const uint8_t* p, float* acc);
+  // The same over n vectors of `stride` bytes, looped inside (one call per batch).
+  void (*dot_many)(const TqView& v, const float* q, const uint8_t* p, size_t n, size_t stride, float* scores);
+  void (*accumulate_many)(const TqView& v, const float* w, const uint8_t* p, size_t n, size_t stride, float* acc);
 };
 
 template <int kBits>
@@ -316,6 +319,17 @@ void AccumulateTqGeneric(const TqView& v, float w, const uint8_t* p, float* acc)
       for (int j = 0; j < 8; ++j) acc[8 * i + j] += ws * h.centroids[(word >> (kBits * j)) & mask];
     }
   }
+}
+
+// The per-vector kernel inlined into a loop over the vectors: the same code per vector,
+// so the same bits, without a call per vector.
+template <float (*kDot)(const TqView&, const float*, const uint8_t*)>
+void DotManyLoop(const TqView& v, const float* q, const uint8_t* p, size_t n, size_t stride, float* scores) {
+  for (size_t i = 0; i < n; ++i) scores[i] = kDot(v, q, p + i * stride);
+}
+template <void (*kAcc)(const TqView&, float, const uint8_t*, float*)>
+void AccumulateManyLoop(const TqView& v, const float* w, const uint8_t* p, size_t n, size_t stride, float* acc) {
+  for (size_t i = 0; i < n; ++i) kAcc(v, w[i], p + i * stride, acc);
 }
 
 #if defined(TIERKV_CODEC_X86)
@@ -381,6 +395,16 @@ TIERKV_AVX2 void AccumulateTqAvx2(const TqView& v, float w, const uint8_t* p, fl
     }
   }
 }
+template <float (*kDot)(const TqView&, const float*, const uint8_t*)>
+TIERKV_AVX2 void DotManyLoopAvx2(const TqView& v, const float* q, const uint8_t* p, size_t n, size_t stride,
+                                 float* scores) {
+  for (size_t i = 0; i < n; ++i) scores[i] = kDot(v, q, p + i * stride);
+}
+template <void (*kAcc)(const TqView&, float, const uint8_t*, float*)>
+TIERKV_AVX2 void AccumulateManyLoopAvx2(const TqView& v, const float* w, const uint8_t* p, size_t n, size_t stride,
+                                        float* acc) {
+  for (size_t i = 0; i < n; ++i) kAcc(v, w[i], p + i * stride, acc);
+}
 #endif  // TIERKV_CODEC_X86
 
 // ---- the codec ------------------------------------------------------------------------
@@ -407,13 +431,17 @@ class TqCodec final : public VectorCodec {
 #if defined(TIERKV_CODEC_X86)
     if (codec_internal::UseAvx2Kernels()) {
       avx2_ = true;
-      k_ = bits == 4 ? TqKernels{DotTqAvx2<4>, AccumulateTqAvx2<4>}
-                     : TqKernels{DotTqAvx2<3>, AccumulateTqAvx2<3>};
+      k_ = bits == 4 ? TqKernels{DotTqAvx2<4>, AccumulateTqAvx2<4>, DotManyLoopAvx2<DotTqAvx2<4>>,
+                                 AccumulateManyLoopAvx2<AccumulateTqAvx2<4>>}
+                     : TqKernels{DotTqAvx2<3>, AccumulateTqAvx2<3>, DotManyLoopAvx2<DotTqAvx2<3>>,
+                                 AccumulateManyLoopAvx2<AccumulateTqAvx2<3>>};
       return;
     }
 #endif
-    k_ = bits == 4 ? TqKernels{DotTqGeneric<4>, AccumulateTqGeneric<4>}
-                   : TqKernels{DotTqGeneric<3>, AccumulateTqGeneric<3>};
+    k_ = bits == 4 ? TqKernels{DotTqGeneric<4>, AccumulateTqGeneric<4>, DotManyLoop<DotTqGeneric<4>>,
+                               AccumulateManyLoop<AccumulateTqGeneric<4>>}
+                   : TqKernels{DotTqGeneric<3>, AccumulateTqGeneric<3>, DotManyLoop<DotTqGeneric<3>>,
+                               AccumulateManyLoop<AccumulateTqGeneric<3>>};
   }
 
   void Encode(const float* x, void* out) const override;
@@ -434,12 +462,10 @@ class TqCodec final : public VectorCodec {
   }
   void FinishOutput(const float* acc, float* out) const override { rotation_.Inverse(acc, out); }
   void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override {
-    const auto* p = static_cast<const uint8_t*>(k_enc);
-    for (size_t i = 0; i < n; ++i) scores[i] = k_.dot(view_, q_prep, p + i * vector_bytes());
+    k_.dot_many(view_, q_prep, static_cast<const uint8_t*>(k_enc), n, vector_bytes(), scores);
   }
   void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override {
-    const auto* p = static_cast<const uint8_t*>(v_enc);
-    for (size_t i = 0; i < n; ++i) k_.accumulate(view_, w[i], p + i * vector_bytes(), acc);
+    k_.accumulate_many(view_, w, static_cast<const uint8_t*>(v_enc), n, vector_bytes(), acc);
   }
   const char* kernel_name() const override { return avx2_ ? "avx2" : "generic"; }
 

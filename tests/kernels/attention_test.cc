@@ -6,13 +6,16 @@
 // (FinishOutput) must give the same answer.
 #include "kernels/attention.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <atomic>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/thread_pool.h"
 
@@ -57,6 +60,33 @@ class F32Codec {
   float sign_;
 };
 static_assert(AttentionCodec<F32Codec>);
+
+// F32Codec with the grouped members (GroupedAttentionCodec), computed per head and token
+// in the same order as its DotMany / AccumulateMany; counts the heads of each call.
+class GroupedF32Codec : public F32Codec {
+ public:
+  using F32Codec::F32Codec;
+  void DotManyGroup(const float* q, int heads, const void* k, size_t n, float* s, size_t stride) const {
+    last_heads = heads;
+    ++group_calls;
+    for (int h = 0; h < heads; ++h) DotMany(q + h * head_dim(), k, n, s + h * stride);
+  }
+  void AccumulateManyGroup(const float* w, size_t stride, int heads, const void* v, size_t n, float* acc) const {
+    last_heads = heads;
+    ++group_calls;
+    // Token-major, like a kernel that reads each V vector once for every head.
+    const auto* vf = static_cast<const float*>(v);
+    for (size_t j = 0; j < n; ++j) {
+      for (int h = 0; h < heads; ++h) {
+        for (int i = 0; i < head_dim(); ++i) acc[h * head_dim() + i] += w[h * stride + j] * vf[j * head_dim() + i];
+      }
+    }
+  }
+  mutable std::atomic<int> group_calls{0};
+  mutable std::atomic<int> last_heads{0};
+};
+static_assert(GroupedAttentionCodec<GroupedF32Codec>);
+static_assert(!GroupedAttentionCodec<F32Codec>);
 
 struct Fixture {
   int n_heads = 8, n_kv = 2, hd = 32, block_tokens = 16, n_tokens = 75;
@@ -132,7 +162,8 @@ struct Fixture {
   }
 };
 
-std::vector<float> RunAttention(const F32Codec& codec, const Fixture& f, const AttentionParams& p,
+template <typename Codec>
+std::vector<float> RunAttention(const Codec& codec, const Fixture& f, const AttentionParams& p,
                                 const std::vector<int>& batch_sizes, ThreadPool* pool) {
   AttentionState st;
   AttentionBegin(codec, p, f.q.data(), &st);
@@ -146,7 +177,8 @@ std::vector<float> RunAttention(const F32Codec& codec, const Fixture& f, const A
   return out;
 }
 
-std::vector<float> RunTwoPass(const F32Codec& codec, const Fixture& f, const AttentionParams& p,
+template <typename Codec>
+std::vector<float> RunTwoPass(const Codec& codec, const Fixture& f, const AttentionParams& p,
                               const std::vector<int>& batch_sizes, ThreadPool* pool) {
   AttentionState st;
   AttentionBegin(codec, p, f.q.data(), &st);
@@ -276,6 +308,134 @@ TEST(AttentionTest, SoftmaxSumFollowsGgmlOrder) {
   x[16] = 0x1p-24f;  // next chunk: added in double
   EXPECT_EQ(attention_internal::SumLikeGgml(x.data(), 20), 1.0 + 0x1p-24);
   EXPECT_EQ(attention_internal::SumLikeGgml(x.data(), 16), 1.0);
+}
+
+// A codec with grouped members gets one call per KV head and block with all the query
+// heads of the group, and the same bits as per-head calls, in both forms.
+TEST(AttentionTest, GroupedCodecGivesPerHeadBits) {
+  F32Codec plain(32);
+  GroupedF32Codec grouped(32);
+  Fixture f;
+  f.n_tokens = 300;
+  f.Build(plain, 11);
+  ThreadPool pool(2);
+  for (bool two_pass : {false, true}) {
+    AttentionParams p = f.Params(299);
+    p.round_query_f16 = p.round_weights_f16 = two_pass;
+    const std::vector<float> want = two_pass ? RunTwoPass(plain, f, p, {19}, nullptr) : RunAttention(plain, f, p, {19}, nullptr);
+    grouped.group_calls = 0;
+    const std::vector<float> got =
+        two_pass ? RunTwoPass(grouped, f, p, {7, 12}, &pool) : RunAttention(grouped, f, p, {7, 12}, &pool);
+    EXPECT_EQ(got, want) << (two_pass ? "two-pass" : "online");
+    EXPECT_EQ(grouped.last_heads.load(), f.n_heads / f.n_kv);
+    EXPECT_EQ(grouped.group_calls.load(), 2 * f.n_kv * 19);  // K and V, per KV head and block
+  }
+}
+
+// Enough work for every pass to fork (the smaller fixtures stay below the threshold):
+// any thread count, any batching, the same bits; GQA groups of 1, 2 and 4.
+TEST(AttentionTest, LargeBatchingAndThreadsAreBitIdentical) {
+  for (int n_kv : {8, 4, 2}) {
+    F32Codec codec(64);
+    Fixture f;
+    f.n_kv = n_kv;
+    f.hd = 64;
+    f.n_tokens = 1500;
+    f.block_tokens = 32;
+    f.Build(codec, 12 + n_kv);
+    const int blocks = (f.n_tokens + f.block_tokens - 1) / f.block_tokens;  // 47
+    ThreadPool two(2), five(5);
+    for (bool two_pass : {false, true}) {
+      SCOPED_TRACE(std::to_string(n_kv) + (two_pass ? " kv heads, two-pass" : " kv heads, online"));
+      AttentionParams p = f.Params(1400);
+      p.round_query_f16 = p.round_weights_f16 = two_pass;
+      auto run = [&](const std::vector<int>& batches, ThreadPool* pool) {
+        return two_pass ? RunTwoPass(codec, f, p, batches, pool) : RunAttention(codec, f, p, batches, pool);
+      };
+      const std::vector<float> all = run({blocks}, nullptr);
+      EXPECT_EQ(run({blocks}, &two), all);
+      EXPECT_EQ(run({blocks}, &five), all);
+      EXPECT_EQ(run({3, 40, 4}, &five), all);
+      EXPECT_EQ(run(std::vector<int>(blocks, 1), &two), all);
+    }
+  }
+}
+
+// The vectorised exp is std::exp's bits on a sweep of every 4099th float (all exponents,
+// both signs, NaN and inf), and on the special-case edges.
+TEST(AttentionTest, VectorExpIsStdExpBitForBit) {
+  if (!attention_internal::UseVectorExp()) GTEST_SKIP() << "no AVX-512 (or a libm the vector exp does not match)";
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (float edge : {-0x1.9d1d9ep6f, -0x1.9fe368p6f, 0x1.62e42ep6f, 88.0f, -88.0f, -87.5f, 0.0f, -0.0f}) {
+    for (int i = -3; i <= 3; ++i) x.push_back(std::bit_cast<float>(std::bit_cast<uint32_t>(edge) + i));
+  }
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(std::numeric_limits<float>::infinity());
+  std::vector<float> got(x.size());
+  attention_internal::ExpShifted(x.data(), 0.0f, static_cast<int64_t>(x.size()), got.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(x[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got[i])) << x[i];
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << std::hexfloat << x[i];
+    }
+  }
+  // With a shift, as the softmax calls it (x - max in f32 first).
+  std::vector<float> y = {1.5f, -3.25f, 7.0f, 0.1f};
+  std::vector<float> e(y.size());
+  attention_internal::ExpShifted(y.data(), 7.0f, 4, e.data());
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(e[i], std::exp(y[i] - 7.0f));
+}
+
+// The AVX-512 softmax row (max, exp, ggml-order sum, normalise, f16 rounding) is the
+// scalar one, bit for bit: every length up to 70 (tails of the 16-lane chunks) and long
+// rows, peaky and flat scores, with and without f16 rounding.
+TEST(AttentionTest, VectorSoftmaxRowIsScalarBitForBit) {
+  if (!attention_internal::UseVectorExp()) GTEST_SKIP() << "no AVX-512 (or a libm the vector exp does not match)";
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<int64_t> lengths;
+  for (int64_t n = 0; n <= 70; ++n) lengths.push_back(n);
+  for (int64_t n : {1000, 4097, 65537}) lengths.push_back(n);
+  for (int64_t n : lengths) {
+    for (float spread : {0.1f, 8.0f, 60.0f}) {
+      std::vector<float> row(static_cast<size_t>(n));
+      for (float& v : row) v = spread * normal(rng);
+      for (bool round : {false, true}) {
+        std::vector<float> a = row, b = row;
+        const float ma = attention_internal::SoftmaxRowAvx512(a.data(), n, round);
+        const float mb = attention_internal::SoftmaxRowScalar(b.data(), n, round);
+        ASSERT_EQ(ma, mb) << n;
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(a[j]), std::bit_cast<uint32_t>(b[j]))
+              << "n " << n << " spread " << spread << " round " << round << " j " << j;
+        }
+      }
+    }
+  }
+}
+
+// Whole attention with the AVX-512 softmax and exp against the scalar ones (level capped).
+TEST(AttentionTest, SimdLevelDoesNotChangeBits) {
+  if (!attention_internal::UseVectorExp()) GTEST_SKIP() << "no AVX-512 (or a libm the vector exp does not match)";
+  F32Codec codec(32);
+  Fixture f;
+  f.n_tokens = 700;
+  f.Build(codec, 14);
+  for (bool two_pass : {false, true}) {
+    AttentionParams p = f.Params(650);
+    p.round_query_f16 = p.round_weights_f16 = two_pass;
+    const int blocks = (f.n_tokens + f.block_tokens - 1) / f.block_tokens;
+    const std::vector<float> fast = two_pass ? RunTwoPass(codec, f, p, {blocks}, nullptr)
+                                             : RunAttention(codec, f, p, {blocks}, nullptr);
+    ForceSimdLevel(SimdLevel::kAvx2);
+    const std::vector<float> scalar = two_pass ? RunTwoPass(codec, f, p, {blocks}, nullptr)
+                                               : RunAttention(codec, f, p, {blocks}, nullptr);
+    ForceSimdLevel(SimdLevel::kAvx512);
+    EXPECT_EQ(fast, scalar) << (two_pass ? "two-pass" : "online");
+  }
 }
 
 TEST(AttentionTest, SingleTokenReturnsItsValue) {

@@ -491,6 +491,96 @@ TEST(CodecFusedTest, UnalignedEncodedBytes) {
   }
 }
 
+// The grouped forms (several query heads against the same vectors, one read each) and
+// the batched forms give, per head and token, exactly the single-vector calls' bits:
+// every codec, head_dims that do and do not take the f16 AVX-512 path (multiples of 16,
+// and more than 128 values: the dims are chunked), head counts that do not fill a tile,
+// token counts around the 8-token tile, unaligned encoded bytes, row strides > n.
+void CheckGroupedAgainstSingle(KvCodec codec, int d) {
+  std::unique_ptr<VectorCodec> c = MakeCodec(codec, d);
+  ASSERT_NE(c, nullptr);
+  const size_t vb = c->vector_bytes();
+  constexpr int kMaxTokens = 37;
+  const std::vector<float> kv = RandomRows(kMaxTokens, d, 51 + d, true);
+  std::vector<uint8_t> enc(kMaxTokens * vb + 1);
+  uint8_t* base = enc.data() + 1;  // unaligned
+  c->EncodeMany(kv.data(), kMaxTokens, base);
+  for (int heads : {1, 2, 3, 5, 8, 9}) {
+    const std::vector<float> q = RandomRows(heads, d, 61 + heads, false);
+    std::vector<float> qp(q.size());
+    for (int h = 0; h < heads; ++h) c->PrepareQuery(&q[h * d], &qp[h * d]);
+    for (int n : {1, 7, 8, 9, 16, kMaxTokens}) {
+      SCOPED_TRACE(Name({codec, d}) + " heads " + std::to_string(heads) + " tokens " + std::to_string(n) + " " +
+                   c->kernel_name());
+      const size_t stride = static_cast<size_t>(n) + 3;
+      std::vector<float> scores(heads * stride, -7.0f);
+      c->DotManyGroup(qp.data(), heads, base, n, scores.data(), stride);
+      std::vector<float> w(heads * stride);
+      for (int h = 0; h < heads; ++h) {
+        for (int t = 0; t < n; ++t) {
+          const float want = c->Dot(&qp[h * d], base + t * vb);
+          ASSERT_EQ(std::bit_cast<uint32_t>(scores[h * stride + t]), std::bit_cast<uint32_t>(want)) << h << " " << t;
+          w[h * stride + t] = 0.01f + std::fabs(std::sin(static_cast<float>(h * 31 + t)));
+        }
+        ASSERT_EQ(scores[h * stride + n], -7.0f) << "wrote past the row";
+      }
+      std::vector<float> acc(static_cast<size_t>(heads) * d), want(acc.size());
+      for (size_t i = 0; i < acc.size(); ++i) acc[i] = want[i] = 0.5f * std::cos(static_cast<float>(i));
+      c->AccumulateManyGroup(w.data(), stride, heads, base, n, acc.data());
+      for (int h = 0; h < heads; ++h) {
+        for (int t = 0; t < n; ++t) c->Accumulate(w[h * stride + t], base + t * vb, &want[h * d]);
+      }
+      for (size_t i = 0; i < acc.size(); ++i) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(acc[i]), std::bit_cast<uint32_t>(want[i])) << i;
+      }
+      // The batched one-head forms are the same kernels.
+      std::vector<float> s1(n), a1(d, 0.25f), a2(d, 0.25f);
+      c->DotMany(qp.data(), base, n, s1.data());
+      for (int t = 0; t < n; ++t) ASSERT_EQ(std::bit_cast<uint32_t>(s1[t]), std::bit_cast<uint32_t>(scores[t]));
+      c->AccumulateMany(w.data(), base, n, a1.data());
+      for (int t = 0; t < n; ++t) c->Accumulate(w[t], base + t * vb, a2.data());
+      for (int i = 0; i < d; ++i) ASSERT_EQ(std::bit_cast<uint32_t>(a1[i]), std::bit_cast<uint32_t>(a2[i]));
+    }
+  }
+}
+
+TEST(CodecGroupTest, GroupedAndBatchedFormsMatchSingleVectorCalls) {
+  for (bool generic : {false, true}) {
+    ForceGenericKernels(generic);
+    for (int d : {8, 16, 32, 40, 48, 64, 128, 144, 256}) CheckGroupedAgainstSingle(KvCodec::kF16, d);
+    for (const CodecDim& cd : kAllCodecDims) CheckGroupedAgainstSingle(cd.codec, cd.head_dim);
+  }
+  ForceGenericKernels(false);
+}
+
+// The f16 AVX-512 forms give the AVX2 ones' bits (the single-vector calls are AVX2 in
+// both; this compares the batched kernels of the two families directly).
+TEST(CodecGroupTest, F16Avx512AndAvx2KernelsAgree) {
+  if (!codec_internal::UseAvx512Kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (int d : {16, 32, 64, 128, 256}) {
+    std::unique_ptr<VectorCodec> fast = MakeCodec(KvCodec::kF16, d);
+    codec_internal::ForceNoAvx512Kernels(true);
+    std::unique_ptr<VectorCodec> avx2 = MakeCodec(KvCodec::kF16, d);
+    codec_internal::ForceNoAvx512Kernels(false);
+    ASSERT_STREQ(fast->kernel_name(), "avx512");
+    ASSERT_STREQ(avx2->kernel_name(), "avx2");
+    const int n = 300, heads = 4;
+    const std::vector<float> kv = RandomRows(n, d, 71, true);
+    const std::vector<float> q = RandomRows(heads, d, 72, false);
+    std::vector<uint8_t> enc(n * fast->vector_bytes());
+    fast->EncodeMany(kv.data(), n, enc.data());
+    std::vector<float> s1(heads * n), s2(heads * n);
+    fast->DotManyGroup(q.data(), heads, enc.data(), n, s1.data(), n);
+    avx2->DotManyGroup(q.data(), heads, enc.data(), n, s2.data(), n);
+    EXPECT_EQ(s1, s2) << d;
+    std::vector<float> w(heads * n), a1(heads * d, 0.0f), a2(heads * d, 0.0f);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f / static_cast<float>(1 + i % 97);
+    fast->AccumulateManyGroup(w.data(), n, heads, enc.data(), n, a1.data());
+    avx2->AccumulateManyGroup(w.data(), n, heads, enc.data(), n, a2.data());
+    EXPECT_EQ(a1, a2) << d;
+  }
+}
+
 // q8_0 has its own AVX2 encoder: rounding ties, values one ulp either side of them,
 // NaN, inf and signed zeros must give the bytes the scalar (llama.cpp) code gives.
 TEST(CodecFusedTest, Q8_0EncodersAgreeOnTiesAndSpecials) {

@@ -12,6 +12,7 @@
 
 #include "bench/tools/fragbench.h"
 #include "bench/tools/probe.h"
+#include "runtime/cli/expertbench_command.h"
 #include "runtime/cli/info_command.h"
 #include "runtime/cli/run_command.h"
 #include "runtime/cli/session_command.h"
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   tierkv::AddInfoCommand(app, exit_code);
   tierkv::AddSessionCommand(app, exit_code);
   tierkv::AddRunCommand(app, exit_code);
+  tierkv::AddExpertbenchCommand(app, exit_code);
 
   tierkv::NormalizeLlamaFlags(argc, argv);
   try {

@@ -210,11 +210,21 @@ void MemoryManager::DropCopy(PageId p, Tier t) {
 
 void MemoryManager::SetInFlight(const std::vector<PageId>& pages, bool in_flight) {
   for (PageId p : pages) table_.at(p).state = in_flight ? PageState::kInFlight : PageState::kResident;
-  if (!in_flight) in_flight_cv_.notify_all();
+  if (!in_flight) {
+    landed_.fetch_add(1, std::memory_order_release);
+    in_flight_cv_.notify_all();
+  }
 }
 
 void MemoryManager::WaitNotInFlight(Lock& lock, PageId p) {
-  in_flight_cv_.wait(lock, [&] { return !table_.Contains(p) || !table_.at(p).in_flight(); });
+  auto done = [&] { return !table_.Contains(p) || !table_.at(p).in_flight(); };
+  if (done()) return;
+  // Spin (lock released) until some batch lands, then re-check; block after that.
+  const uint64_t seen = landed_.load(std::memory_order_acquire);
+  lock.unlock();
+  SpinFor([&] { return landed_.load(std::memory_order_acquire) != seen; });
+  lock.lock();
+  in_flight_cv_.wait(lock, done);
 }
 
 // ------------------------------------------------------------------------- copies
@@ -293,15 +303,32 @@ Status MemoryManager::AllocateFramesLocked(Lock& lock, Tier t, const std::vector
 
 Status MemoryManager::EvictLocked(Lock& lock, Tier t, uint64_t want_frames) {
   const std::optional<Tier> below = Below(t);
+  // A page a prefetch brought here and nobody has used yet is about to be used: evicting
+  // it would throw away the copy the prefetch paid for. Such pages are spared while
+  // fewer accesses than the tier has frames have happened since (a stale prediction
+  // then becomes an ordinary victim), unless nothing else can make room.
+  const uint64_t window = tiers_[TierIndex(t)].stats.frames;
+  bool spare_prefetched = true;
   auto accept = [&](PageId p) {
     const PageEntry& e = table_.at(p);
     if (e.in_flight()) return false;
     if (e.top() != t) return true;           // a redundant lower copy: drop it
     if (e.pins > 0) return false;            // pinned pages are never evicted
+    if (spare_prefetched && e.prefetched_at != 0 && access_tick_ + 1 - e.prefetched_at < window) return false;
     return below.has_value() || e.has_copy_below(t);  // the last copy on the last tier stays
   };
   std::vector<PageId> picked;
   policy_->PickVictims(t, static_cast<size_t>(want_frames), accept, &picked);
+  uint64_t found = 0;
+  for (PageId p : picked) found += table_.at(p).n_frames;
+  if (found < want_frames) {
+    spare_prefetched = false;
+    std::vector<PageId> more;
+    policy_->PickVictims(t, static_cast<size_t>(want_frames), accept, &more);
+    for (PageId p : more) {
+      if (std::find(picked.begin(), picked.end(), p) == picked.end()) picked.push_back(p);
+    }
+  }
   std::vector<PageId> demote;
   uint64_t freed = 0;
   for (PageId p : picked) {
@@ -519,6 +546,7 @@ Status MemoryManager::Free(PageId page) {
   PageEntry& e = table_.at(page);
   if (e.pins > 0) return Status::FailedPrecondition("free of page " + std::to_string(page.value) + " while pinned");
   for (int t = 0; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
+  policy_->OnFree(page);
   table_.Erase(page);
   return Status::Ok();
 }
@@ -540,6 +568,7 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
     TierStats& s = tiers_[TierIndex(tier)].stats;
     if (e.top() == tier) {
       if (!missed) ++s.hits;
+      e.prefetched_at = 0;
       ++e.pins;
       e.pin_tier = tier;
       ++e.accesses;
@@ -605,6 +634,13 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
     SetInFlight(todo, true);
     Status st = promote ? PromoteLocked(lock, todo, tier) : DemoteLocked(lock, todo, tier);
     SetInFlight(todo, false);
+    if (promote) {
+      for (PageId p : UniquePages(pages)) {
+        if (!table_.Contains(p)) continue;
+        PageEntry& e = table_.at(p);
+        if (TierIndex(e.top()) <= TierIndex(tier)) e.prefetched_at = access_tick_ + 1;
+      }
+    }
     return st.Annotate(std::string(promote ? "prefetch" : "demotion") + " to the " + TierName(tier) + " tier");
   });
 }
@@ -655,6 +691,13 @@ std::optional<Tier> MemoryManager::TopTier(PageId page) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!table_.Contains(page)) return std::nullopt;
   return table_.at(page).top();
+}
+
+bool MemoryManager::ResidentOrArriving(PageId page, Tier tier) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!table_.Contains(page)) return false;
+  const PageEntry& e = table_.at(page);
+  return e.top() == tier || e.in_flight();
 }
 
 size_t MemoryManager::live_pages() const {

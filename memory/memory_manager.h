@@ -31,6 +31,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -162,6 +163,9 @@ class MemoryManager {
   // A frame copy on `tier`, or for Disk also the backing.
   bool HasCopy(PageId page, Tier tier) const;
   std::optional<Tier> TopTier(PageId page) const;
+  // The page's top copy is on `tier`, or a move of it is in flight (a prefetch that
+  // will land): an Acquire now would not start a copy of its own.
+  bool ResidentOrArriving(PageId page, Tier tier) const;
   size_t live_pages() const;
 
   TierStats Stats(Tier tier) const;
@@ -220,6 +224,7 @@ class MemoryManager {
   const uint64_t frame_bytes_;
   mutable std::mutex mu_;
   std::condition_variable in_flight_cv_;  // signalled when pages leave the in-flight state
+  std::atomic<uint64_t> landed_{0};       // bumped with it, for spinning waiters
   std::array<TierState, kNumTiers> tiers_;  // GUARDED_BY(mu_) (backends: stream only)
   PageTable table_;                          // GUARDED_BY(mu_)
   std::unique_ptr<ResidencyPolicy> policy_;  // GUARDED_BY(mu_)

@@ -40,6 +40,9 @@ struct PageEntry {
   uint64_t source_key = 0;   // the page's key within its source
   uint64_t accesses = 0;     // lifetime uses
   uint64_t last_access = 0;  // access tick of the last use
+  // Access tick + 1 when a prefetch last brought or confirmed the page on its top tier;
+  // 0 once used (or never prefetched). Eviction spares such pages for a while.
+  uint64_t prefetched_at = 0;
 
   bool live() const { return n_frames != 0; }
   bool backed() const { return source >= 0; }

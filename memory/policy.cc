@@ -114,14 +114,18 @@ class DecayedLfuPolicy final : public ResidencyPolicy {
   void OnInsert(Tier t, PageId p) override {
     GrowTo(key_, static_cast<size_t>(p.value) + 1, 0.0);
     GrowTo<uint8_t>(tiers_, static_cast<size_t>(p.value) + 1, 0);
-    // A page new to every tier starts as if accessed once now.
-    if (tiers_[p.value] == 0) key_[p.value] = Weight();
+    // A page arriving from outside the arenas counts as accessed once now, on top of
+    // what it earned before it was dropped (0 for a new page).
+    if (tiers_[p.value] == 0) key_[p.value] += Weight();
     tiers_[p.value] |= static_cast<uint8_t>(1u << TierIndex(t));
     heaps_[TierIndex(t)].Push(p, key_);
   }
   void OnRemove(Tier t, PageId p) override {
     heaps_[TierIndex(t)].Erase(p, key_);
     tiers_[p.value] &= static_cast<uint8_t>(~(1u << TierIndex(t)));
+  }
+  void OnFree(PageId p) override {
+    if (p.value < key_.size()) key_[p.value] = 0.0;
   }
   void OnAccess(PageId p) override {
     if (p.value >= tiers_.size() || tiers_[p.value] == 0) return;

@@ -3,7 +3,9 @@
 // Residency policies: which copy to evict from a full tier. Each tier's policy state
 // holds the pages that have a copy on that tier; accesses are global to the page.
 //   - decayed LFU (default): score(p) = sum over accesses i of 2^(-(now - t_i) / H),
-//     H = half_life accesses. Kept as key(p) = sum 2^(t_i / H) (the same order, no
+//     H = half_life accesses. A page keeps its score while it has no copy anywhere in
+//     the arenas (a backed page dropped to its source), so a returning page competes
+//     with its history, not as a newcomer; the score is forgotten when it is freed. Kept as key(p) = sum 2^(t_i / H) (the same order, no
 //     per-tick decay pass), in an indexed min-heap per tier; keys are rescaled when
 //     the exponent grows large. Access O(log n), victim O(log n).
 //   - LRU: an intrusive list per tier. Access O(1), victim O(1).
@@ -49,6 +51,8 @@ class ResidencyPolicy {
   // only when present.
   virtual void OnInsert(Tier t, PageId p) = 0;
   virtual void OnRemove(Tier t, PageId p) = 0;
+  // p was freed (its id may be reused): forget its history.
+  virtual void OnFree(PageId p) {}
   // p was used (counts for every tier p is on).
   virtual void OnAccess(PageId p) = 0;
   // Appends to *out up to `max` pages of tier t, best victim first, among those for

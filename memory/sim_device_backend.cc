@@ -47,8 +47,15 @@ class SimDeviceBackend final : public TierBackend {
       total += op.bytes;
     }
     if (gbps_ > 0) {
+      // Sleep for the bulk, spin for the last stretch: a timed sleep overshoots by tens
+      // of microseconds (timer slack, VM timers), which would stretch every small batch
+      // far past bytes / bandwidth. The spinning thread is the copy engine's own.
       const auto budget = std::chrono::duration<double>(static_cast<double>(total) / (gbps_ * 1e9));
-      std::this_thread::sleep_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(budget));
+      const auto deadline = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(budget);
+      const auto margin = std::chrono::microseconds(100);
+      if (deadline - std::chrono::steady_clock::now() > margin) std::this_thread::sleep_until(deadline - margin);
+      while (std::chrono::steady_clock::now() < deadline) {
+      }
     }
     return Status::Ok();
   }

@@ -6,7 +6,10 @@
 
 namespace tierkv {
 
-Ticket::Ticket() : s_(std::make_shared<Shared>()) { s_->state = TicketState::kReady; }
+Ticket::Ticket() : s_(std::make_shared<Shared>()) {
+  s_->state = TicketState::kReady;
+  s_->done.store(true);
+}
 
 Ticket Ticket::Pending() { return Ticket(std::make_shared<Shared>()); }
 
@@ -16,6 +19,7 @@ TicketState Ticket::state() const {
 }
 
 Status Ticket::Wait() const {
+  SpinFor([&] { return s_->done.load(std::memory_order_acquire); });
   std::unique_lock<std::mutex> lock(s_->mu);
   s_->cv.wait(lock, [&] { return s_->state != TicketState::kPending; });
   return s_->status;
@@ -32,6 +36,7 @@ void Ticket::Complete(Status status) const {
     assert(s_->state == TicketState::kPending && "ticket completed twice");
     s_->state = status.ok() ? TicketState::kReady : TicketState::kFailed;
     s_->status = std::move(status);
+    s_->done.store(true, std::memory_order_release);
   }
   s_->cv.notify_all();
 }
@@ -51,6 +56,7 @@ void Stream::Enqueue(std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
+    queued_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
 }
@@ -64,12 +70,14 @@ Ticket Stream::Record() {
 void Stream::Run() {
   for (;;) {
     std::function<void()> task;
+    SpinFor([&] { return queued_.load(std::memory_order_acquire) > 0; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stop_ and drained
       task = std::move(queue_.front());
       queue_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     const auto t0 = std::chrono::steady_clock::now();
     task();

@@ -104,6 +104,9 @@ struct ModelOptions {
   // for the current hidden state), and attention fetches batch b + 1 while batch b
   // computes. Off: every page is fetched when it is needed.
   bool prefetch = true;
+  // The prediction of the next layer's experts takes the router's top
+  // n_expert_used + predict_extra (more copies, fewer misses); -1 = n_expert_used / 2.
+  int predict_extra = -1;
 };
 
 // One routing decision of a MoE layer (traces for the expert-paging benchmark).
@@ -119,13 +122,15 @@ struct DecodeCounters {
   uint64_t steps = 0;
   double step_s = 0;  // wall time inside Forward
   double wait_s = 0;  // of which blocked acquiring pages (waiting for copies)
+  double kv_wait_s = 0, weight_wait_s = 0, expert_wait_s = 0;  // wait_s by kind of page
   // Acquires on the compute tier and how many found the page there (or in flight
   // from a prefetch): KV blocks, weight pages (per layer and output), experts.
   uint64_t kv_acquires = 0, kv_hits = 0;
   uint64_t weight_acquires = 0, weight_hits = 0;
   uint64_t expert_acquires = 0, expert_hits = 0;
-  // Expert predictions made for layer l + 1 and how many of them the router chose.
-  uint64_t experts_predicted = 0, experts_predicted_used = 0;
+  // Experts chosen in layers that had a prediction, and how many of them were among
+  // the predicted ones (the prediction's recall).
+  uint64_t experts_chosen_predicted = 0, experts_chosen_in_prediction = 0;
   // Page ids queued for prefetch (KV blocks, weights and experts).
   uint64_t prefetched_pages = 0;
 };
@@ -152,6 +157,8 @@ class Model {
   bool uses_memory() const { return mm_ != nullptr; }
   // The largest page UseMemory would make: the compute tier must hold at least this.
   uint64_t LargestWeightPage();
+  // The frames all weight pages take, in bytes, for frames of frame_bytes.
+  uint64_t WeightPageBytes(uint64_t frame_bytes);
 
   // A weight page's contents: parts copied out of the mapping (internal; public for the
   // page source).
@@ -182,6 +189,9 @@ class Model {
   struct Scratch;
 
   Model(std::shared_ptr<const GgufFile> file, ModelConfig cfg, ModelOptions options);
+  // KV batches in flight ahead of the one attention computes: the copy stream keeps
+  // working through a batch's compute even when a batch copies slower than it computes.
+  static constexpr int kKvLookahead = 2;
   Status BindWeights();
   struct WeightPage {
     std::string what;  // for messages: "layer 3's weights", "expert 5 of layer 2"
@@ -195,7 +205,7 @@ class Model {
   Status Moe(const Layer& L, int layer, int pos);
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
   Status AcquireLayer(int layer, Layer* out);
-  Result<Pin> AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits);
+  Result<Pin> AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits, double* wait);
   // Queues what layer `next` needs (weights, first KV batch, predicted experts).
   void PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos);
   int KvBatchBlocks(KvCache& cache, int n_blocks) const;

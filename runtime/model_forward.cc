@@ -121,7 +121,8 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
   if (!logits.empty()) {
     kernels::MatrixView output = w_->output;
     if (mm_ != nullptr) {
-      auto pin = AcquireCounted(output_page_, &counters_.weight_acquires, &counters_.weight_hits);
+      auto pin = AcquireCounted(output_page_, &counters_.weight_acquires, &counters_.weight_hits,
+                                &counters_.weight_wait_s);
       if (!pin.ok()) return pin.status().Annotate("output weights");
       output.data = pin->data();
       s.pins.push_back(std::move(pin).value());
@@ -159,24 +160,49 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   const std::vector<int32_t>& predicted =
       options_.prefetch && static_cast<size_t>(layer) < predicted_.size() ? predicted_[static_cast<size_t>(layer)] : kNone;
   if (!predicted.empty()) {
-    counters_.experts_predicted += predicted.size();
-    for (int32_t p : predicted) {
-      counters_.experts_predicted_used += std::count(s.expert_ids.begin(), s.expert_ids.end(), p) > 0 ? 1 : 0;
+    counters_.experts_chosen_predicted += s.expert_ids.size();
+    for (int e : s.expert_ids) {
+      counters_.experts_chosen_in_prediction += std::count(predicted.begin(), predicted.end(), e) > 0 ? 1 : 0;
     }
   }
   if (route_trace_ != nullptr) {
     route_trace_->push_back({pos, layer, std::vector<int32_t>(s.expert_ids.begin(), s.expert_ids.end()),
                              predicted});
   }
-  std::fill(s.moe_out.begin(), s.moe_out.end(), 0.0f);
-  for (int i = 0; i < c.n_expert_used; ++i) {
+  // Paged: a hit is an expert already on the compute tier (or arriving from the
+  // prediction made a layer earlier). The others are queued now, one copy each in router
+  // order, and the experts compute hits first so those copies run meanwhile. Each
+  // expert's output has its own row and the rows are summed in router order, so the
+  // result does not depend on the compute order.
+  std::vector<int>& order = s.expert_order;
+  order.clear();
+  if (mm_ != nullptr) {
+    std::vector<int> misses;
+    for (int i = 0; i < c.n_expert_used; ++i) {
+      const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + s.expert_ids[static_cast<size_t>(i)])];
+      ++counters_.expert_acquires;
+      if (mm_->ResidentOrArriving(page, weight_tier_)) {
+        ++counters_.expert_hits;
+        order.push_back(i);
+      } else {
+        if (options_.prefetch) (void)mm_->Prefetch({page}, weight_tier_);
+        misses.push_back(i);
+      }
+    }
+    order.insert(order.end(), misses.begin(), misses.end());
+  } else {
+    for (int i = 0; i < c.n_expert_used; ++i) order.push_back(i);
+  }
+  const size_t n_embd = static_cast<size_t>(c.n_embd);
+  s.expert_out.resize(static_cast<size_t>(c.n_expert_used) * n_embd);
+  for (int i : order) {
     const int e = s.expert_ids[static_cast<size_t>(i)];
-    const float w = s.expert_weights[static_cast<size_t>(i)];
     MatrixView gate = Expert(L.gate_exps, e), up = Expert(L.up_exps, e), down = Expert(L.down_exps, e);
     Pin pin;
     if (mm_ != nullptr) {
-      auto p = AcquireCounted(expert_pages_[static_cast<size_t>(layer * c.n_expert + e)], &counters_.expert_acquires,
-                              &counters_.expert_hits);
+      uint64_t acquires = 0, hits = 0;  // counted above, before the copies were queued
+      auto p = AcquireCounted(expert_pages_[static_cast<size_t>(layer * c.n_expert + e)], &acquires, &hits,
+                              &counters_.expert_wait_s);
       if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
       pin = std::move(p).value();
       const std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(layer)];
@@ -188,16 +214,21 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
     kernels::MatVecMany(gu, pool_.get());
     kernels::SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), c.n_ff_exp);
     s.act2.Set(s.gate.data(), c.n_ff_exp);
-    kernels::MatVec(down, s.act2, s.proj.data(), pool_.get());
-    for (int d = 0; d < c.n_embd; ++d) s.moe_out[static_cast<size_t>(d)] += w * s.proj[static_cast<size_t>(d)];
+    kernels::MatVec(down, s.act2, s.expert_out.data() + static_cast<size_t>(i) * n_embd, pool_.get());
+  }
+  std::fill(s.moe_out.begin(), s.moe_out.end(), 0.0f);
+  for (int i = 0; i < c.n_expert_used; ++i) {
+    const float w = s.expert_weights[static_cast<size_t>(i)];
+    const float* row = s.expert_out.data() + static_cast<size_t>(i) * n_embd;
+    for (size_t d = 0; d < n_embd; ++d) s.moe_out[d] += w * row[d];
   }
   return Status::Ok();
 }
 
 // Attention of the query at `pos` over the sequence's blocks of `layer`, pinned on the
 // compute tier a batch at a time and read in their codec's encoding. With prefetch on,
-// the next batch's copies are queued before the current batch computes (double
-// buffering); the first batch was queued before the layer started (PrefetchLayer).
+// the copies of the batch kKvLookahead visits ahead are queued before the current batch
+// computes; the first ones were queued before the layer started (PrefetchLayer).
 Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const float* q, float* out) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
@@ -232,7 +263,9 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
     for (int b = b0; b < b0 + count; ++b) {
       const auto t0 = std::chrono::steady_clock::now();
       auto pin = mm.Acquire(cache.BlockPage(seq, layer, b), tier, Access::kRead);
-      counters_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      counters_.wait_s += waited;
+      counters_.kv_wait_s += waited;
       if (!pin.ok()) {
         return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
       }
@@ -241,9 +274,12 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
       s.blocks.push_back(pin->data());
       s.pins.push_back(std::move(pin).value());
     }
-    if (options_.prefetch && v + 1 < n_visits && n_batches > 1) {
+    // Keep kKvLookahead batches in flight: PrefetchLayer queued visits 0 .. k-1, each
+    // visit queues the one k ahead.
+    const int ahead = v + kKvLookahead;
+    if (options_.prefetch && ahead < n_visits && n_batches > 1) {
       std::vector<PageId> next;
-      for (int b = first_block(v + 1); b < first_block(v + 1) + block_count(v + 1); ++b) {
+      for (int b = first_block(ahead); b < first_block(ahead) + block_count(ahead); ++b) {
         next.push_back(cache.BlockPage(seq, layer, b));
       }
       counters_.prefetched_pages += next.size();

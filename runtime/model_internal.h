@@ -75,6 +75,8 @@ struct Model::Scratch {
   Pin layer_pin;          // the current layer's weight page (paged weights)
   std::vector<const std::byte*> blocks;
   std::vector<int> expert_ids;
+  std::vector<int> expert_order;   // the order the selected experts compute in
+  std::vector<float> expert_out;   // [n_expert_used][n_embd]: each expert's output
   std::vector<float> expert_weights;
 };
 

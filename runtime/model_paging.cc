@@ -112,6 +112,12 @@ uint64_t Model::LargestWeightPage() {
   return max;
 }
 
+uint64_t Model::WeightPageBytes(uint64_t frame_bytes) {
+  uint64_t sum = 0;
+  for (const WeightPage& p : PlanWeightPages()) sum += (p.bytes + frame_bytes - 1) / frame_bytes * frame_bytes;
+  return sum;
+}
+
 Status Model::UseMemory(MemoryManager* mm) {
   if (mm == nullptr) return Status::InvalidArgument("model: no memory manager");
   if (mm_ != nullptr) return Status::FailedPrecondition("model: weights are already placed in a memory manager");
@@ -147,10 +153,12 @@ Status Model::UseMemory(MemoryManager* mm) {
   return Status::Ok();
 }
 
-Result<Pin> Model::AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits) {
+Result<Pin> Model::AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits, double* wait) {
   const auto t0 = std::chrono::steady_clock::now();
   auto pin = mm_->Acquire(page, weight_tier_, Access::kRead);
-  counters_.wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  counters_.wait_s += waited;
+  *wait += waited;
   ++*acquires;
   if (pin.ok() && pin->hit()) ++*hits;
   return pin;
@@ -160,7 +168,8 @@ Status Model::AcquireLayer(int layer, Layer* out) {
   *out = w_->layers[static_cast<size_t>(layer)];
   if (mm_ == nullptr) return Status::Ok();
   auto pin = AcquireCounted(layer_pages_[static_cast<size_t>(layer)], &counters_.weight_acquires,
-                            &counters_.weight_hits);
+                            &counters_.weight_hits,
+                            &counters_.weight_wait_s);
   if (!pin.ok()) return pin.status().Annotate("weights of layer " + std::to_string(layer));
   size_t i = 0;
   for (auto member : Layer::PagedMatrices()) {
@@ -188,10 +197,15 @@ void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
   MemoryManager& mm = cache.memory();
   const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
   std::vector<PageId> pages;
-  if (mm_ != nullptr) pages.push_back(layer_pages_[static_cast<size_t>(next)]);
+  if (mm_ != nullptr) {
+    pages.push_back(layer_pages_[static_cast<size_t>(next)]);
+    if (next == 0) pages.push_back(output_page_);  // the last layer is computing: logits next
+  }
+  // The next layer's first KV batches, and its last block (written before attention).
   const int n_blocks = cache.NumBlocks(seq);
-  const int batch = std::min(KvBatchBlocks(cache, n_blocks), n_blocks);
-  for (int b = 0; b < batch; ++b) pages.push_back(cache.BlockPage(seq, next, b));
+  const int ahead = std::min(kKvLookahead * KvBatchBlocks(cache, n_blocks), n_blocks);
+  for (int b = 0; b < ahead; ++b) pages.push_back(cache.BlockPage(seq, next, b));
+  if (n_blocks > ahead) pages.push_back(cache.BlockPage(seq, next, n_blocks - 1));
   predicted_.resize(static_cast<size_t>(c.n_layer));
   std::vector<int32_t>& predicted = predicted_[static_cast<size_t>(next)];
   predicted.clear();
@@ -202,10 +216,11 @@ void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
     kernels::RmsNorm(s.x.data(), N.ffn_norm, c.n_embd, c.rms_eps, s.pred_xn.data());
     s.pred_act.Set(s.pred_xn.data(), c.n_embd);
     kernels::MatVec(N.gate_inp, s.pred_act, s.router.data(), pool_.get());
-    predicted.resize(static_cast<size_t>(c.n_expert_used));
+    const int extra = options_.predict_extra >= 0 ? options_.predict_extra : c.n_expert_used / 2;
+    const int k = std::min(c.n_expert, c.n_expert_used + extra);
+    predicted.resize(static_cast<size_t>(k));
     std::vector<float> weights(predicted.size());
-    kernels::RouteTopK(s.router.data(), c.n_expert, c.n_expert_used, c.norm_topk_prob, predicted.data(),
-                       weights.data());
+    kernels::RouteTopK(s.router.data(), c.n_expert, k, c.norm_topk_prob, predicted.data(), weights.data());
     if (mm_ != nullptr) {
       for (int32_t e : predicted) pages.push_back(expert_pages_[static_cast<size_t>(next * c.n_expert + e)]);
     }

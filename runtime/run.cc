@@ -82,6 +82,9 @@ nlohmann::json RunReport::ToJson() const {
   j["decoder"] = {{"steps", d.steps},
                   {"step_s", d.step_s},
                   {"wait_s", d.wait_s},
+                  {"kv_wait_s", d.kv_wait_s},
+                  {"weight_wait_s", d.weight_wait_s},
+                  {"expert_wait_s", d.expert_wait_s},
                   {"compute_s", d.step_s - d.wait_s},
                   {"copy_busy_s", copy_busy_s},
                   {"kv_acquires", d.kv_acquires},
@@ -90,7 +93,7 @@ nlohmann::json RunReport::ToJson() const {
                   {"weight_hit_rate", ratio(d.weight_hits, d.weight_acquires)},
                   {"expert_acquires", d.expert_acquires},
                   {"expert_hit_rate", ratio(d.expert_hits, d.expert_acquires)},
-                  {"expert_prediction_accuracy", ratio(d.experts_predicted_used, d.experts_predicted)},
+                  {"expert_prediction_recall", ratio(d.experts_chosen_in_prediction, d.experts_chosen_predicted)},
                   {"prefetched_pages", d.prefetched_pages}};
   j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},

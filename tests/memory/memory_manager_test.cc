@@ -148,6 +148,56 @@ TEST(MemoryManagerTest, HitsMissesAndInternalFragmentation) {
   EXPECT_DOUBLE_EQ(dev.hit_rate(), 0.5);
 }
 
+TEST(MemoryManagerTest, PinHitSaysWhetherTheAcquireCopied) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  auto miss = mm->Acquire(a, Tier::kDevice);
+  ASSERT_TRUE(miss.ok());
+  EXPECT_FALSE(miss->hit());
+  miss->Release();
+  auto hit = mm->Acquire(a, Tier::kDevice);
+  ASSERT_TRUE(hit.ok());
+  EXPECT_TRUE(hit->hit());
+  EXPECT_TRUE(mm->ResidentOrArriving(a, Tier::kDevice));
+  EXPECT_FALSE(mm->ResidentOrArriving(a, Tier::kHost));  // its top copy is on Device
+}
+
+// A page a prefetch brought up and nobody used yet is spared by eviction while another
+// page can make room; once used it is an ordinary page again.
+TEST(MemoryManagerTest, EvictionSparesUnusedPrefetchedPages) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 2;
+  auto mm = MakeManager(s, dir.path());
+  auto hot = mm->Allocate(4096, Tier::kHost).value();
+  auto fetched = mm->Allocate(4096, Tier::kHost).value();
+  auto third = mm->Allocate(4096, Tier::kHost).value();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(mm->Acquire(hot, Tier::kDevice).ok());  // frequent: LFU keeps it
+  ASSERT_TRUE(mm->Prefetch({fetched}, Tier::kDevice).Wait().ok());
+  // `third` needs a frame: LFU would pick the new, rarely used `fetched`; it is spared.
+  ASSERT_TRUE(mm->Acquire(third, Tier::kDevice).ok());
+  EXPECT_TRUE(mm->HasCopy(fetched, Tier::kDevice));
+  EXPECT_FALSE(mm->HasCopy(hot, Tier::kDevice));
+  auto use = mm->Acquire(fetched, Tier::kDevice);
+  ASSERT_TRUE(use.ok());
+  EXPECT_TRUE(use->hit());
+  use->Release();
+  // Used: no longer spared. Bringing `hot` back evicts by frequency again.
+  ASSERT_TRUE(mm->Acquire(hot, Tier::kDevice).ok());
+  EXPECT_TRUE(mm->HasCopy(hot, Tier::kDevice));
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+TEST(MemoryManagerTest, CopyStreamBusyTimeGrowsWithCopies) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  const double before = mm->copy_busy_seconds();
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());
+  EXPECT_GT(mm->copy_busy_seconds(), before);
+}
+
 TEST(MemoryManagerTest, DemoteAndPromoteThroughAllTiers) {
   TempDir dir;
   auto mm = MakeManager({}, dir.path());

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <list>
 #include <random>
 #include <set>
@@ -305,7 +306,7 @@ TEST(DecayedLfuPolicyTest, RecentAccessesOutweighOldOnesWithShortHalfLife) {
   }
 }
 
-TEST(DecayedLfuPolicyTest, NewPageStartsAsOneAccessNow) {
+TEST(DecayedLfuPolicyTest, NewPageStartsAsOneAccessNowAndKeepsHistoryUntilFreed) {
   PolicyOptions o;
   o.half_life = 1;
   auto lfu = CreatePolicy(PolicyKind::kDecayedLfu, o);
@@ -322,15 +323,26 @@ TEST(DecayedLfuPolicyTest, NewPageStartsAsOneAccessNow) {
   lfu->OnInsert(Tier::kHost, PageId(9));
   EXPECT_EQ(Values(Victims(*lfu, Tier::kHost)), (std::vector<uint32_t>{0, 1, 9}));
 
-  // A page that lost every copy starts over when it returns.
+  // A page that lost every copy keeps its history when it returns: 0 comes back with
+  // 16 + 2^14, 1 has 2^10 + 2^11 + 2^12 + 2^13 = 15360.
   lfu->OnRemove(Tier::kHost, PageId(0));
   for (int i = 0; i < 3; ++i) lfu->OnAccess(PageId(1));  // t = 11..13
-  lfu->OnInsert(Tier::kHost, PageId(0));                 // key 2^14, above 9 and 1
+  lfu->OnInsert(Tier::kHost, PageId(0));                 // key 16400
+  EXPECT_EQ(Values(Victims(*lfu, Tier::kHost)), (std::vector<uint32_t>{9, 1, 0}));
+  // Dropped and back: 1 has 15360 + 2^14 = 31744, above 0.
+  lfu->OnRemove(Tier::kHost, PageId(1));
+  lfu->OnInsert(Tier::kHost, PageId(1));
+  EXPECT_EQ(Values(Victims(*lfu, Tier::kHost)), (std::vector<uint32_t>{9, 0, 1}));
+  // Freed: the id's history is forgotten; it returns as new (2^14, below 0's 16400).
+  lfu->OnRemove(Tier::kHost, PageId(1));
+  lfu->OnFree(PageId(1));
+  lfu->OnInsert(Tier::kHost, PageId(1));
   EXPECT_EQ(Values(Victims(*lfu, Tier::kHost)), (std::vector<uint32_t>{9, 1, 0}));
 }
 
-// Reference in the log domain: log2 key(p) = log2(sum over uses 2^(t_i / H)), a page new
-// to every tier starting with one use at the current time. Long enough (H = 4, 3762
+// Reference in the log domain: log2 key(p) = log2(sum over uses 2^(t_i / H)), a page
+// arriving on its first tier gaining one use at the current time (on top of its history:
+// nothing is freed here). Long enough (H = 4, 3762
 // uses, exponent 940) that the stored keys are rescaled on the way (at
 // exponent 512). Victims must come in non-decreasing score.
 TEST(DecayedLfuPolicyTest, RandomizedAgainstLogDomainReference) {
@@ -340,7 +352,7 @@ TEST(DecayedLfuPolicyTest, RandomizedAgainstLogDomainReference) {
   o.half_life = kHalfLife;
   auto lfu = CreatePolicy(PolicyKind::kDecayedLfu, o);
   constexpr uint32_t kPages = 48;
-  std::vector<double> log_key(kPages, 0);
+  std::vector<double> log_key(kPages, -std::numeric_limits<double>::infinity());
   std::vector<uint8_t> tiers(kPages, 0);
   uint64_t now = 0;
   auto add = [](double a, double b) {  // log2(2^a + 2^b)
@@ -355,7 +367,7 @@ TEST(DecayedLfuPolicyTest, RandomizedAgainstLogDomainReference) {
     const uint8_t bit = static_cast<uint8_t>(1u << t);
     const int kind = static_cast<int>(rng() % 8);
     if (kind == 0 && !(tiers[p] & bit)) {
-      if (tiers[p] == 0) log_key[p] = static_cast<double>(now) / kHalfLife;
+      if (tiers[p] == 0) log_key[p] = add(log_key[p], static_cast<double>(now) / kHalfLife);
       tiers[p] |= bit;
       lfu->OnInsert(TierAt(t), PageId(p));
     } else if (kind == 1 && (tiers[p] & bit)) {

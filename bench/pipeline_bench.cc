@@ -24,7 +24,8 @@
 // ones. Every step runs Forward with logits.
 //
 //   ./build/release/bench/pipeline_bench [overlap|depth|all] [--depth N] [--steps N]
-//                                        [--threads N] [--disk-dir DIR]
+//                                        [--threads N] [--overlap-threads N] [--device-mib N]
+//                                        [--attention llama|online] [--disk-dir DIR]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +53,10 @@ struct Args {
   int overlap_threads = 1;  // leaves a core to the emulated copy engine (a memcpy thread)
   int device_mib = 6;
   std::string disk_dir = "/dev/shm";
+  // Depth study: llama.cpp-exact two-pass f16 attention reads every block twice (K
+  // pass, V pass), so a layer that does not fit the compute tier is copied twice;
+  // the online form reads it once. Both runs of a comparison use the same form.
+  bool llama_attention = false;
 };
 
 struct Config {
@@ -59,6 +64,7 @@ struct Config {
   MemoryOptions memory;
   bool prefetch = true;
   bool paged_weights = true;
+  bool llama_attention = true;
 };
 
 struct Measure {
@@ -89,6 +95,7 @@ Measure Run(std::shared_ptr<const GgufFile> file, const Config& cfg, int depth, 
   ModelOptions mo;
   mo.threads = threads;
   mo.prefetch = cfg.prefetch;
+  mo.llama_attention_rounding = cfg.llama_attention;
   std::unique_ptr<Model> model = Must(Model::Load(file, mo), cfg.name + ": model");
   if (cfg.paged_weights) {
     if (Status st = model->UseMemory(mm.get()); !st.ok()) Die(st, cfg.name);
@@ -112,6 +119,7 @@ Measure Run(std::shared_ptr<const GgufFile> file, const Config& cfg, int depth, 
   std::vector<double> wall, wait, copy, compute, bytes, kvw, ww, ew;
   const int warm = 4;
   for (int i = 0; i < warm + steps; ++i) {
+    if (i == warm) model->ResetCounters();  // hit rates over the timed steps
     const DecodeCounters before = model->counters();
     const double busy0 = mm->copy_busy_seconds();
     const uint64_t in0 = mm->Stats(top).bytes_in;
@@ -124,7 +132,6 @@ Measure Run(std::shared_ptr<const GgufFile> file, const Config& cfg, int depth, 
     compute.push_back(wall.back() - wait.back());
     copy.push_back(mm->copy_busy_seconds() - busy0);
     bytes.push_back(static_cast<double>(mm->Stats(top).bytes_in - in0));
-    if (i == warm) model->ResetCounters();
     kvw.push_back(after.kv_wait_s - before.kv_wait_s);
     ww.push_back(after.weight_wait_s - before.weight_wait_s);
     ew.push_back(after.expert_wait_s - before.expert_wait_s);
@@ -200,23 +207,24 @@ void Depth(std::shared_ptr<const GgufFile> file, const Args& a) {
   const ModelConfig& c = probe->config();
   const uint64_t kv_bytes = static_cast<uint64_t>(a.depth + a.steps + 8) * c.n_layer * 2 * c.n_head_kv * c.head_dim * 2;
   const uint64_t quarter = (kv_bytes / 4 + frame - 1) / frame * frame;
-  std::printf("\n== depth: tiny-moe, KV depth %d (%s of f16 KV), weights read in place, %d threads, %d steps ==\n",
-              a.depth, FormatBytes(kv_bytes).c_str(), a.threads, a.steps);
+  std::printf("\n== depth: tiny-moe, KV depth %d (%s of f16 KV), weights read in place, %s attention, %d threads, "
+              "%d steps ==\n",
+              a.depth, FormatBytes(kv_bytes).c_str(), a.llama_attention ? "llama two-pass" : "online", a.threads, a.steps);
   PrintHeader();
   MemoryOptions resident;
   resident.frame_bytes = frame;
   resident.host_bytes = 1 * kGiB;
-  const Measure r = Run(file, {"resident", resident, true, false}, a.depth, a.steps, a.threads);
+  const Measure r = Run(file, {"resident", resident, true, false, a.llama_attention}, a.depth, a.steps, a.threads);
   Print("all resident (host 1 GiB)", r);
 
   MemoryOptions host_disk = resident;
   host_disk.host_bytes = quarter;
   host_disk.disk_bytes = 2 * kv_bytes + 64 * kMiB;
   host_disk.disk_dir = a.disk_dir;
-  const Measure hd = Run(file, {"host+disk", host_disk, true, false}, a.depth, a.steps, a.threads);
+  const Measure hd = Run(file, {"host+disk", host_disk, true, false, a.llama_attention}, a.depth, a.steps, a.threads);
   Print("host = KV/4, disk below", hd);
 
-  const Measure sd = Run(file, {"sim+host", SimDevice(quarter, 0, frame), true, false}, a.depth, a.steps, a.threads);
+  const Measure sd = Run(file, {"sim+host", SimDevice(quarter, 0, frame), true, false, a.llama_attention}, a.depth, a.steps, a.threads);
   Print("sim device = KV/4, host below", sd);
   std::printf("tokens/s: resident %.1f, host+disk %.1f (ratio %.3f), sim device+host %.1f (ratio %.3f)\n", 1 / r.wall,
               1 / hd.wall, r.wall / hd.wall, 1 / sd.wall, r.wall / sd.wall);
@@ -245,6 +253,14 @@ int main(int argc, char** argv) {
     else if (s == "--overlap-threads") a.overlap_threads = std::atoi(next().c_str());
     else if (s == "--device-mib") a.device_mib = std::atoi(next().c_str());
     else if (s == "--disk-dir") a.disk_dir = next();
+    else if (s == "--attention") {
+      const std::string v = next();
+      if (v != "llama" && v != "online") {
+        std::fprintf(stderr, "error: --attention must be llama or online\n");
+        return 2;
+      }
+      a.llama_attention = v == "llama";
+    }
     else {
       std::fprintf(stderr, "error: unknown argument '%s'\n", s.c_str());
       return 2;

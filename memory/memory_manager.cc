@@ -153,20 +153,20 @@ MemoryManager::~MemoryManager() {
 }
 
 // ------------------------------------------------------------------- stream plumbing
-Ticket MemoryManager::RunOnStreamAsync(std::function<Status(Lock&)> fn) {
+Ticket MemoryManager::RunOnStreamAsync(std::function<Status(Lock&)> fn, bool urgent) {
   Ticket ticket = Ticket::Pending();
   stream_->Enqueue([this, fn = std::move(fn), ticket] {
     Lock lock(mu_);
     Status st = fn(lock);
     lock.unlock();
     ticket.Complete(std::move(st));
-  });
+  }, urgent);
   return ticket;
 }
 
 Status MemoryManager::RunOnStream(std::function<Status(Lock&)> fn) {
   assert(!stream_->OnWorker() && "copy-stream tasks must not wait on the copy stream");
-  return RunOnStreamAsync(std::move(fn)).Wait();
+  return RunOnStreamAsync(std::move(fn), /*urgent=*/true).Wait();
 }
 
 // ---------------------------------------------------------------------- bookkeeping
@@ -607,15 +607,15 @@ void MemoryManager::ReleasePin(PageId p) {
   --e.pins;
 }
 
-Ticket MemoryManager::Prefetch(std::vector<PageId> pages, Tier tier) {
-  return MoveAsync(std::move(pages), tier, /*promote=*/true);
+Ticket MemoryManager::Prefetch(std::vector<PageId> pages, Tier tier, bool urgent) {
+  return MoveAsync(std::move(pages), tier, /*promote=*/true, urgent);
 }
 
 Ticket MemoryManager::Demote(std::vector<PageId> pages, Tier tier) {
   return MoveAsync(std::move(pages), tier, /*promote=*/false);
 }
 
-Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promote) {
+Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promote, bool urgent) {
   if (!has_tier(tier)) {
     Ticket t = Ticket::Pending();
     t.Complete(Status::InvalidArgument(std::string("no ") + TierName(tier) + " tier configured"));
@@ -642,7 +642,7 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
       }
     }
     return st.Annotate(std::string(promote ? "prefetch" : "demotion") + " to the " + TierName(tier) + " tier");
-  });
+  }, urgent);
 }
 
 Status MemoryManager::ReadCopy(PageId page, Tier tier, std::span<std::byte> out) {

@@ -152,7 +152,9 @@ class MemoryManager {
   Result<Pin> Acquire(PageId page, Tier tier, Access access = Access::kRead);
   // Asynchronous promotion of a batch to `tier` (gathered copies per tier step).
   // Pages already on `tier` or above, and pinned pages, are left as they are.
-  Ticket Prefetch(std::vector<PageId> pages, Tier tier);
+  // urgent: the caller is about to wait for these pages (a demand miss issued early),
+  // so the copies overtake speculative prefetches still queued.
+  Ticket Prefetch(std::vector<PageId> pages, Tier tier, bool urgent = false);
   // Asynchronous demotion: the pages' top copy ends on `tier` (copied down where no
   // valid copy exists below, upper copies dropped). Pinned pages are left alone.
   Ticket Demote(std::vector<PageId> pages, Tier tier);
@@ -191,11 +193,12 @@ class MemoryManager {
 
   MemoryManager(Backends backends, uint64_t frame_bytes, PolicyKind policy, const PolicyOptions& options);
 
-  // Runs fn(lock) on the copy stream with mu_ held and waits for its status.
+  // Runs fn(lock) on the copy stream with mu_ held and waits for its status; the
+  // caller is blocked, so the task is urgent (it overtakes queued prefetches).
   Status RunOnStream(std::function<Status(Lock&)> fn);
   // Prefetch (promote) or Demote: the batch, deduplicated, on the copy stream.
-  Ticket MoveAsync(std::vector<PageId> pages, Tier tier, bool promote);
-  Ticket RunOnStreamAsync(std::function<Status(Lock&)> fn);
+  Ticket MoveAsync(std::vector<PageId> pages, Tier tier, bool promote, bool urgent = false);
+  Ticket RunOnStreamAsync(std::function<Status(Lock&)> fn, bool urgent = false);
 
   // --- copy-stream side; REQUIRE: on the stream, lock held (released during copies).
   Status PromoteLocked(Lock& lock, std::vector<PageId> pages, Tier to);

@@ -52,10 +52,10 @@ Stream::~Stream() {
   worker_.join();
 }
 
-void Stream::Enqueue(std::function<void()> task) {
+void Stream::Enqueue(std::function<void()> task, bool urgent) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(task));
+    (urgent ? urgent_ : queue_).push_back(std::move(task));
     queued_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_one();
@@ -73,10 +73,11 @@ void Stream::Run() {
     SpinFor([&] { return queued_.load(std::memory_order_acquire) > 0; });
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || !urgent_.empty(); });
+      std::deque<std::function<void()>>& from = urgent_.empty() ? queue_ : urgent_;
+      if (from.empty()) return;  // stop_ and drained
+      task = std::move(from.front());
+      from.pop_front();
       queued_.fetch_sub(1, std::memory_order_relaxed);
     }
     const auto t0 = std::chrono::steady_clock::now();

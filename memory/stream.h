@@ -89,7 +89,10 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   const std::string& name() const { return name_; }
-  void Enqueue(std::function<void()> task);
+  // Urgent tasks run before every normal task still queued (FIFO among themselves):
+  // demand copies someone is blocked on overtake speculative prefetches. Record()
+  // orders normal tasks only.
+  void Enqueue(std::function<void()> task, bool urgent = false);
   // A ticket that becomes ready when every task enqueued before it has run (an event).
   Ticket Record();
   // Blocks until every task enqueued so far has run.
@@ -108,8 +111,9 @@ class Stream {
   std::string name_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-  std::atomic<size_t> queued_{0};            // queue_.size(), for the spinning worker
+  std::deque<std::function<void()>> queue_;   // GUARDED_BY(mu_)
+  std::deque<std::function<void()>> urgent_;  // GUARDED_BY(mu_)
+  std::atomic<size_t> queued_{0};             // tasks in both, for the spinning worker
   bool stop_ = false;                        // GUARDED_BY(mu_)
   std::atomic<uint64_t> busy_ns_{0};
   std::atomic<uint64_t> tasks_run_{0};

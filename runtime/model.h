@@ -95,8 +95,8 @@ struct ModelOptions {
   // With an f16 KV codec, round Q and the softmax weights to f16 in attention as
   // llama.cpp does without flash attention (keeps logits closest to llama.cpp's).
   bool llama_attention_rounding = true;
-  // Attention pins a layer's KV blocks this many at a time (0 = automatic: all at
-  // once, or after UseMemory a batch of at most 1/8 of the compute tier's budget).
+  // Attention pins a layer's KV blocks this many at a time (0 = automatic: at most
+  // 1/8 of the compute tier's budget, all of the layer when that holds it).
   // Results do not depend on it; small values keep the compute tier's working set small.
   int kv_batch_blocks = 0;
   // After UseMemory: while layer l computes, the copy stream fetches what layer l + 1

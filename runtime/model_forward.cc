@@ -185,7 +185,7 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
         ++counters_.expert_hits;
         order.push_back(i);
       } else {
-        if (options_.prefetch) (void)mm_->Prefetch({page}, weight_tier_);
+        if (options_.prefetch) (void)mm_->Prefetch({page}, weight_tier_, /*urgent=*/true);
         misses.push_back(i);
       }
     }

@@ -183,7 +183,6 @@ Status Model::AcquireLayer(int layer, Layer* out) {
 
 int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
   if (options_.kv_batch_blocks > 0) return options_.kv_batch_blocks;
-  if (mm_ == nullptr) return std::max(n_blocks, 1);
   const MemoryManager& mm = cache.memory();
   const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
   const uint64_t block_frames = (cache.block_bytes() + mm.frame_bytes() - 1) / mm.frame_bytes();
@@ -221,15 +220,19 @@ void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
     predicted.resize(static_cast<size_t>(k));
     std::vector<float> weights(predicted.size());
     kernels::RouteTopK(s.router.data(), c.n_expert, k, c.norm_topk_prob, predicted.data(), weights.data());
-    if (mm_ != nullptr) {
-      for (int32_t e : predicted) pages.push_back(expert_pages_[static_cast<size_t>(next * c.n_expert + e)]);
-    }
   }
   (void)pos;
-  counters_.prefetched_pages += pages.size();
   // Fire and forget: a failed prefetch is retried, and reported, by the Acquire that
-  // needs the page.
+  // needs the page. Experts go one per task, so that a demand miss (urgent) waits for
+  // at most one expert's copy in progress, not for the whole prediction.
+  counters_.prefetched_pages += pages.size();
   (void)mm.Prefetch(std::move(pages), tier);
+  if (mm_ != nullptr) {
+    for (int32_t e : predicted) {
+      ++counters_.prefetched_pages;
+      (void)mm.Prefetch({expert_pages_[static_cast<size_t>(next * c.n_expert + e)]}, tier);
+    }
+  }
 }
 
 }  // namespace tierkv

@@ -131,7 +131,20 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       return;
     }
     const RunReport& r = *report;
-    std::fprintf(stderr, "%s\n", r.text.c_str());
+    // Control bytes other than newline and tab are shown as \xNN: a builtin model's
+    // synthetic text is arbitrary bytes, which must not drive the terminal.
+    std::string shown;
+    for (const char ch : r.text) {
+      const auto b = static_cast<unsigned char>(ch);
+      if ((b < 0x20 && ch != '\n' && ch != '\t') || b == 0x7f) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02X", b);
+        shown += hex;
+      } else {
+        shown += ch;
+      }
+    }
+    std::fprintf(stderr, "%s\n", shown.c_str());
     std::fprintf(stderr, "prompt %zu tokens (%d reused from the session) in %.3f s, %zu generated in %.3f s (%.1f tok/s)\n",
                  r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, r.generated_tokens.size(), r.decode_s,
                  r.decode_s > 0 ? static_cast<double>(r.generated_tokens.size()) / r.decode_s : 0.0);

@@ -554,6 +554,23 @@ Status MemoryManager::Free(PageId page) {
 Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
   if (!has_tier(tier)) return Status::InvalidArgument(std::string("no ") + TierName(tier) + " tier configured");
   if (tier == Tier::kDisk) return Status::InvalidArgument("pages are pinned on Device or Host; Disk is not addressable");
+  // Pins the page where it is (REQUIRES: mu_ held, top() == tier, not pinned elsewhere).
+  auto pin_here = [&](PageEntry& e, bool hit) {
+    e.prefetched_at = 0;
+    ++e.pins;
+    e.pin_tier = tier;
+    ++e.accesses;
+    e.last_access = ++access_tick_;
+    // After a miss the promotion inserted the page, and the insertion is this use's
+    // reference: counting it again would make every page look used twice (2Q would
+    // lose its scan resistance, LFU would double-count misses).
+    if (hit) policy_->OnAccess(page);
+    if (access == Access::kWrite) {
+      for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
+      e.source = -1;  // the backing is stale from now on
+    }
+    return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes, hit);
+  };
   bool missed = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     Lock lock(mu_);
@@ -568,34 +585,27 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
     TierStats& s = tiers_[TierIndex(tier)].stats;
     if (e.top() == tier) {
       if (!missed) ++s.hits;
-      e.prefetched_at = 0;
-      ++e.pins;
-      e.pin_tier = tier;
-      ++e.accesses;
-      e.last_access = ++access_tick_;
-      // After a miss the promotion inserted the page, and the insertion is this use's
-      // reference: counting it again would make every page look used twice (2Q would
-      // lose its scan resistance, LFU would double-count misses).
-      if (!missed) policy_->OnAccess(page);
-      if (access == Access::kWrite) {
-        for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
-        e.source = -1;  // the backing is stale from now on
-      }
-      return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes, !missed);
+      return pin_here(e, !missed);
     }
     if (!missed) ++s.misses;
     missed = true;
     const bool promote = TierIndex(e.top()) > TierIndex(tier);
     lock.unlock();
+    // The move pins the page as it lands, on the stream: otherwise a queued prefetch
+    // could evict it again before this thread takes the lock.
+    Pin pinned;
     Status st = RunOnStream([&](Lock& l) {
       if (!table_.Contains(page)) return Status::NotFound("page freed during acquire");
       if (table_.at(page).pins > 0) return Status::Ok();  // someone pinned it meanwhile; re-check
       SetInFlight({page}, true);
       Status r = promote ? PromoteLocked(l, {page}, tier) : DemoteLocked(l, {page}, tier);
       SetInFlight({page}, false);
+      PageEntry& moved = table_.at(page);
+      if (r.ok() && moved.top() == tier) pinned = pin_here(moved, /*hit=*/false);
       return r;
     });
     if (!st.ok()) return st.Annotate("acquire of page " + std::to_string(page.value) + " on the " + TierName(tier) + " tier");
+    if (pinned.valid()) return pinned;
   }
   return Status::Internal("acquire of page " + std::to_string(page.value) + " kept losing races");
 }

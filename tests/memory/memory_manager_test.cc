@@ -189,6 +189,30 @@ TEST(MemoryManagerTest, EvictionSparesUnusedPrefetchedPages) {
   EXPECT_TRUE(Invariants(*mm));
 }
 
+// A miss pins the page as it lands on the stream, so prefetches queued behind it (which
+// evict to make room) cannot take it away before the caller has it: under a tier that
+// holds two pages and a flood of prefetches, every acquire succeeds.
+TEST(MemoryManagerTest, AcquireWinsAgainstAFloodOfPrefetches) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 2;
+  s.host_frames = 16;
+  auto mm = MakeManager(s, dir.path());
+  std::vector<PageId> pages;
+  for (int i = 0; i < 12; ++i) pages.push_back(mm->Allocate(4096, Tier::kHost).value());
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {
+    for (uint32_t i = 0; !stop.load(); ++i) (void)mm->Prefetch({pages[i % pages.size()]}, Tier::kDevice);
+  });
+  for (int i = 0; i < 2000; ++i) {
+    auto pin = mm->Acquire(pages[(i * 7) % pages.size()], Tier::kDevice);
+    ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+  }
+  stop.store(true);
+  flood.join();
+  EXPECT_TRUE(Invariants(*mm));
+}
+
 TEST(MemoryManagerTest, CopyStreamBusyTimeGrowsWithCopies) {
   TempDir dir;
   auto mm = MakeManager({}, dir.path());

@@ -38,6 +38,7 @@
 #include "memory/memory_manager.h"
 #include "memory/page_table.h"
 #include "memory/policy.h"
+#include "memory/rng.h"
 #include "memory/tier_backend.h"
 
 namespace tierkv {
@@ -47,23 +48,7 @@ constexpr uint64_t kSeed = 0x7431'6B76'2024'0001ull;
 constexpr size_t kIdRing = size_t{1} << 16;  // precomputed random ids, cycled (power of two)
 constexpr double kMicroMinTime = 0.1;         // s per repetition of a micro-benchmark
 
-// SplitMix64: a small, fully specified generator, so layouts do not depend on the
-// standard library's distributions.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, n). REQUIRES: n > 0.
-  uint32_t Below(uint32_t n) { return static_cast<uint32_t>((Next() >> 32) * n >> 32); }
-
- private:
-  uint64_t s_;
-};
+using Rng = SplitMix64;
 
 template <typename T>
 void Shuffle(std::vector<T>& v, Rng& rng) {

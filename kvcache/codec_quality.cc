@@ -10,39 +10,12 @@
 
 #include "kvcache/codec.h"
 #include "memory/half.h"
+#include "memory/rng.h"
 
 namespace tierkv {
 namespace {
 
-// splitmix64 + Box-Muller: the same numbers on every platform and standard library.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1p-53; }  // [0, 1)
-  double Normal() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double u1 = 1.0 - Uniform();  // (0, 1]: log is finite
-    const double u2 = Uniform();
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = r * std::sin(2.0 * M_PI * u2);
-    has_spare_ = true;
-    return r * std::cos(2.0 * M_PI * u2);
-  }
-
- private:
-  uint64_t state_;
-  double spare_ = 0;
-  bool has_spare_ = false;
-};
+using Rng = SplitMix64;
 
 struct SyntheticKv {
   std::vector<float> k, v, q;  // [tokens][d], [tokens][d], [queries][d]

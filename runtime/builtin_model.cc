@@ -5,27 +5,14 @@
 #include <cstring>
 
 #include "kernels/quant.h"
+#include "memory/rng.h"
 #include "runtime/gguf_writer.h"
 
 namespace tierkv {
 namespace {
 
-// SplitMix64: a fixed, portable stream (std:: distributions differ between libraries).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-1, 1).
-  float Uniform() { return static_cast<float>(static_cast<double>(Next() >> 11) * 0x1.0p-52 - 1.0); }
-
- private:
-  uint64_t s_;
-};
+// Uniform in [-1, 1).
+float Symmetric(SplitMix64& rng) { return static_cast<float>(2.0 * rng.Uniform() - 1.0); }
 
 struct TinyMoeShape {
   int n_vocab = 258;
@@ -44,14 +31,14 @@ struct TinyMoeShape {
 
 // A matrix of `rows` rows of `cols` values, uniform in [-scale, scale) times the
 // row's own factor, quantised to Q8_0.
-std::vector<uint8_t> Q8Matrix(Rng& rng, int64_t cols, int64_t rows, float scale,
+std::vector<uint8_t> Q8Matrix(SplitMix64& rng, int64_t cols, int64_t rows, float scale,
                               const std::vector<float>& row_factor = {}) {
   const size_t row_bytes = kernels::RowBytes(kernels::WeightType::kQ8_0, cols);
   std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     const float f = row_factor.empty() ? 1.0f : row_factor[static_cast<size_t>(r)];
-    for (float& v : row) v = scale * f * rng.Uniform();
+    for (float& v : row) v = scale * f * Symmetric(rng);
     kernels::QuantizeActivation(kernels::WeightType::kQ8_0, row.data(), out.data() + static_cast<size_t>(r) * row_bytes,
                                 cols);
   }
@@ -59,10 +46,10 @@ std::vector<uint8_t> Q8Matrix(Rng& rng, int64_t cols, int64_t rows, float scale,
 }
 
 // n f32 values around `center`.
-std::vector<uint8_t> F32Vector(Rng& rng, int64_t n, float center, float spread) {
+std::vector<uint8_t> F32Vector(SplitMix64& rng, int64_t n, float center, float spread) {
   std::vector<uint8_t> out(static_cast<size_t>(n) * sizeof(float));
   for (int64_t i = 0; i < n; ++i) {
-    const float v = center + spread * rng.Uniform();
+    const float v = center + spread * Symmetric(rng);
     std::memcpy(out.data() + static_cast<size_t>(i) * sizeof(float), &v, sizeof(float));
   }
   return out;
@@ -70,7 +57,7 @@ std::vector<uint8_t> F32Vector(Rng& rng, int64_t n, float center, float spread) 
 
 std::vector<uint8_t> TinyMoeImage() {
   const TinyMoeShape s;
-  Rng rng(0x7469'6e79'6d6f'6501ull);  // "tinymoe", version 1: changing it changes the model
+  SplitMix64 rng(0x7469'6e79'6d6f'6501ull);  // "tinymoe", version 1: changing it changes the model
   GgufWriter w;
   const std::string a = "qwen3moe.";
   w.String("general.architecture", "qwen3moe")

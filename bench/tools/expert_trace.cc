@@ -12,6 +12,7 @@
 
 #include "memory/memory_manager.h"
 #include "memory/page_source.h"
+#include "memory/rng.h"
 #include "memory/tier_backend.h"
 
 namespace tierkv::tools {
@@ -104,22 +105,6 @@ void AppendIds(const std::vector<int32_t>& ids, std::string* out) {
     *out += std::to_string(ids[i]);
   }
 }
-
-// SplitMix64 (Steele, Lea, Flood): a small, portable, well-mixed generator.
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : x_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (x_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
-
- private:
-  uint64_t x_;
-};
 
 // An index drawn with probability weight[i] / sum over the indices not excluded.
 // REQUIRES: some non-excluded index has positive weight.

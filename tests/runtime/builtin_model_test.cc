@@ -1,0 +1,174 @@
+// tests/runtime/builtin_model_test.cc
+//
+// builtin:tiny-moe: built deterministically through the GGUF writer and the strict
+// parser, the shape docs/builtin-models.md describes, skewed expert popularity, `info`,
+// a full paged session through RunSession, and the errors (unknown name, a weight page
+// that cannot fit the compute tier).
+#include "runtime/builtin_model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "runtime/cli/info_command.h"
+#include "runtime/gguf_writer.h"
+#include "runtime/model.h"
+#include "runtime/run.h"
+#include "tests/memory/mm_test_util.h"
+
+namespace tierkv {
+namespace {
+
+TEST(GgufWriterTest, RoundTripsThroughTheParser) {
+  GgufWriter w;
+  std::vector<uint8_t> data(3 * 4 * sizeof(float));
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7);
+  w.String("general.architecture", "x").U32("x.n", 7).F32("x.f", 0.5f).Bool("x.b", true);
+  w.Tensor("t.weight", GgmlType::kF32, {4, 3}, data);
+  w.Tensor("u.weight", GgmlType::kF32, {5}, std::vector<uint8_t>(5 * sizeof(float), 1));
+  auto f = GgufFile::ParseOwned(w.Finish(), "mem");
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ((*f)->path(), "mem");
+  EXPECT_EQ((*f)->GetU32("x.n").value(), 7u);
+  EXPECT_EQ((*f)->GetF32("x.f").value(), 0.5f);
+  EXPECT_TRUE((*f)->GetBool("x.b").value());
+  const GgufTensor* t = (*f)->FindTensor("t.weight");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->ne[0], 4);
+  EXPECT_EQ(t->ne[1], 3);
+  EXPECT_EQ(std::memcmp(t->data, data.data(), data.size()), 0);
+  const GgufTensor* u = (*f)->FindTensor("u.weight");
+  ASSERT_NE(u, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(u->data) % 32, reinterpret_cast<uintptr_t>((*f)->base()) % 32);
+}
+
+TEST(GgufWriterTest, WrongDataSizeIsRefusedByTheParser) {
+  GgufWriter w;
+  w.String("general.architecture", "x");
+  w.Tensor("t.weight", GgmlType::kF32, {4, 3}, std::vector<uint8_t>(4));  // 4 of 48 bytes
+  EXPECT_FALSE(GgufFile::ParseOwned(w.Finish(), "mem").ok());
+}
+
+TEST(BuiltinModelTest, TinyMoeIsDeterministicAndShapedAsDocumented) {
+  auto a = BuildBuiltinModel("tiny-moe");
+  auto b = BuildBuiltinModel("tiny-moe");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ((*a)->file_size(), (*b)->file_size());
+  EXPECT_EQ(std::memcmp((*a)->base(), (*b)->base(), (*a)->file_size()), 0);
+  EXPECT_EQ((*a)->path(), "builtin:tiny-moe");
+  auto cfg = ReadModelConfig(**a);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->arch, ModelArch::kQwen3Moe);
+  EXPECT_EQ(cfg->n_layer, 4);
+  EXPECT_EQ(cfg->n_embd, 256);
+  EXPECT_EQ(cfg->n_head, 8);
+  EXPECT_EQ(cfg->n_head_kv, 2);
+  EXPECT_EQ(cfg->head_dim, 64);
+  EXPECT_EQ(cfg->n_expert, 32);
+  EXPECT_EQ(cfg->n_expert_used, 4);
+  EXPECT_EQ(cfg->n_vocab, 258);
+  EXPECT_EQ(cfg->context_length, 262144);
+  EXPECT_TRUE(cfg->qk_norm);
+}
+
+TEST(BuiltinModelTest, UnknownNameListsTheBuiltins) {
+  auto f = OpenModelFile("builtin:huge");
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(f.status().message().find("builtin:tiny-moe"), std::string::npos) << f.status().message();
+}
+
+TEST(BuiltinModelTest, InfoDescribesIt) {
+  auto text = RunInfo("builtin:tiny-moe", {});
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_NE(text->find("qwen3moe"), std::string::npos);
+  EXPECT_NE(text->find("blk.3.ffn_down_exps.weight"), std::string::npos);
+  EXPECT_NE(text->find("tierkv tiny-moe"), std::string::npos);
+}
+
+// Routing over a token stream: low expert ids are chosen more often than high ones.
+TEST(BuiltinModelTest, ExpertPopularityIsSkewed) {
+  std::shared_ptr<const GgufFile> file = BuildBuiltinModel("tiny-moe").value();
+  ModelOptions mo;
+  mo.threads = 2;
+  auto model = Model::Load(file, mo);
+  ASSERT_TRUE(model.ok());
+  testing::TempDir dir;
+  testing::SmallTiers s;
+  s.frame_bytes = 64 * 1024;
+  s.device_frames = 0;
+  s.host_frames = 1024;
+  s.disk_frames = 0;
+  auto mm = testing::MakeManager(s, dir.path());
+  auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kQ8_0));
+  ASSERT_TRUE(cache.ok());
+  std::vector<RouteRecord> trace;
+  (*model)->set_route_trace(&trace);
+  const SeqId seq = (*cache)->NewSequence();
+  const std::string text = "The quick brown fox jumps over the lazy dog; 0123456789. ";
+  std::vector<float> logits(258);
+  for (int pos = 0; pos < 120; ++pos) {
+    ASSERT_TRUE((*model)->Forward(**cache, seq, static_cast<unsigned char>(text[pos % text.size()]), pos, logits).ok());
+  }
+  std::vector<int> count(32, 0);
+  for (const RouteRecord& r : trace) for (int e : r.experts) ++count[static_cast<size_t>(e)];
+  int low = 0, high = 0;
+  for (int e = 0; e < 8; ++e) low += count[static_cast<size_t>(e)];
+  for (int e = 24; e < 32; ++e) high += count[static_cast<size_t>(e)];
+  EXPECT_GT(low, 2 * high) << "experts 0-7 chosen " << low << " times, 24-31 " << high;
+}
+
+TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
+  testing::TempDir dir;
+  RunOptions o;
+  o.model = "builtin:tiny-moe";
+  o.prompt = "Once upon a time, in a tiered memory,";
+  o.n_predict = 16;
+  o.threads = 2;
+  o.memory.mlock = MlockMode::kOff;
+  o.memory.frame_bytes = 64 * 1024;
+  o.memory.device = DeviceKind::kSim;
+  o.memory.device_bytes = 8 << 20;
+  o.memory.host_bytes = 64 << 20;
+  o.session = dir.path() + "/s.tkv";
+  auto r = RunSession(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->generated_tokens.size(), 16u);
+  EXPECT_GT(r->decoder.expert_acquires, 0u);
+  EXPECT_GT(r->decoder.weight_acquires, 0u);
+  EXPECT_GT(r->decoder.prefetched_pages, 0u);
+  const nlohmann::json j = r->ToJson();
+  EXPECT_TRUE(j.contains("decoder"));
+  EXPECT_EQ(j["tiers"].size(), 2u);  // device (sim) and host
+  // The same run with weights read in place gives the same tokens.
+  RunOptions m = o;
+  m.page_weights = false;
+  m.prefetch = false;
+  m.session.clear();
+  auto r2 = RunSession(m);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->generated_tokens, r->generated_tokens);
+}
+
+TEST(BuiltinModelTest, AWeightPageLargerThanTheComputeTierIsRefused) {
+  std::shared_ptr<const GgufFile> file = BuildBuiltinModel("tiny-moe").value();
+  auto model = Model::Load(file, {});
+  ASSERT_TRUE(model.ok());
+  testing::TempDir dir;
+  testing::SmallTiers s;
+  s.frame_bytes = 64 * 1024;
+  s.device_frames = 2;  // 128 KiB: a layer page (~350 KiB) does not fit
+  s.host_frames = 1024;
+  auto mm = testing::MakeManager(s, dir.path());
+  Status st = (*model)->UseMemory(mm.get());
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("layer 0's weights"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("device"), std::string::npos) << st.message();
+  EXPECT_EQ(mm->live_pages(), 0u) << "nothing registered";
+}
+
+}  // namespace
+}  // namespace tierkv

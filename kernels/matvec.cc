@@ -30,12 +30,17 @@ int64_t RowsPerTask(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 1
 struct Chunk {
   const MatVecJob* job;
   DotFn dot;
+  DotRowsFn dot_rows;  // nullptr: dot per row
   const void* act;
   int64_t begin, end;
 };
 
 void RunChunk(const Chunk& c) {
   const MatrixView& w = *c.job->w;
+  if (c.dot_rows != nullptr) {
+    c.dot_rows(w.Row(c.begin), w.row_bytes, c.end - c.begin, c.act, w.cols, c.job->y + c.begin);
+    return;
+  }
   for (int64_t r = c.begin; r < c.end; ++r) c.job->y[r] = c.dot(w.Row(r), c.act, w.cols);
 }
 
@@ -71,8 +76,9 @@ void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
     assert(j.x->size() == j.w->cols);
     const void* act = j.x->For(j.w->type);
     const DotFn dot = GetDotFn(j.w->type, level);
+    const DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
     const int64_t step = RowsPerTask(j.w->cols);
-    for (int64_t b = 0; b < j.w->rows; b += step) chunks.push_back({&j, dot, act, b, std::min(j.w->rows, b + step)});
+    for (int64_t b = 0; b < j.w->rows; b += step) chunks.push_back({&j, dot, dot_rows, act, b, std::min(j.w->rows, b + step)});
   }
   if (pool == nullptr || chunks.size() == 1) {
     for (const Chunk& c : chunks) RunChunk(c);

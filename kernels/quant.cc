@@ -373,6 +373,11 @@ DotFn GetDotFn(WeightType weight, SimdLevel level) {
   return quant_internal::ScalarDot(weight);
 }
 
+DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
+  if (level >= SimdLevel::kAvx512) return quant_internal::Avx512DotRows(weight);
+  return nullptr;
+}
+
 SimdLevel DotFnLevel(WeightType weight, SimdLevel level) {
   if (level >= SimdLevel::kAvx512 && quant_internal::Avx512Dot(weight)) return SimdLevel::kAvx512;
   if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight)) return SimdLevel::kAvx2;

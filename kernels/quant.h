@@ -146,14 +146,29 @@ inline float DotRow(WeightType weight, const void* row, const void* act, int64_t
 }
 
 // Which level GetDotFn really serves for this type (AVX-512 falls back to AVX2 for the
-// K-quants): for benchmarks and reports.
+// quantized types on CPUs without AVX512-VNNI): for benchmarks and reports.
 SimdLevel DotFnLevel(WeightType weight, SimdLevel level);
+
+// Dots of n_rows consecutive rows of a weight matrix (row r at rows + r * row_bytes) with
+// one activation row: out[r] for r < n_rows. Each out[r] is bit-identical to
+// GetDotFn(weight, level) on that row; the kernel shares the activation loads and the
+// per-block setup between rows and keeps several independent sums in flight.
+using DotRowsFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                           float* out);
+// The multi-row kernel for `weight` at `level`, or nullptr where there is none (call the
+// DotFn per row). Today: the quantized types at the AVX-512 level when the CPU also has
+// AVX512-VNNI.
+DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
 
 namespace quant_internal {
 // Per-level kernel tables (quant.cc, quant_avx2.cc, quant_avx512.cc); nullptr = none.
 DotFn ScalarDot(WeightType weight);
 DotFn Avx2Dot(WeightType weight);
 DotFn Avx512Dot(WeightType weight);
+DotRowsFn Avx512DotRows(WeightType weight);
+// Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
+// detected); tests use this to know which kernels they compare.
+bool HasAvx512Vnni();
 }  // namespace quant_internal
 
 }  // namespace tierkv::kernels

@@ -5,6 +5,7 @@
 // here independently (element-wise formulas rather than the kernels' block loops).
 #include "kernels/quant.h"
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -317,6 +318,116 @@ TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
   for (SimdLevel level : Levels()) {
     EXPECT_EQ(GetDotFn(WeightType::kQ8_0, level)(w.data(), x.data(), 128), static_cast<float>(ref))
         << SimdLevelName(level);
+  }
+}
+
+// The AVX512-VNNI multi-row kernels (quant_avx512.cc) against the AVX2 kernels, bit for
+// bit: their float arithmetic is the AVX2 kernels' per row, and integer sums are exact.
+// Row counts 1 - 9 cover the 4-row groups and the one-row tails; random codes and
+// scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit scales and
+// mins at 63) for the saturation bounds.
+constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K,
+                                      WeightType::kQ6_K};
+
+void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t n,
+                                  const std::vector<uint8_t>& act) {
+  const size_t rb = RowBytes(t, n);
+  const DotFn avx2 = quant_internal::Avx2Dot(t);
+  const DotFn one = GetDotFn(t, SimdLevel::kAvx512);
+  const DotRowsFn many = GetDotRowsFn(t, SimdLevel::kAvx512);
+  ASSERT_NE(many, nullptr);
+  EXPECT_EQ(DotFnLevel(t, SimdLevel::kAvx512), SimdLevel::kAvx512);
+  std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
+  many(rows.data(), rb, n_rows, act.data(), n, out.data());
+  EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const void* row = rows.data() + static_cast<size_t>(r) * rb;
+    const float want = avx2(row, act.data(), n);
+    // Compare the bits: equal floats of different sign or NaN payload would pass ==.
+    EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want))
+        << "row " << r << ": " << out[static_cast<size_t>(r)] << " vs " << want;
+    EXPECT_EQ(std::bit_cast<uint32_t>(one(row, act.data(), n)), std::bit_cast<uint32_t>(want)) << "row " << r;
+  }
+}
+
+TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
+  if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (WeightType t : kQuantTypes) {
+    for (int64_t n : {64, 256, 512, 1024, 4096}) {
+      if (n % GetWeightTypeInfo(t).block_size != 0) continue;
+      for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9}) {
+        SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
+        std::vector<uint8_t> rows;
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const std::vector<uint8_t> row = RandomRow(t, n, rng);
+          rows.insert(rows.end(), row.begin(), row.end());
+        }
+        std::vector<float> x(n);
+        for (float& v : x) v = normal(rng);
+        x[3] = -9.0f;  // an outlier
+        const WeightType at = ActivationType(t);
+        std::vector<uint8_t> act(RowBytes(at, n));
+        QuantizeActivation(at, x.data(), act.data(), n);
+        ExpectRowsBitIdenticalToAvx2(t, rows, n_rows, n, act);
+      }
+    }
+  }
+}
+
+TEST(QuantTest, VnniKernelsWorstCaseCodes) {
+  if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
+  const int64_t n = 512, n_rows = 5;
+  for (WeightType t : kQuantTypes) {
+    SCOPED_TRACE(WeightTypeName(t));
+    const size_t rb = RowBytes(t, n);
+    // Every code byte 0xff except the scales: largest nibbles/5th/6th bits; Q8_0 -1.
+    std::vector<uint8_t> rows(rb * n_rows, 0xff);
+    const WeightTypeInfo& info = GetWeightTypeInfo(t);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      for (int64_t b = 0; b < n / info.block_size; ++b) {
+        uint8_t* blk = rows.data() + static_cast<size_t>(r) * rb + static_cast<size_t>(b) * info.block_bytes;
+        const uint16_t one = F32ToF16(1.0f);
+        switch (t) {
+          case WeightType::kQ8_0: {
+            std::memcpy(blk, &one, 2);
+            std::memset(blk + 2, 0x80, 32);  // -128
+            break;
+          }
+          case WeightType::kQ4_0: std::memcpy(blk, &one, 2); break;
+          case WeightType::kQ4_K:
+          case WeightType::kQ5_K: {
+            std::memcpy(blk, &one, 2);
+            std::memcpy(blk + 2, &one, 2);  // scales bytes stay 0xff: all 6-bit values 63
+            break;
+          }
+          case WeightType::kQ6_K: {
+            std::memset(blk + 192, 0x80, 16);  // scales -128
+            std::memcpy(blk + 208, &one, 2);
+            break;
+          }
+          default: break;
+        }
+      }
+    }
+    // Activation codes of alternating sign at the largest magnitude.
+    std::vector<float> x(n);
+    for (int64_t i = 0; i < n; ++i) x[i] = (i % 3 == 0) ? 1.0f : -1.0f;
+    const WeightType at = ActivationType(t);
+    std::vector<uint8_t> act(RowBytes(at, n));
+    QuantizeActivation(at, x.data(), act.data(), n);
+    ExpectRowsBitIdenticalToAvx2(t, rows, n_rows, n, act);
+    // And the exact integer value, from the element-wise reference.
+    std::vector<float> wf(n), xf(n);
+    DequantizeRow(t, rows.data(), wf.data(), n);
+    DequantizeRow(at, act.data(), xf.data(), n);
+    double ref = 0, mag = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += static_cast<double>(wf[i]) * xf[i];
+      mag += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+    }
+    EXPECT_NEAR(GetDotFn(t, SimdLevel::kAvx512)(rows.data(), act.data(), n), ref, 2e-6 * mag + 1e-7);
   }
 }
 

@@ -23,7 +23,10 @@
 // KvCache::Write; no forward passes), then a few warm-up steps run before the timed
 // ones. Every step runs Forward with logits.
 //
-//   ./build/release/bench/pipeline_bench [overlap|depth|all] [--depth N] [--steps N]
+// long: decode at a 190K-token depth with a sim Device of --device-mib MiB (every
+//   page streams through it); not part of `all` (the fill takes a while).
+//
+//   ./build/release/bench/pipeline_bench [overlap|depth|long|all] [--depth N] [--steps N]
 //                                        [--threads N] [--overlap-threads N] [--device-mib N]
 //                                        [--attention llama|online] [--disk-dir DIR]
 #include <algorithm>
@@ -47,6 +50,7 @@ namespace {
 struct Args {
   std::string study = "all";
   int depth = 16384;
+  int long_depth = 190000;
   int overlap_depth = 4096;
   int steps = 24;
   int threads = 2;
@@ -201,6 +205,20 @@ void Overlap(std::shared_ptr<const GgufFile> file, const Args& a) {
   Print(name, Run(file, {name, SimDevice(device, gbps, frame), false}, a.overlap_depth, a.steps, a.overlap_threads));
 }
 
+// A 190K-token context under a device budget of a few MiB: everything streams.
+void Long(std::shared_ptr<const GgufFile> file, const Args& a) {
+  const uint64_t frame = 64 * kKiB;
+  MemoryOptions o = SimDevice(static_cast<uint64_t>(a.device_mib) * kMiB, 0, frame);
+  o.host_bytes = 1 * kGiB;
+  std::printf("\n== long: tiny-moe, KV depth %d (f16), sim device %d MiB over a 1 GiB host, weights paged, online "
+              "attention, %d threads, %d steps ==\n",
+              a.long_depth, a.device_mib, a.threads, a.steps);
+  PrintHeader();
+  const Measure m = Run(file, {"long", o, true, true, false}, a.long_depth, a.steps, a.threads);
+  Print("prefetch", m);
+  std::printf("tokens/s at depth %d: %.2f\n", a.long_depth, 1 / m.wall);
+}
+
 void Depth(std::shared_ptr<const GgufFile> file, const Args& a) {
   std::unique_ptr<Model> probe = Must(Model::Load(file, {}), "model");
   const uint64_t frame = 256 * kKiB;
@@ -245,7 +263,8 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (s == "overlap" || s == "depth" || s == "all") a.study = s;
+    if (s == "overlap" || s == "depth" || s == "long" || s == "all") a.study = s;
+    else if (s == "--long-depth") a.long_depth = std::atoi(next().c_str());
     else if (s == "--depth") a.depth = std::atoi(next().c_str());
     else if (s == "--overlap-depth") a.overlap_depth = std::atoi(next().c_str());
     else if (s == "--steps") a.steps = std::atoi(next().c_str());
@@ -269,5 +288,6 @@ int main(int argc, char** argv) {
   std::shared_ptr<const GgufFile> file = Must(BuildBuiltinModel("tiny-moe"), "builtin:tiny-moe");
   if (a.study == "overlap" || a.study == "all") Overlap(file, a);
   if (a.study == "depth" || a.study == "all") Depth(file, a);
+  if (a.study == "long") Long(file, a);
   return 0;
 }

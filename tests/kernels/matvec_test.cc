@@ -5,6 +5,7 @@
 #include "kernels/matvec.h"
 
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -90,6 +91,26 @@ TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
       EXPECT_EQ(y0[r], DotRow(t, m.view.Row(r), act, 512)) << r;
       EXPECT_EQ(y0[r], y1[r]);
       EXPECT_EQ(y0[r], y3[r]);
+    }
+  }
+}
+
+// The multi-row kernels (AVX512-VNNI, 4 rows per step and one-row tails) give the same
+// bits as the AVX2 per-row path: odd row counts so that chunks end in tails.
+TEST(MatVecTest, MultiRowKernelsEqualAvx2Rows) {
+  if (GetDotRowsFn(WeightType::kQ8_0, DetectedSimdLevel()) == nullptr) GTEST_SKIP() << "no multi-row kernels here";
+  ThreadPool pool(2);
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+    for (int64_t cols : {256, 768}) {
+      SCOPED_TRACE(std::string(WeightTypeName(t)) + " cols=" + std::to_string(cols));
+      const OwnedMatrix m = RandomMatrix(t, 301, cols, 7);
+      const std::vector<float> x = RandomVector(cols, 8);
+      std::vector<float> fast(301), slow(301);
+      MatVec(m.view, x.data(), fast.data(), &pool);
+      ForceSimdLevel(SimdLevel::kAvx2);
+      MatVec(m.view, x.data(), slow.data(), &pool);
+      ForceSimdLevel(SimdLevel::kAvx512);
+      for (int r = 0; r < 301; ++r) EXPECT_EQ(std::bit_cast<uint32_t>(fast[r]), std::bit_cast<uint32_t>(slow[r])) << r;
     }
   }
 }

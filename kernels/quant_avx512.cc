@@ -73,6 +73,47 @@ TIERKV_AVX512_FN float DotF16Avx512(const void* row, const void* act, int64_t n)
   return s;
 }
 
+// kRowsF16 rows of F16 at once, each with DotF16Avx512's arithmetic (a0 over even and a1
+// over odd 16-value chunks, HsumPs512(a0 + a1), scalar tail): the activation's f16 to f32
+// conversions are shared by the rows.
+template <int R>
+TIERKV_AVX512_FN inline void DotF16RowsAvx512T(const uint8_t* rows, size_t row_bytes, const uint16_t* x, int64_t n,
+                                              float* out) {
+  const uint16_t* w[R];
+  __m512 a0[R], a1[R];
+  for (int r = 0; r < R; ++r) {
+    w[r] = reinterpret_cast<const uint16_t*>(rows + static_cast<size_t>(r) * row_bytes);
+    a0[r] = _mm512_setzero_ps();
+    a1[r] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 x0 = LoadF16x16(x + i), x1 = LoadF16x16(x + i + 16);
+    for (int r = 0; r < R; ++r) {
+      a0[r] = _mm512_fmadd_ps(LoadF16x16(w[r] + i), x0, a0[r]);
+      a1[r] = _mm512_fmadd_ps(LoadF16x16(w[r] + i + 16), x1, a1[r]);
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x0 = LoadF16x16(x + i);
+    for (int r = 0; r < R; ++r) a0[r] = _mm512_fmadd_ps(LoadF16x16(w[r] + i), x0, a0[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float s = HsumPs512(_mm512_add_ps(a0[r], a1[r]));
+    for (int64_t k = i; k < n; ++k) s += F16ToF32(w[r][k]) * F16ToF32(x[k]);
+    out[r] = s;
+  }
+}
+
+TIERKV_AVX512_FN void DotF16RowsAvx512(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                      float* out) {
+  const auto* x = static_cast<const uint16_t*>(act);
+  const auto* base = static_cast<const uint8_t*>(rows);
+  int64_t r = 0;
+  for (; r + 4 <= n_rows; r += 4) DotF16RowsAvx512T<4>(base + r * row_bytes, row_bytes, x, n, out + r);
+  for (; r < n_rows; ++r) out[r] = DotF16Avx512(base + r * row_bytes, x, n);
+}
+
 TIERKV_AVX512_FN inline __m512 LoadBf16x16(const uint16_t* p) {
   const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
@@ -421,6 +462,7 @@ DotFn Avx512Dot(WeightType weight) {
 }
 
 DotRowsFn Avx512DotRows(WeightType weight) {
+  if (weight == WeightType::kF16) return DotF16RowsAvx512;
   if (!HasAvx512Vnni()) return nullptr;
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsVnni;

@@ -156,8 +156,8 @@ SimdLevel DotFnLevel(WeightType weight, SimdLevel level);
 using DotRowsFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
                            float* out);
 // The multi-row kernel for `weight` at `level`, or nullptr where there is none (call the
-// DotFn per row). Today: F16 at the AVX-512 level, and the quantized types there when
-// the CPU also has AVX512-VNNI.
+// DotFn per row). Today: the quantized types at the AVX-512 level when the CPU also has
+// AVX512-VNNI.
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
 
 namespace quant_internal {

@@ -208,7 +208,8 @@ void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
   predicted_.resize(static_cast<size_t>(c.n_layer));
   std::vector<int32_t>& predicted = predicted_[static_cast<size_t>(next)];
   predicted.clear();
-  if (c.is_moe() && next > 0) {
+  // Predicted only where it is used: paged experts to fetch, or a routing trace.
+  if (c.is_moe() && next > 0 && (mm_ != nullptr || route_trace_ != nullptr)) {
     // The next layer's router on the current hidden state (normed as its input will be).
     Scratch& s = *s_;
     const Layer& N = w_->layers[static_cast<size_t>(next)];

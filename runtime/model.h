@@ -156,9 +156,9 @@ class Model {
   Status UseMemory(MemoryManager* mm);
   bool uses_memory() const { return mm_ != nullptr; }
   // The largest page UseMemory would make: the compute tier must hold at least this.
-  uint64_t LargestWeightPage();
+  uint64_t LargestWeightPage() const;
   // The frames all weight pages take, in bytes, for frames of frame_bytes.
-  uint64_t WeightPageBytes(uint64_t frame_bytes);
+  uint64_t WeightPageBytes(uint64_t frame_bytes) const;
 
   // A weight page's contents: parts copied out of the mapping (internal; public for the
   // page source).
@@ -198,14 +198,17 @@ class Model {
     std::vector<WeightPart> parts;
     uint64_t bytes;
   };
-  std::vector<WeightPage> PlanWeightPages();
+  std::vector<WeightPage> PlanWeightPages() const;
   Status ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits);
   Status Attention(KvCache& cache, SeqId seq, int layer, int pos, const float* q, float* out);
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
   Status AcquireLayer(int layer, Layer* out);
-  Result<Pin> AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits, double* wait);
+  // Acquire (for reading) timed into wait_s and *wait; counts the acquire and a hit
+  // where those are given.
+  Result<Pin> AcquireCounted(MemoryManager& mm, PageId page, Tier tier, double* wait, uint64_t* acquires = nullptr,
+                             uint64_t* hits = nullptr);
   // Queues what layer `next` needs (weights, first KV batch, predicted experts).
   void PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos);
   int KvBatchBlocks(KvCache& cache, int n_blocks) const;

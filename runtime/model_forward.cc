@@ -121,8 +121,8 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
   if (!logits.empty()) {
     kernels::MatrixView output = w_->output;
     if (mm_ != nullptr) {
-      auto pin = AcquireCounted(output_page_, &counters_.weight_acquires, &counters_.weight_hits,
-                                &counters_.weight_wait_s);
+      auto pin = AcquireCounted(*mm_, output_page_, weight_tier_, &counters_.weight_wait_s, &counters_.weight_acquires,
+                                &counters_.weight_hits);
       if (!pin.ok()) return pin.status().Annotate("output weights");
       output.data = pin->data();
       s.pins.push_back(std::move(pin).value());
@@ -200,8 +200,8 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
     MatrixView gate = Expert(L.gate_exps, e), up = Expert(L.up_exps, e), down = Expert(L.down_exps, e);
     Pin pin;
     if (mm_ != nullptr) {
-      uint64_t acquires = 0, hits = 0;  // counted above, before the copies were queued
-      auto p = AcquireCounted(expert_pages_[static_cast<size_t>(layer * c.n_expert + e)], &acquires, &hits,
+      // Acquires and hits were counted above, before the copies were queued.
+      auto p = AcquireCounted(*mm_, expert_pages_[static_cast<size_t>(layer * c.n_expert + e)], weight_tier_,
                               &counters_.expert_wait_s);
       if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
       pin = std::move(p).value();
@@ -233,7 +233,7 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   MemoryManager& mm = cache.memory();
-  const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
+  const Tier tier = mm.cpu_tier();
   const VectorCodec& codec = cache.codec();
   const KvGeometry& g = cache.geometry();
 
@@ -261,16 +261,11 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
     s.pins.clear();
     s.blocks.clear();
     for (int b = b0; b < b0 + count; ++b) {
-      const auto t0 = std::chrono::steady_clock::now();
-      auto pin = mm.Acquire(cache.BlockPage(seq, layer, b), tier, Access::kRead);
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      counters_.wait_s += waited;
-      counters_.kv_wait_s += waited;
+      auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s, &counters_.kv_acquires,
+                                &counters_.kv_hits);
       if (!pin.ok()) {
         return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
       }
-      ++counters_.kv_acquires;
-      if (pin->hit()) ++counters_.kv_hits;
       s.blocks.push_back(pin->data());
       s.pins.push_back(std::move(pin).value());
     }

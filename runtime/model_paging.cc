@@ -63,12 +63,11 @@ std::span<kernels::MatrixView Model::Layer::* const> Model::Layer::PagedMatrices
 }
 
 // The weight pages in key order: layers (0 .. n_layer-1), the output matrix
-// (n_layer), experts (n_layer + 1 + l * n_expert + e). Sets the offsets the forward
-// step rebases views with.
-std::vector<Model::WeightPage> Model::PlanWeightPages() {
+// (n_layer), experts (n_layer + 1 + l * n_expert + e). A layer page's parts are in
+// Layer::PagedMatrices order; an expert page's are gate, up, down.
+std::vector<Model::WeightPage> Model::PlanWeightPages() const {
   const ModelConfig& c = cfg_;
   std::vector<WeightPage> pages;
-  layer_offsets_.assign(static_cast<size_t>(c.n_layer), {});
   for (int l = 0; l < c.n_layer; ++l) {
     const Layer& L = w_->layers[static_cast<size_t>(l)];
     WeightPage page{"layer " + std::to_string(l) + "'s weights", {}, 0};
@@ -76,7 +75,6 @@ std::vector<Model::WeightPage> Model::PlanWeightPages() {
       const kernels::MatrixView& m = L.*member;
       if (m.data == nullptr) continue;
       page.parts.push_back({static_cast<const uint8_t*>(m.data), MatrixBytes(m), page.bytes});
-      layer_offsets_[static_cast<size_t>(l)].push_back(page.bytes);
       page.bytes = AlignUp(page.bytes + MatrixBytes(m));
     }
     pages.push_back(std::move(page));
@@ -85,18 +83,16 @@ std::vector<Model::WeightPage> Model::PlanWeightPages() {
   pages.push_back({"the output matrix", {{static_cast<const uint8_t*>(w_->output.data), out_bytes, 0}}, out_bytes});
   if (c.is_moe()) {
     // Types may differ between layers (Q4_K_M keeps some in Q6_K): offsets per layer.
-    expert_offsets_.assign(static_cast<size_t>(c.n_layer), {});
     for (int l = 0; l < c.n_layer; ++l) {
       const Layer& L = w_->layers[static_cast<size_t>(l)];
       const kernels::MatrixView* stacked[3] = {&L.gate_exps, &L.up_exps, &L.down_exps};
       const size_t sizes[3] = {MatrixBytes(L.gate_exps), MatrixBytes(L.up_exps), MatrixBytes(L.down_exps)};
-      std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(l)];
-      off = {0, AlignUp(sizes[0]), AlignUp(sizes[0]) + AlignUp(sizes[1])};
+      const size_t off[3] = {0, AlignUp(sizes[0]), AlignUp(sizes[0]) + AlignUp(sizes[1])};
       for (int e = 0; e < c.n_expert; ++e) {
         WeightPage page{"expert " + std::to_string(e) + " of layer " + std::to_string(l), {}, 0};
         for (int i = 0; i < 3; ++i) {
           const auto* base = static_cast<const uint8_t*>(stacked[i]->data);
-          page.parts.push_back({base + static_cast<size_t>(e) * sizes[i], sizes[i], off[static_cast<size_t>(i)]});
+          page.parts.push_back({base + static_cast<size_t>(e) * sizes[i], sizes[i], off[i]});
         }
         page.bytes = off[2] + sizes[2];
         pages.push_back(std::move(page));
@@ -106,13 +102,13 @@ std::vector<Model::WeightPage> Model::PlanWeightPages() {
   return pages;
 }
 
-uint64_t Model::LargestWeightPage() {
+uint64_t Model::LargestWeightPage() const {
   uint64_t max = 0;
   for (const WeightPage& p : PlanWeightPages()) max = std::max<uint64_t>(max, p.bytes);
   return max;
 }
 
-uint64_t Model::WeightPageBytes(uint64_t frame_bytes) {
+uint64_t Model::WeightPageBytes(uint64_t frame_bytes) const {
   uint64_t sum = 0;
   for (const WeightPage& p : PlanWeightPages()) sum += (p.bytes + frame_bytes - 1) / frame_bytes * frame_bytes;
   return sum;
@@ -121,7 +117,7 @@ uint64_t Model::WeightPageBytes(uint64_t frame_bytes) {
 Status Model::UseMemory(MemoryManager* mm) {
   if (mm == nullptr) return Status::InvalidArgument("model: no memory manager");
   if (mm_ != nullptr) return Status::FailedPrecondition("model: weights are already placed in a memory manager");
-  const Tier tier = mm->host_addressable(mm->compute_tier()) ? mm->compute_tier() : Tier::kHost;
+  const Tier tier = mm->cpu_tier();
   const uint64_t budget = mm->Stats(tier).budget_bytes;
   std::vector<WeightPage> plan = PlanWeightPages();
   for (const WeightPage& p : plan) {
@@ -129,6 +125,17 @@ Status Model::UseMemory(MemoryManager* mm) {
     if (frames * mm->frame_bytes() > budget) {
       return Status::InvalidArgument("model: the " + std::string(TierName(tier)) + " budget (" + FormatBytes(budget) +
                                      ") cannot hold " + p.what + " (" + FormatBytes(p.bytes) + "); raise it");
+    }
+  }
+  // The views the forward step rebases onto a pin: each part's offset in its page.
+  const size_t n_layer = static_cast<size_t>(cfg_.n_layer);
+  layer_offsets_.assign(n_layer, {});
+  expert_offsets_.assign(cfg_.is_moe() ? n_layer : 0, {});
+  for (size_t l = 0; l < n_layer; ++l) {
+    for (const WeightPart& part : plan[l].parts) layer_offsets_[l].push_back(part.offset);
+    if (cfg_.is_moe()) {
+      const WeightPage& first = plan[n_layer + 1 + l * static_cast<size_t>(cfg_.n_expert)];
+      for (size_t i = 0; i < 3; ++i) expert_offsets_[l][i] = first.parts[i].offset;
     }
   }
   auto source = std::make_shared<WeightSource>(file_);
@@ -144,7 +151,6 @@ Status Model::UseMemory(MemoryManager* mm) {
     }
     pages.push_back(*page);
   }
-  const size_t n_layer = static_cast<size_t>(cfg_.n_layer);
   layer_pages_.assign(pages.begin(), pages.begin() + static_cast<ptrdiff_t>(n_layer));
   output_page_ = pages[n_layer];
   expert_pages_.assign(pages.begin() + static_cast<ptrdiff_t>(n_layer) + 1, pages.end());
@@ -153,23 +159,23 @@ Status Model::UseMemory(MemoryManager* mm) {
   return Status::Ok();
 }
 
-Result<Pin> Model::AcquireCounted(PageId page, uint64_t* acquires, uint64_t* hits, double* wait) {
+Result<Pin> Model::AcquireCounted(MemoryManager& mm, PageId page, Tier tier, double* wait, uint64_t* acquires,
+                                  uint64_t* hits) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto pin = mm_->Acquire(page, weight_tier_, Access::kRead);
+  auto pin = mm.Acquire(page, tier, Access::kRead);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   counters_.wait_s += waited;
   *wait += waited;
-  ++*acquires;
-  if (pin.ok() && pin->hit()) ++*hits;
+  if (acquires != nullptr) ++*acquires;
+  if (hits != nullptr && pin.ok() && pin->hit()) ++*hits;
   return pin;
 }
 
 Status Model::AcquireLayer(int layer, Layer* out) {
   *out = w_->layers[static_cast<size_t>(layer)];
   if (mm_ == nullptr) return Status::Ok();
-  auto pin = AcquireCounted(layer_pages_[static_cast<size_t>(layer)], &counters_.weight_acquires,
-                            &counters_.weight_hits,
-                            &counters_.weight_wait_s);
+  auto pin = AcquireCounted(*mm_, layer_pages_[static_cast<size_t>(layer)], weight_tier_, &counters_.weight_wait_s,
+                            &counters_.weight_acquires, &counters_.weight_hits);
   if (!pin.ok()) return pin.status().Annotate("weights of layer " + std::to_string(layer));
   size_t i = 0;
   for (auto member : Layer::PagedMatrices()) {
@@ -184,7 +190,7 @@ Status Model::AcquireLayer(int layer, Layer* out) {
 int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
   if (options_.kv_batch_blocks > 0) return options_.kv_batch_blocks;
   const MemoryManager& mm = cache.memory();
-  const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
+  const Tier tier = mm.cpu_tier();
   const uint64_t block_frames = (cache.block_bytes() + mm.frame_bytes() - 1) / mm.frame_bytes();
   const uint64_t budget_frames = mm.Stats(tier).frames;
   return static_cast<int>(std::clamp<uint64_t>(budget_frames / 8 / std::max<uint64_t>(block_frames, 1), 1,
@@ -194,7 +200,7 @@ int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
 void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
   const ModelConfig& c = cfg_;
   MemoryManager& mm = cache.memory();
-  const Tier tier = mm.host_addressable(mm.compute_tier()) ? mm.compute_tier() : Tier::kHost;
+  const Tier tier = mm.cpu_tier();
   std::vector<PageId> pages;
   if (mm_ != nullptr) {
     pages.push_back(layer_pages_[static_cast<size_t>(next)]);

@@ -633,8 +633,9 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
   }
   return RunOnStreamAsync([this, pages = std::move(pages), tier, promote](Lock& lock) {
     // Pages already where they should be, and pinned pages, are left alone.
+    const std::vector<PageId> unique = UniquePages(pages);
     std::vector<PageId> todo;
-    for (PageId p : UniquePages(pages)) {
+    for (PageId p : unique) {
       if (!table_.Contains(p)) continue;
       const PageEntry& e = table_.at(p);
       const int top = TierIndex(e.top()), to = TierIndex(tier);
@@ -645,7 +646,7 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
     Status st = promote ? PromoteLocked(lock, todo, tier) : DemoteLocked(lock, todo, tier);
     SetInFlight(todo, false);
     if (promote) {
-      for (PageId p : UniquePages(pages)) {
+      for (PageId p : unique) {
         if (!table_.Contains(p)) continue;
         PageEntry& e = table_.at(p);
         if (TierIndex(e.top()) <= TierIndex(tier)) e.prefetched_at = access_tick_ + 1;

@@ -84,7 +84,6 @@ void Stream::Run() {
     task();
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     busy_ns_.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
-    tasks_run_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -100,10 +100,9 @@ class Stream {
   // True when called from this stream's worker (tasks must not Synchronize themselves).
   bool OnWorker() const { return std::this_thread::get_id() == worker_.get_id(); }
 
-  // The stream's own counters: seconds its worker spent running tasks (busy, not
-  // waiting for work) and the tasks run, since construction. Callers take differences.
+  // The stream's own counter: seconds its worker spent running tasks (busy, not
+  // waiting for work) since construction. Callers take differences.
   double busy_seconds() const { return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) * 1e-9; }
-  uint64_t tasks_run() const { return tasks_run_.load(std::memory_order_relaxed); }
 
  private:
   void Run();
@@ -116,7 +115,6 @@ class Stream {
   std::atomic<size_t> queued_{0};             // tasks in both, for the spinning worker
   bool stop_ = false;                        // GUARDED_BY(mu_)
   std::atomic<uint64_t> busy_ns_{0};
-  std::atomic<uint64_t> tasks_run_{0};
   std::thread worker_;
 };
 

@@ -86,6 +86,35 @@ TEST(StreamTest, RunsTasksInFifoOrder) {
   }
 }
 
+// Urgent tasks overtake queued normal ones, FIFO among themselves; a task already
+// running is not interrupted.
+TEST(StreamTest, UrgentTasksOvertakeQueuedNormalTasks) {
+  std::vector<int> order;  // touched only by the worker until Synchronize returns
+  Stream s("lanes");
+  Ticket started = Ticket::Pending(), gate = Ticket::Pending();
+  s.Enqueue([&order, started, gate] {
+    started.Complete(Status::Ok());
+    (void)gate.Wait();  // holds the worker while the rest is queued
+    order.push_back(0);
+  });
+  ASSERT_TRUE(started.Wait().ok());
+  s.Enqueue([&order] { order.push_back(1); });
+  s.Enqueue([&order] { order.push_back(2); });
+  s.Enqueue([&order] { order.push_back(10); }, /*urgent=*/true);
+  s.Enqueue([&order] { order.push_back(11); }, /*urgent=*/true);
+  gate.Complete(Status::Ok());
+  s.Synchronize();
+  EXPECT_EQ(order, (std::vector<int>{0, 10, 11, 1, 2}));
+}
+
+TEST(StreamTest, BusySecondsCountTimeInTasks) {
+  Stream s("busy");
+  const double before = s.busy_seconds();
+  s.Enqueue([] { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  s.Synchronize();
+  EXPECT_GE(s.busy_seconds() - before, 0.004);
+}
+
 TEST(StreamTest, KeepsEachProducersOrder) {
   constexpr int kProducers = 4, kPerProducer = 500;
   std::vector<std::pair<int, int>> order;  // (producer, seq); worker only

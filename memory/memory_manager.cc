@@ -551,26 +551,36 @@ Status MemoryManager::Free(PageId page) {
   return Status::Ok();
 }
 
+Pin MemoryManager::PinHereLocked(PageId page, PageEntry& e, Tier tier, Access access, bool hit) {
+  e.prefetched_at = 0;
+  ++e.pins;
+  e.pin_tier = tier;
+  ++e.accesses;
+  e.last_access = ++access_tick_;
+  // After a miss the promotion inserted the page, and the insertion is this use's
+  // reference: counting it again would make every page look used twice (2Q would lose
+  // its scan resistance, LFU would double-count misses).
+  if (hit) policy_->OnAccess(page);
+  if (access == Access::kWrite) {
+    for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
+    e.source = -1;  // the backing is stale from now on
+  }
+  return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes, hit);
+}
+
+Pin MemoryManager::TryAcquire(PageId page, Tier tier, Access access) {
+  if (!has_tier(tier) || tier == Tier::kDisk) return Pin();
+  Lock lock(mu_);
+  if (!table_.Contains(page)) return Pin();
+  PageEntry& e = table_.at(page);
+  if (e.in_flight() || e.top() != tier || (e.pins > 0 && e.pin_tier != tier)) return Pin();
+  ++tiers_[TierIndex(tier)].stats.hits;
+  return PinHereLocked(page, e, tier, access, /*hit=*/true);
+}
+
 Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
   if (!has_tier(tier)) return Status::InvalidArgument(std::string("no ") + TierName(tier) + " tier configured");
   if (tier == Tier::kDisk) return Status::InvalidArgument("pages are pinned on Device or Host; Disk is not addressable");
-  // Pins the page where it is (REQUIRES: mu_ held, top() == tier, not pinned elsewhere).
-  auto pin_here = [&](PageEntry& e, bool hit) {
-    e.prefetched_at = 0;
-    ++e.pins;
-    e.pin_tier = tier;
-    ++e.accesses;
-    e.last_access = ++access_tick_;
-    // After a miss the promotion inserted the page, and the insertion is this use's
-    // reference: counting it again would make every page look used twice (2Q would
-    // lose its scan resistance, LFU would double-count misses).
-    if (hit) policy_->OnAccess(page);
-    if (access == Access::kWrite) {
-      for (int t = TierIndex(tier) + 1; t < kNumTiers; ++t) if (e.has_copy(TierAt(t))) DropCopy(page, TierAt(t));
-      e.source = -1;  // the backing is stale from now on
-    }
-    return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes, hit);
-  };
   bool missed = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     Lock lock(mu_);
@@ -585,7 +595,7 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
     TierStats& s = tiers_[TierIndex(tier)].stats;
     if (e.top() == tier) {
       if (!missed) ++s.hits;
-      return pin_here(e, !missed);
+      return PinHereLocked(page, e, tier, access, !missed);
     }
     if (!missed) ++s.misses;
     missed = true;
@@ -601,7 +611,7 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
       Status r = promote ? PromoteLocked(l, {page}, tier) : DemoteLocked(l, {page}, tier);
       SetInFlight({page}, false);
       PageEntry& moved = table_.at(page);
-      if (r.ok() && moved.top() == tier) pinned = pin_here(moved, /*hit=*/false);
+      if (r.ok() && moved.top() == tier) pinned = PinHereLocked(page, moved, tier, access, /*hit=*/false);
       return r;
     });
     if (!st.ok()) return st.Annotate("acquire of page " + std::to_string(page.value) + " on the " + TierName(tier) + " tier");
@@ -630,6 +640,28 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
     Ticket t = Ticket::Pending();
     t.Complete(Status::InvalidArgument(std::string("no ") + TierName(tier) + " tier configured"));
     return t;
+  }
+  if (promote) {
+    // Nothing to move (the common case when the compute tier holds everything): mark
+    // the pages as prefetched, as the stream task would, and leave the stream asleep.
+    Lock lock(mu_);
+    bool any = false;
+    for (PageId p : pages) {
+      if (!table_.Contains(p)) continue;
+      const PageEntry& e = table_.at(p);
+      if (e.in_flight() || (e.pins == 0 && TierIndex(e.top()) > TierIndex(tier))) {
+        any = true;
+        break;
+      }
+    }
+    if (!any) {
+      for (PageId p : pages) {
+        if (!table_.Contains(p)) continue;
+        PageEntry& e = table_.at(p);
+        if (TierIndex(e.top()) <= TierIndex(tier)) e.prefetched_at = access_tick_ + 1;
+      }
+      return Ticket();
+    }
   }
   return RunOnStreamAsync([this, pages = std::move(pages), tier, promote](Lock& lock) {
     // Pages already where they should be, and pinned pages, are left alone.

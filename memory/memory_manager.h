@@ -153,8 +153,14 @@ class MemoryManager {
   // Makes `tier` the page's top copy (promoting or demoting as needed) and pins it
   // there. kWrite also discards the copies below. Counts a hit or a miss on `tier`.
   Result<Pin> Acquire(PageId page, Tier tier, Access access = Access::kRead);
+  // Acquire's hit path alone: pins the page if its top copy is on `tier` and no move of
+  // it is in flight (counted as a hit), else returns an empty Pin and changes nothing
+  // (the caller then calls Acquire, which copies it or says why it cannot). Never
+  // waits, never touches the stream.
+  Pin TryAcquire(PageId page, Tier tier, Access access = Access::kRead);
   // Asynchronous promotion of a batch to `tier` (gathered copies per tier step).
-  // Pages already on `tier` or above, and pinned pages, are left as they are.
+  // Pages already on `tier` or above, and pinned pages, are left as they are; when that
+  // is every page the call returns a ready ticket without waking the stream.
   // urgent: the caller is about to wait for these pages (a demand miss issued early),
   // so the copies overtake speculative prefetches still queued.
   Ticket Prefetch(std::vector<PageId> pages, Tier tier, bool urgent = false);
@@ -224,6 +230,9 @@ class MemoryManager {
   void WaitNotInFlight(Lock& lock, PageId p);
   std::byte* FrameAddress(Tier t, FrameId f) const;
   void ReleasePin(PageId p);
+  // Pins page p where its top copy is. REQUIRES: mu_ held, e.top() == tier, not pinned
+  // on another tier, not in flight.
+  Pin PinHereLocked(PageId p, PageEntry& e, Tier tier, Access access, bool hit);
 
   friend class Pin;
 

@@ -163,6 +163,57 @@ TEST(MemoryManagerTest, PinHitSaysWhetherTheAcquireCopied) {
   EXPECT_FALSE(mm->ResidentOrArriving(a, Tier::kHost));  // its top copy is on Device
 }
 
+// TryAcquire is Acquire's hit path alone: it pins a page already on the tier (a hit)
+// and otherwise changes nothing, so the caller can fall back to Acquire.
+TEST(MemoryManagerTest, TryAcquirePinsOnlyResidentPages) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  const TierStats before = mm->Stats(Tier::kDevice);
+  EXPECT_FALSE(mm->TryAcquire(a, Tier::kDevice).valid());  // on Host: not a hit
+  EXPECT_FALSE(mm->TryAcquire(PageId{a.value + 1000}, Tier::kDevice).valid());
+  EXPECT_FALSE(mm->TryAcquire(a, Tier::kDisk).valid());
+  EXPECT_EQ(mm->TopTier(a), Tier::kHost);
+  EXPECT_EQ(mm->Stats(Tier::kDevice).hits, before.hits);
+  EXPECT_EQ(mm->Stats(Tier::kDevice).misses, before.misses);
+  {
+    Pin host = mm->TryAcquire(a, Tier::kHost);
+    ASSERT_TRUE(host.valid());
+    EXPECT_TRUE(host.hit());
+    // Pinned on Host: neither path may pin it on Device.
+    EXPECT_FALSE(mm->TryAcquire(a, Tier::kDevice).valid());
+    EXPECT_FALSE(mm->Acquire(a, Tier::kDevice).ok());
+    EXPECT_FALSE(mm->Free(a).ok());
+  }
+  ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());
+  const uint64_t hits = mm->Stats(Tier::kDevice).hits;
+  Pin pin = mm->TryAcquire(a, Tier::kDevice);
+  ASSERT_TRUE(pin.valid());
+  EXPECT_EQ(mm->Stats(Tier::kDevice).hits, hits + 1);
+  EXPECT_TRUE(Invariants(*mm));
+}
+
+// A prefetch of pages that are all where it would put them is answered at once, without
+// a task on the copy stream.
+TEST(MemoryManagerTest, PrefetchOfResidentPagesSkipsTheStream) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto a = mm->Allocate(4096, Tier::kDevice).value();
+  auto b = mm->Allocate(4096, Tier::kDevice).value();
+  const double busy = mm->copy_busy_seconds();
+  Ticket t = mm->Prefetch({a, b, a}, Tier::kDevice);
+  EXPECT_TRUE(t.done());
+  EXPECT_TRUE(t.Wait().ok());
+  EXPECT_TRUE(mm->Prefetch({a}, Tier::kHost).Wait().ok());  // above the target counts too
+  EXPECT_EQ(mm->copy_busy_seconds(), busy);
+  // One page below the target: the whole batch goes to the stream.
+  auto c = mm->Allocate(4096, Tier::kHost).value();
+  ASSERT_TRUE(mm->Prefetch({a, c}, Tier::kDevice).Wait().ok());
+  EXPECT_GT(mm->copy_busy_seconds(), busy);
+  EXPECT_EQ(mm->TopTier(c), Tier::kDevice);
+  EXPECT_TRUE(Invariants(*mm));
+}
+
 // A page a prefetch brought up and nobody used yet is spared by eviction while another
 // page can make room; once used it is an ordinary page again.
 TEST(MemoryManagerTest, EvictionSparesUnusedPrefetchedPages) {

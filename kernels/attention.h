@@ -381,8 +381,9 @@ void GroupBlock(const Codec& codec, const AttentionParams& p, AttentionState* st
     float m = st->m[h];
     double l = st->l[h];
     float bmax = -std::numeric_limits<float>::infinity();
+    const float scale = p.scale;  // a local, as in AttentionScores
     for (int64_t j = 0; j < n; ++j) {
-      scores[j] *= p.scale;
+      scores[j] *= scale;
       bmax = std::max(bmax, scores[j]);
     }
     const float m_new = std::max(m, bmax);
@@ -535,9 +536,10 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
       if (n <= 0) continue;
       const std::byte* k = kv.blocks[b] + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
       attention_internal::DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride);
+      const float scale = p.scale;  // a local: the rows could alias p.scale, which would stop vectorisation
       for (int i = 0; i < group; ++i) {
         float* row = rows + static_cast<size_t>(i) * stride;
-        for (int64_t j = start; j < start + n; ++j) row[j] *= p.scale;
+        for (int64_t j = start; j < start + n; ++j) row[j] *= scale;
       }
     }
   });

@@ -278,8 +278,110 @@ TIERKV_AVX512 void DotF16GroupAvx512(const float* q, int heads, const uint8_t* k
   }
 }
 
+// ---- the same dot products, 16 tokens at a time, reduced in registers ----------------
+// Per (head, token) the product sum p (a 512-bit vector: DotF16Avx2's a0 in lanes 0-7,
+// a1 in 8-15) is reduced exactly as HorizontalSum(a0 + a1) does, but for 16 tokens at
+// once and without leaving registers: each level of the tree combines two vectors of
+// partial sums with two shuffles and one add (the same adds, in the same order, as the
+// one-token reduction):
+//   level 1, tokens 2j, 2j+1:  [u_2j | u_2j+1],      u = a0 + a1          (8 lanes each)
+//   level 2, 4 tokens:         [s_t] per 128-bit lane, s_t[i] = u_t[i] + u_t[i + 4]
+//   level 3, 8 tokens:         per lane k, s_k[0] + s_k[2], s_k[1] + s_k[3] of tokens k, k + 4
+//   level 4, 16 tokens:        per lane k, the sums of tokens k, k + 4, k + 8, k + 12
+// and a final permutation puts the 16 results in token order.
+
+#define TIERKV_AVX512_INLINE TIERKV_AVX512 __attribute__((always_inline)) inline
+
+// p[h] for token kt, kG heads; head h's query is q + h * hd.
+template <int kV, int kG>
+TIERKV_AVX512_INLINE void DotTokenHeads(const float* q, size_t hd, const uint8_t* kt, size_t vb, __m512* p) {
+  PrefetchVector(kt, vb);
+  __m512 kx[kV];
+  for (int i = 0; i < kV; ++i) kx[i] = LoadHalf16(kt + 32 * i);
+  for (int h = 0; h < kG; ++h) {
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    __m512 acc = _mm512_setzero_ps();  // fma onto +0, as DotF16Avx2 (the sign of a zero product)
+    for (int i = 0; i < kV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kx[i], acc);
+    p[h] = acc;
+  }
+}
+
+template <int kV, int kG>
+TIERKV_AVX512_INLINE void DotPair(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* u) {
+  __m512 a[kG], b[kG];
+  DotTokenHeads<kV, kG>(q, hd, k, vb, a);
+  DotTokenHeads<kV, kG>(q, hd, k + vb, vb, b);
+  for (int h = 0; h < kG; ++h) {
+    u[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a[h], b[h], 0x44), _mm512_shuffle_f32x4(a[h], b[h], 0xee));
+  }
+}
+
+template <int kV, int kG>
+TIERKV_AVX512_INLINE void DotQuad(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* v) {
+  __m512 a[kG], b[kG];
+  DotPair<kV, kG>(q, hd, k, vb, a);
+  DotPair<kV, kG>(q, hd, k + 2 * vb, vb, b);
+  for (int h = 0; h < kG; ++h) {
+    v[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a[h], b[h], 0x88), _mm512_shuffle_f32x4(a[h], b[h], 0xdd));
+  }
+}
+
+template <int kV, int kG>
+TIERKV_AVX512_INLINE void DotOct(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* w) {
+  __m512 a[kG], b[kG];
+  DotQuad<kV, kG>(q, hd, k, vb, a);
+  DotQuad<kV, kG>(q, hd, k + 4 * vb, vb, b);
+  for (int h = 0; h < kG; ++h) w[h] = _mm512_add_ps(_mm512_shuffle_ps(a[h], b[h], 0x44), _mm512_shuffle_ps(a[h], b[h], 0xee));
+}
+
+// scores[h * stride + t] for kG heads and the first n - n % 16 tokens.
+template <int kV, int kG>
+TIERKV_AVX512 void DotF16Tiles16(const float* q, size_t hd, const uint8_t* k, size_t n, size_t vb, float* scores,
+                                 size_t stride) {
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  for (size_t t0 = 0; t0 + 16 <= n; t0 += 16) {
+    __m512 a[kG], b[kG];
+    DotOct<kV, kG>(q, hd, k + t0 * vb, vb, a);
+    DotOct<kV, kG>(q, hd, k + (t0 + 8) * vb, vb, b);
+    for (int h = 0; h < kG; ++h) {
+      const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(a[h], b[h], 0x88), _mm512_shuffle_ps(a[h], b[h], 0xdd));
+      _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, _mm512_permutexvar_ps(order, r));
+    }
+  }
+}
+
+template <int kV>
+void DotF16Tiles16Heads(const float* q, int heads, const uint8_t* k, size_t n, size_t vb, float* scores,
+                        size_t stride) {
+  const size_t hd = 16 * static_cast<size_t>(kV);
+  int h = 0;
+  for (; h + 4 <= heads; h += 4) {
+    DotF16Tiles16<kV, 4>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
+  }
+  if (heads - h == 3) {
+    DotF16Tiles16<kV, 3>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
+  } else if (heads - h == 2) {
+    DotF16Tiles16<kV, 2>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
+  } else if (heads - h == 1) {
+    DotF16Tiles16<kV, 1>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
+  }
+}
+
 void DotF16GroupAvx512Any(const float* q, int heads, const uint8_t* k, size_t n, size_t vb, int nv,
                           float* scores, size_t stride) {
+  // Whole tiles of 16 tokens in registers (head_dim 32, 64, 128), the rest below.
+  const size_t whole = nv == 2 || nv == 4 || nv == 8 ? n / 16 * 16 : 0;
+  if (whole > 0) {
+    switch (nv) {
+      case 2: DotF16Tiles16Heads<2>(q, heads, k, whole, vb, scores, stride); break;
+      case 4: DotF16Tiles16Heads<4>(q, heads, k, whole, vb, scores, stride); break;
+      default: DotF16Tiles16Heads<8>(q, heads, k, whole, vb, scores, stride); break;
+    }
+    if (whole == n) return;
+    k += whole * vb;
+    scores += whole;
+    n -= whole;
+  }
   switch (nv) {
     case 1: return DotF16GroupAvx512<1>(q, heads, k, n, vb, nv, scores, stride);
     case 2: return DotF16GroupAvx512<2>(q, heads, k, n, vb, nv, scores, stride);

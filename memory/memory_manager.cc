@@ -484,6 +484,17 @@ Result<PageId> MemoryManager::Allocate(uint64_t bytes, Tier tier, uint32_t tag) 
     return Status::InvalidArgument("a page of " + FormatBytes(bytes) + " does not fit the " + TierName(tier) + " tier (" +
                                    FormatBytes(tiers_[TierIndex(tier)].stats.budget_bytes) + ")");
   }
+  {
+    // A free run on the tier needs no eviction, hence no copy: no trip to the stream
+    // (a decoder allocates a KV block per layer every block_tokens steps).
+    Lock lock(mu_);
+    if (auto f = tiers_[TierIndex(tier)].frames->AllocateRun(static_cast<uint32_t>(n))) {
+      const PageId page = table_.Insert(bytes, static_cast<uint32_t>(n), tag);
+      max_page_frames_ = std::max(max_page_frames_, static_cast<uint32_t>(n));
+      AddCopy(page, tier, *f);
+      return page;
+    }
+  }
   PageId page;
   Status st = RunOnStream([&](Lock& lock) {
     page = table_.Insert(bytes, static_cast<uint32_t>(n), tag);

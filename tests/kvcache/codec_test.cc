@@ -495,7 +495,7 @@ TEST(CodecFusedTest, UnalignedEncodedBytes) {
 // the batched forms give, per head and token, exactly the single-vector calls' bits:
 // every codec, head_dims that do and do not take the f16 AVX-512 path (multiples of 16,
 // and more than 128 values: the dims are chunked), head counts that do not fill a tile,
-// token counts around the 8-token tile, unaligned encoded bytes, row strides > n.
+// token counts around the 8- and 16-token tiles, unaligned encoded bytes, row strides > n.
 void CheckGroupedAgainstSingle(KvCodec codec, int d) {
   std::unique_ptr<VectorCodec> c = MakeCodec(codec, d);
   ASSERT_NE(c, nullptr);
@@ -509,7 +509,7 @@ void CheckGroupedAgainstSingle(KvCodec codec, int d) {
     const std::vector<float> q = RandomRows(heads, d, 61 + heads, false);
     std::vector<float> qp(q.size());
     for (int h = 0; h < heads; ++h) c->PrepareQuery(&q[h * d], &qp[h * d]);
-    for (int n : {1, 7, 8, 9, 16, kMaxTokens}) {
+    for (int n : {1, 7, 8, 9, 15, 16, 17, 32, kMaxTokens}) {
       SCOPED_TRACE(Name({codec, d}) + " heads " + std::to_string(heads) + " tokens " + std::to_string(n) + " " +
                    c->kernel_name());
       const size_t stride = static_cast<size_t>(n) + 3;

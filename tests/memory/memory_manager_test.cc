@@ -214,6 +214,26 @@ TEST(MemoryManagerTest, PrefetchOfResidentPagesSkipsTheStream) {
   EXPECT_TRUE(Invariants(*mm));
 }
 
+// Allocation goes to the copy stream only when it must evict: a free frame is taken on
+// the caller's thread.
+TEST(MemoryManagerTest, AllocationUsesTheStreamOnlyToEvict) {
+  TempDir dir;
+  SmallTiers s;
+  s.device_frames = 2;
+  auto mm = MakeManager(s, dir.path());
+  const double busy = mm->copy_busy_seconds();
+  auto a = mm->Allocate(4096, Tier::kDevice).value();
+  auto b = mm->Allocate(4096, Tier::kDevice).value();
+  EXPECT_EQ(mm->copy_busy_seconds(), busy);
+  ASSERT_TRUE(WritePage(*mm, a, Tier::kDevice, Pattern(4096, 3)).ok());
+  auto c = mm->Allocate(4096, Tier::kDevice).value();  // evicts a or b (dirty: copied down)
+  EXPECT_GT(mm->copy_busy_seconds(), busy);
+  EXPECT_EQ(mm->TopTier(c), Tier::kDevice);
+  EXPECT_TRUE(AllCopiesEqual(*mm, a, Pattern(4096, 3)));
+  (void)b;
+  EXPECT_TRUE(Invariants(*mm));
+}
+
 // A page a prefetch brought up and nobody used yet is spared by eviction while another
 // page can make room; once used it is an ordinary page again.
 TEST(MemoryManagerTest, EvictionSparesUnusedPrefetchedPages) {

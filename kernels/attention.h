@@ -256,6 +256,10 @@ TIERKV_ATTENTION_AVX512 inline __m512 Exp16(__m512 x) {
   const __m256 lo = ExpCore8(_mm512_castps512_ps256(x));
   const __m256 hi = ExpCore8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
   __m512 e = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
+  // Every lane in the ordinary range (the usual case): no special case applies.
+  const __mmask16 ordinary = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9d1d9ep6f), _CMP_GE_OQ) &
+                             _mm512_cmp_ps_mask(x, _mm512_set1_ps(0x1.62e42ep6f), _CMP_LE_OQ);
+  if (ordinary == static_cast<__mmask16>(0xffff)) return e;
   const __mmask16 may_underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9d1d9ep6f), _CMP_LT_OQ);
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ);
   const __mmask16 overflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
@@ -291,7 +295,27 @@ TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, boo
   const float max = _mm512_reduce_max_ps(vmax);
   const __m512 vm = _mm512_set1_ps(max);
   double sum = 0.0;
-  for (int64_t j = 0; j < n; j += 16) {
+  int64_t j = 0;
+  // 64 values at a time: the four 16-lane sums are formed together (the same adds as
+  // the one-vector reduction below, by the shuffle tree of kvcache's f16 scores), then
+  // added to the double sum in order.
+  for (; j + 64 <= n; j += 64) {
+    __m512 e[4];
+    for (int k = 0; k < 4; ++k) {
+      e[k] = Exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16 * k), vm));
+      _mm512_storeu_ps(row + j + 16 * k, e[k]);
+    }
+    // [t8(e0) | t8(e1)], t8[i] = e[i] + e[i + 8]; then t4[i] = t8[i] + t8[i + 4] per lane.
+    const __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(e[0], e[1], 0x44), _mm512_shuffle_f32x4(e[0], e[1], 0xee));
+    const __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(e[2], e[3], 0x44), _mm512_shuffle_f32x4(e[2], e[3], 0xee));
+    const __m512 t4 = _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
+    const __m512 t2 = _mm512_add_ps(t4, _mm512_shuffle_ps(t4, t4, 0xee));  // t4[0] + t4[2], t4[1] + t4[3]
+    const __m512 t1 = _mm512_add_ps(t2, _mm512_shuffle_ps(t2, t2, 0x55));  // t2[0] + t2[1]
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, t1);
+    for (int k = 0; k < 4; ++k) sum += static_cast<double>(lanes[4 * k]);
+  }
+  for (; j < n; j += 16) {
     const __mmask16 m = TailMask(n - j);
     // Lanes past n are 0, as in SumLikeGgml.
     const __m512 e = _mm512_maskz_mov_ps(m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm)));

@@ -513,13 +513,11 @@ inline float SoftmaxRow(float* row, int64_t n, bool round_f16) {
 
 }  // namespace attention_internal
 
-// Pass 1: the scaled scores of a batch of blocks (in sequence order, after those of
-// earlier calls), kept in the state. REQUIRES: AttentionBegin; no AttentionBlocks.
-template <AttentionCodec Codec>
-void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
-                     ThreadPool* pool) {
-  using attention_internal::BlockKeys;
-  // Grow the per-head rows to hold every key up to the end of this batch.
+namespace attention_internal {
+
+// Grows the per-head score rows ([n_heads][stride]) to hold every key up to the end of
+// this batch; returns that end.
+inline int64_t GrowScoreRows(const AttentionParams& p, const PagedKvView& kv, AttentionState* st) {
   int64_t end = st->n_keys;
   for (int b = 0; b < kv.n_blocks; ++b) {
     int64_t start;
@@ -528,7 +526,7 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
   }
   const int64_t old_stride = static_cast<int64_t>(st->probs.size()) / std::max(p.n_heads, 1);
   if (end > old_stride) {
-    // Rows are [n_heads][stride]; re-lay them out with room to spare.
+    // Re-lay the rows out with room to spare.
     const int64_t stride = std::max<int64_t>(end, 2 * old_stride);
     std::vector<float> grown(static_cast<size_t>(stride) * static_cast<size_t>(p.n_heads));
     for (int h = 0; h < p.n_heads && old_stride > 0; ++h) {
@@ -537,10 +535,73 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
     }
     st->probs.swap(grown);
   }
+  return end;
+}
+
+// Pass 1 of KV head g over blocks [b0, b1) of the batch: scaled scores into its query
+// heads' rows.
+template <AttentionCodec Codec>
+void ScoreBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int g,
+                 int b0, int b1) {
   const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
   const size_t hd = static_cast<size_t>(p.head_dim);
   const int group = p.n_heads / p.n_kv_heads;
   const size_t vb = kv.vector_bytes;
+  const int h0 = g * group;
+  const float* q = st->q.data() + static_cast<size_t>(h0) * hd;
+  float* rows = st->probs.data() + static_cast<size_t>(h0) * stride;
+  const float scale = p.scale;  // a local: the rows could alias p.scale, which would stop vectorisation
+  for (int b = b0; b < b1; ++b) {
+    int64_t start;
+    const int64_t n = BlockKeys(p, kv, b, &start);
+    if (n <= 0) continue;
+    const std::byte* k = kv.blocks[b] + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
+    DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride);
+    for (int i = 0; i < group; ++i) {
+      float* row = rows + static_cast<size_t>(i) * stride;
+      for (int64_t j = start; j < start + n; ++j) row[j] *= scale;
+    }
+  }
+}
+
+// The softmax of query heads [h0, h1): scores -> weights over the st->n_keys keys.
+inline void SoftmaxHeads(const AttentionParams& p, AttentionState* st, int h0, int h1) {
+  const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
+  for (int h = h0; h < h1; ++h) {
+    float* row = st->probs.data() + static_cast<size_t>(h) * stride;
+    st->m[static_cast<size_t>(h)] = SoftmaxRow(row, st->n_keys, p.round_weights_f16);
+    st->l[static_cast<size_t>(h)] = 1.0;  // the weights are normalised already
+  }
+}
+
+// Pass 2 of KV head g over every block of the batch, in order.
+template <AttentionCodec Codec>
+void ValueBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int g) {
+  const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
+  const size_t hd = static_cast<size_t>(p.head_dim);
+  const int group = p.n_heads / p.n_kv_heads;
+  const size_t vb = kv.vector_bytes;
+  const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
+  const size_t h0 = static_cast<size_t>(g) * static_cast<size_t>(group);
+  const float* rows = st->probs.data() + h0 * stride;
+  float* acc = st->acc.data() + h0 * hd;
+  for (int b = 0; b < kv.n_blocks; ++b) {
+    int64_t start;
+    const int64_t n = BlockKeys(p, kv, b, &start);
+    if (n <= 0) continue;
+    const std::byte* v = kv.blocks[b] + half + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
+    AccumulateGroup(codec, rows + start, stride, group, hd, v, static_cast<size_t>(n), acc);
+  }
+}
+
+}  // namespace attention_internal
+
+// Pass 1: the scaled scores of a batch of blocks (in sequence order, after those of
+// earlier calls), kept in the state. REQUIRES: AttentionBegin; no AttentionBlocks.
+template <AttentionCodec Codec>
+void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
+                     ThreadPool* pool) {
+  const int64_t end = attention_internal::GrowScoreRows(p, kv, st);
   const int64_t work = (end - st->n_keys) * p.n_heads * p.head_dim;
   // Tasks: (KV head, range of blocks). Scores do not depend on each other, so the split
   // (about 4 tasks per thread) cannot change a bit.
@@ -549,23 +610,9 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
   const int blocks_per_task = (kv.n_blocks + per_head_tasks - 1) / std::max(per_head_tasks, 1);
   const int ranges = blocks_per_task > 0 ? (kv.n_blocks + blocks_per_task - 1) / blocks_per_task : 0;
   attention_internal::ForTasks(static_cast<int64_t>(p.n_kv_heads) * ranges, work, pool, [&](int64_t task) {
-    const int g = static_cast<int>(task / ranges);
     const int b0 = static_cast<int>(task % ranges) * blocks_per_task;
-    const int h0 = g * group;
-    const float* q = st->q.data() + static_cast<size_t>(h0) * hd;
-    float* rows = st->probs.data() + static_cast<size_t>(h0) * stride;
-    for (int b = b0; b < std::min(kv.n_blocks, b0 + blocks_per_task); ++b) {
-      int64_t start;
-      const int64_t n = BlockKeys(p, kv, b, &start);
-      if (n <= 0) continue;
-      const std::byte* k = kv.blocks[b] + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
-      attention_internal::DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride);
-      const float scale = p.scale;  // a local: the rows could alias p.scale, which would stop vectorisation
-      for (int i = 0; i < group; ++i) {
-        float* row = rows + static_cast<size_t>(i) * stride;
-        for (int64_t j = start; j < start + n; ++j) row[j] *= scale;
-      }
-    }
+    attention_internal::ScoreBlocks(codec, p, kv, st, static_cast<int>(task / ranges), b0,
+                                    std::min(kv.n_blocks, b0 + blocks_per_task));
   });
   st->n_keys = end;
 }
@@ -573,12 +620,8 @@ void AttentionScores(const Codec& codec, const AttentionParams& p, const PagedKv
 // Between the passes: scores -> weights, per head: e_j = expf(s_j - max) in f32, their
 // sum in double, p_j = e_j * (float)(1 / sum), rounded to f16 if round_weights_f16.
 inline void AttentionSoftmax(const AttentionParams& p, AttentionState* st, ThreadPool* pool) {
-  const int64_t stride = p.n_heads > 0 ? static_cast<int64_t>(st->probs.size()) / p.n_heads : 0;
-  const int64_t n = st->n_keys;
-  attention_internal::ForHeads(p, n * p.n_heads * 8, pool, [&](int64_t h) {
-    float* row = st->probs.data() + static_cast<size_t>(h) * stride;
-    st->m[static_cast<size_t>(h)] = attention_internal::SoftmaxRow(row, n, p.round_weights_f16);
-    st->l[static_cast<size_t>(h)] = 1.0;  // the weights are normalised already
+  attention_internal::ForHeads(p, st->n_keys * p.n_heads * 8, pool, [&](int64_t h) {
+    attention_internal::SoftmaxHeads(p, st, static_cast<int>(h), static_cast<int>(h) + 1);
   });
 }
 
@@ -586,26 +629,41 @@ inline void AttentionSoftmax(const AttentionParams& p, AttentionState* st, Threa
 template <AttentionCodec Codec>
 void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
                      ThreadPool* pool) {
-  using attention_internal::BlockKeys;
-  const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
-  const size_t hd = static_cast<size_t>(p.head_dim);
-  const int group = p.n_heads / p.n_kv_heads;
-  const size_t vb = kv.vector_bytes;
-  const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
   const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim;
   // One task per KV head: each accumulator sums its tokens in order.
   attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
-    const size_t h0 = static_cast<size_t>(g) * static_cast<size_t>(group);
-    const float* rows = st->probs.data() + h0 * stride;
-    float* acc = st->acc.data() + h0 * hd;
-    for (int b = 0; b < kv.n_blocks; ++b) {
-      int64_t start;
-      const int64_t n = BlockKeys(p, kv, b, &start);
-      if (n <= 0) continue;
-      const std::byte* v =
-          kv.blocks[b] + half + static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
-      attention_internal::AccumulateGroup(codec, rows + start, stride, group, hd, v, static_cast<size_t>(n), acc);
-    }
+    attention_internal::ValueBlocks(codec, p, kv, st, static_cast<int>(g));
+  });
+}
+
+// The whole two-pass form over one batch that holds every block of the sequence (the
+// usual case: the layer's KV fits the compute tier), with the arithmetic of
+// AttentionScores + AttentionSoftmax + AttentionValues, bit for bit, in fewer fork-joins:
+// a KV head's softmax and values follow its scores in the same task, while its rows are
+// still in that thread's cache. With at least two KV heads per thread the whole head is
+// one task; with fewer, pass 1 stays split into block ranges (one more join).
+// REQUIRES: AttentionBegin; kv covers the sequence's first block onwards.
+template <AttentionCodec Codec>
+void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
+                      ThreadPool* pool) {
+  const int threads = pool != nullptr ? pool->size() : 1;
+  const int group = p.n_heads / p.n_kv_heads;
+  const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim * 2;
+  if (p.n_kv_heads >= 2 * threads) {
+    const int64_t end = attention_internal::GrowScoreRows(p, kv, st);
+    st->n_keys = end;  // the rows' length, for SoftmaxHeads; filled before they are read
+    attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t task) {
+      const int g = static_cast<int>(task);
+      attention_internal::ScoreBlocks(codec, p, kv, st, g, 0, kv.n_blocks);
+      attention_internal::SoftmaxHeads(p, st, g * group, (g + 1) * group);
+      attention_internal::ValueBlocks(codec, p, kv, st, g);
+    });
+    return;
+  }
+  AttentionScores(codec, p, kv, st, pool);
+  attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
+    attention_internal::SoftmaxHeads(p, st, static_cast<int>(g) * group, static_cast<int>(g + 1) * group);
+    attention_internal::ValueBlocks(codec, p, kv, st, static_cast<int>(g));
   });
 }
 

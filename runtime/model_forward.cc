@@ -253,7 +253,9 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   const int n_blocks = cache.NumBlocks(seq);
   const int batch = KvBatchBlocks(cache, n_blocks);
   const int n_batches = (n_blocks + batch - 1) / batch;
-  const int n_visits = n_batches * (two_pass ? 2 : 1);
+  // One batch holding the whole layer: both passes in one visit (AttentionTwoPass).
+  const bool fused = two_pass && n_batches == 1;
+  const int n_visits = fused ? 1 : n_batches * (two_pass ? 2 : 1);
   auto first_block = [&](int v) { return (v % n_batches) * batch; };
   auto block_count = [&](int v) { return std::min(batch, n_blocks - first_block(v)); };
   for (int v = 0; v < n_visits; ++v) {
@@ -290,6 +292,8 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
     view.vector_bytes = codec.vector_bytes();
     if (!two_pass) {
       kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
+    } else if (fused) {
+      kernels::AttentionTwoPass(codec, p, view, &s.attention, pool_.get());
     } else if (v < n_batches) {
       kernels::AttentionScores(codec, p, view, &s.attention, pool_.get());
       if (v + 1 == n_batches) kernels::AttentionSoftmax(p, &s.attention, pool_.get());

@@ -361,6 +361,36 @@ TEST(AttentionTest, LargeBatchingAndThreadsAreBitIdentical) {
   }
 }
 
+// AttentionTwoPass (one batch, the passes fused per KV head) is the three separate calls,
+// bit for bit: with at least two KV heads per thread (one task per head) and with fewer
+// (pass 1 split into block ranges), with and without a pool, and with a causal cut.
+TEST(AttentionTest, FusedTwoPassIsTheThreeCalls) {
+  for (int n_kv : {8, 4, 2, 1}) {
+    F32Codec codec(32);
+    Fixture f;
+    f.n_kv = n_kv;
+    f.n_tokens = 700;
+    f.block_tokens = 32;
+    f.Build(codec, 40 + n_kv);
+    const int blocks = (f.n_tokens + f.block_tokens - 1) / f.block_tokens;
+    ThreadPool two(2), three(3);
+    for (int64_t qp : {int64_t{699}, int64_t{650}}) {
+      SCOPED_TRACE(std::to_string(n_kv) + " kv heads, query at " + std::to_string(qp));
+      AttentionParams p = f.Params(qp);
+      p.round_query_f16 = p.round_weights_f16 = true;
+      const std::vector<float> want = RunTwoPass(codec, f, p, {blocks}, nullptr);
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+        AttentionState st;
+        AttentionBegin(codec, p, f.q.data(), &st);
+        AttentionTwoPass(codec, p, f.View(0, blocks, codec.vector_bytes()), &st, pool);
+        std::vector<float> out(f.q.size());
+        AttentionEnd(codec, p, &st, out.data());
+        EXPECT_EQ(out, want) << (pool != nullptr ? pool->size() : 1) << " threads";
+      }
+    }
+  }
+}
+
 // The vectorised exp is std::exp's bits on a sweep of every 4099th float (all exponents,
 // both signs, NaN and inf), and on the special-case edges.
 TEST(AttentionTest, VectorExpIsStdExpBitForBit) {

@@ -96,12 +96,15 @@ TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
 }
 
 // The multi-row kernels (AVX512-VNNI, 4 rows per step and one-row tails) give the same
-// bits as the AVX2 per-row path: odd row counts so that chunks end in tails.
+// bits as the AVX2 per-row path: odd row counts so that chunks end in tails, rows of
+// two blocks (a 64-wide output projection) and of many.
 TEST(MatVecTest, MultiRowKernelsEqualAvx2Rows) {
   if (GetDotRowsFn(WeightType::kQ8_0, DetectedSimdLevel()) == nullptr) GTEST_SKIP() << "no multi-row kernels here";
   ThreadPool pool(2);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
-    for (int64_t cols : {256, 768}) {
+    for (int64_t cols : {64, 256, 768}) {
+      const bool k_quant = t == WeightType::kQ4_K || t == WeightType::kQ5_K || t == WeightType::kQ6_K;
+      if (k_quant && cols % 256 != 0) continue;  // 256-value super-blocks
       SCOPED_TRACE(std::string(WeightTypeName(t)) + " cols=" + std::to_string(cols));
       const OwnedMatrix m = RandomMatrix(t, 301, cols, 7);
       const std::vector<float> x = RandomVector(cols, 8);

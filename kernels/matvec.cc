@@ -24,8 +24,12 @@ int SlotOf(WeightType act) {
 // Below this many multiply-adds in one MatVecMany a fork-join costs more than it saves.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
 
-// Rows per parallel task: enough work (~16K multiply-adds) to amortise the hand-out.
-int64_t RowsPerTask(int64_t cols) { return std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(cols, 1)); }
+// Multiply-adds per parallel task: at least ~16K (to amortise the hand-out), and big
+// enough that a job is about 8 tasks per thread: every task costs a claim on a cache line
+// the threads share, which for a 0.5 us task is as much as the task.
+int64_t MacsPerTask(int64_t total_macs, int threads) {
+  return std::max<int64_t>(int64_t{1} << 14, total_macs / (8 * std::max(threads, 1)));
+}
 
 struct Chunk {
   const MatVecJob* job;
@@ -77,7 +81,7 @@ void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
     const void* act = j.x->For(j.w->type);
     const DotFn dot = GetDotFn(j.w->type, level);
     const DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
-    const int64_t step = RowsPerTask(j.w->cols);
+    const int64_t step = std::max<int64_t>(1, MacsPerTask(macs, pool != nullptr ? pool->size() : 1) / std::max<int64_t>(j.w->cols, 1));
     for (int64_t b = 0; b < j.w->rows; b += step) chunks.push_back({&j, dot, dot_rows, act, b, std::min(j.w->rows, b + step)});
   }
   if (pool == nullptr || chunks.size() == 1) {

@@ -42,10 +42,12 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::Work(uint32_t gen, bool count) {
+  // Counted once, before the first claim, so a caller that sees every task claimed also
+  // sees this thread in flight (all seq_cst); one count per job rather than per task
+  // keeps the shared counter out of the per-task path (with short tasks, two cores
+  // trading that cache line cost as much as the tasks).
+  if (count) in_flight_.fetch_add(1);
   for (;;) {
-    // Counted before the claim, so a caller that sees every task claimed also sees
-    // this claim in flight (all seq_cst).
-    if (count) in_flight_.fetch_add(1);
     uint64_t t = ticket_.load();
     bool claimed = false;
     while ((t >> 32) == gen && static_cast<int64_t>(t & 0xffffffffu) < n_.load()) {
@@ -54,13 +56,10 @@ void ThreadPool::Work(uint32_t gen, bool count) {
         break;
       }
     }
-    if (!claimed) {
-      if (count) in_flight_.fetch_sub(1);
-      return;
-    }
+    if (!claimed) break;
     call_(ctx_, static_cast<int64_t>(t & 0xffffffffu));
-    if (count) in_flight_.fetch_sub(1);
   }
+  if (count) in_flight_.fetch_sub(1);
 }
 
 void ThreadPool::Run(int64_t n, Call call, void* ctx) {

@@ -71,8 +71,8 @@ class ThreadPool {
   using Call = void (*)(void* ctx, int64_t i);
   void Run(int64_t n, Call call, void* ctx);
   void WorkerLoop();
-  // Claims and runs tasks of job `gen` until none is left; `count` marks the claims of
-  // other threads as in flight.
+  // Claims and runs tasks of job `gen` until none is left; `count` (workers) marks the
+  // thread as in flight meanwhile.
   void Work(uint32_t gen, bool count);
 
   const int n_threads_;
@@ -87,7 +87,7 @@ class ThreadPool {
   // (generation << 32) | next task index: claiming a task is one compare-and-swap that
   // fails once the job is over or replaced.
   std::atomic<uint64_t> ticket_{0};
-  std::atomic<int> in_flight_{0};        // tasks claimed by workers and not finished
+  std::atomic<int> in_flight_{0};        // workers inside Work() (claiming or running tasks)
   Call call_ = nullptr;                  // the current job; written before ticket_
   void* ctx_ = nullptr;
   std::atomic<int64_t> n_{0};

@@ -1,0 +1,185 @@
+// bench/attention_bench.cc
+//
+// The two-pass attention of one decode step (kernels/attention.h: f16 KV, llama.cpp
+// rounding, the form the decoder uses), kernel by kernel, without the rest of the model:
+//
+//   attention/<shape>/<phase>/tokens:N/threads:T
+//     shape   llama    8 query heads, 4 KV heads, head_dim 32, 512-token blocks (ref-llama)
+//             qwen3moe 4 query heads, 2 KV heads, head_dim 32, 1024-token blocks (ref-qwen3moe)
+//     phase   scores   AttentionScores (pass 1, reads K)
+//             softmax  AttentionSoftmax (no KV read; GB/s is still per KV byte of the step)
+//             values   AttentionValues (pass 2, reads V)
+//             three    the three calls one after the other
+//             fused    AttentionTwoPass (the decoder's call when a layer is one batch)
+//
+// Each iteration runs the phase for two layers whose blocks are distinct allocations
+// (as the decoder's are), so at 64K tokens the KV (2 x 33.5 MB for llama) does not stay
+// in cache between iterations any more than it does in a decode. Only the phase is timed;
+// `GBps` is the layers' K + V bytes over that time (for scores and values alone, half of
+// it is what they read). K/V are uniform in [-1, 1), the query N(0, 2^2) (peaky
+// softmax), fixed seeds.
+//
+//   ./build/release/bench/attention_bench --benchmark_repetitions=5
+//       --benchmark_report_aggregates_only=true              (one line)
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kernels/attention.h"
+#include "kernels/thread_pool.h"
+#include "kvcache/codec.h"
+
+namespace tierkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Shape {
+  const char* name;
+  int n_heads, n_kv_heads, head_dim, block_tokens;
+};
+constexpr Shape kShapes[] = {{"llama", 8, 4, 32, 512}, {"qwen3moe", 4, 2, 32, 1024}};
+enum Phase { kScores, kSoftmax, kValues, kThree, kFused };
+constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "three", "fused"};
+constexpr int kLayers = 2;
+
+// Two layers of f16 blocks holding `tokens` tokens, laid out as kvcache's blocks (HND:
+// K [kv_heads][block_tokens][vector], then V the same).
+struct Cache {
+  std::unique_ptr<VectorCodec> codec;
+  std::vector<std::vector<std::vector<std::byte>>> blocks;  // [layer][block] bytes
+  std::vector<std::vector<const std::byte*>> ptrs;          // [layer][block]
+  std::vector<float> q;
+  uint64_t kv_bytes = 0;
+
+  bool Build(const Shape& s, int tokens) {
+    auto c = VectorCodec::Create(KvCodec::kF16, s.head_dim, 1);
+    if (!c.ok()) return false;
+    codec = std::move(c).value();
+    const size_t vb = codec->vector_bytes();
+    const int n_blocks = (tokens + s.block_tokens - 1) / s.block_tokens;
+    const size_t block_bytes = 2 * static_cast<size_t>(s.n_kv_heads) * s.block_tokens * vb;
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(s.head_dim));
+    blocks.assign(kLayers, {});
+    ptrs.assign(kLayers, {});
+    for (int l = 0; l < kLayers; ++l) {
+      for (int b = 0; b < n_blocks; ++b) {
+        std::vector<std::byte> blk(block_bytes);
+        for (size_t off = 0; off < block_bytes; off += vb) {
+          for (float& v : x) v = uniform(rng);
+          codec->Encode(x.data(), blk.data() + off);
+        }
+        blocks[static_cast<size_t>(l)].push_back(std::move(blk));
+      }
+      for (auto& blk : blocks[static_cast<size_t>(l)]) ptrs[static_cast<size_t>(l)].push_back(blk.data());
+    }
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    q.resize(static_cast<size_t>(s.n_heads) * s.head_dim);
+    for (float& v : q) v = normal(rng);
+    kv_bytes = static_cast<uint64_t>(kLayers) * tokens * 2 * s.n_kv_heads * vb;
+    return true;
+  }
+};
+
+void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
+  const int tokens = static_cast<int>(state.range(0));
+  kernels::ThreadPool pool(static_cast<int>(state.range(1)));
+  Cache cache;
+  if (!cache.Build(shape, tokens)) {
+    state.SkipWithError("no f16 codec for this head_dim");
+    return;
+  }
+  const VectorCodec& codec = *cache.codec;
+  kernels::AttentionParams p;
+  p.n_heads = shape.n_heads;
+  p.n_kv_heads = shape.n_kv_heads;
+  p.head_dim = shape.head_dim;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  p.query_pos = tokens - 1;
+  p.round_query_f16 = p.round_weights_f16 = true;
+  kernels::AttentionState st;
+  std::vector<float> out(cache.q.size());
+  double total = 0;
+  for (auto _ : state) {
+    double t = 0;
+    for (int l = 0; l < kLayers; ++l) {
+      kernels::PagedKvView v;
+      v.blocks = cache.ptrs[static_cast<size_t>(l)].data();
+      v.n_blocks = static_cast<int>(cache.ptrs[static_cast<size_t>(l)].size());
+      v.n_tokens = tokens;
+      v.block_tokens = shape.block_tokens;
+      v.n_kv_heads = shape.n_kv_heads;
+      v.vector_bytes = codec.vector_bytes();
+      kernels::AttentionBegin(codec, p, cache.q.data(), &st);
+      Clock::time_point t0 = Clock::now();
+      switch (phase) {
+        case kScores:
+          kernels::AttentionScores(codec, p, v, &st, &pool);
+          break;
+        case kSoftmax:
+          kernels::AttentionScores(codec, p, v, &st, &pool);
+          t0 = Clock::now();
+          kernels::AttentionSoftmax(p, &st, &pool);
+          break;
+        case kValues:
+          kernels::AttentionScores(codec, p, v, &st, &pool);
+          kernels::AttentionSoftmax(p, &st, &pool);
+          t0 = Clock::now();
+          kernels::AttentionValues(codec, p, v, &st, &pool);
+          break;
+        case kThree:
+          kernels::AttentionScores(codec, p, v, &st, &pool);
+          kernels::AttentionSoftmax(p, &st, &pool);
+          kernels::AttentionValues(codec, p, v, &st, &pool);
+          break;
+        case kFused:
+          kernels::AttentionTwoPass(codec, p, v, &st, &pool);
+          break;
+      }
+      t += std::chrono::duration<double>(Clock::now() - t0).count();
+      kernels::AttentionEnd(codec, p, &st, out.data());
+    }
+    benchmark::DoNotOptimize(out.data());
+    state.SetIterationTime(t);
+    total += t;
+  }
+  if (total > 0) {
+    state.counters["GBps"] = static_cast<double>(state.iterations()) * static_cast<double>(cache.kv_bytes) / total / 1e9;
+  }
+  state.counters["kv_MB"] = static_cast<double>(cache.kv_bytes) / 1e6;
+}
+
+void Register() {
+  for (const Shape& s : kShapes) {
+    for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused}) {
+      const std::string name = std::string("attention/") + s.name + "/" + kPhaseNames[ph];
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph)
+          ->ArgNames({"tokens", "threads"})
+          ->ArgsProduct({{4096, 16384, 65536}, {1, 2}})
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond)
+          ->MinTime(0.2);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierkv
+
+int main(int argc, char** argv) {
+  tierkv::Register();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

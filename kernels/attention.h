@@ -641,7 +641,9 @@ void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKv
 // AttentionScores + AttentionSoftmax + AttentionValues, bit for bit, in fewer fork-joins:
 // a KV head's softmax and values follow its scores in the same task, while its rows are
 // still in that thread's cache. With at least two KV heads per thread the whole head is
-// one task; with fewer, pass 1 stays split into block ranges (one more join).
+// one task; with at least one, pass 1 stays split into block ranges (one more join);
+// with fewer KV heads than threads (a wide pool), the three calls, whose softmax runs
+// in parallel over query heads.
 // REQUIRES: AttentionBegin; kv covers the sequence's first block onwards.
 template <AttentionCodec Codec>
 void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
@@ -661,6 +663,11 @@ void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedK
     return;
   }
   AttentionScores(codec, p, kv, st, pool);
+  if (p.n_kv_heads < threads) {
+    AttentionSoftmax(p, st, pool);
+    AttentionValues(codec, p, kv, st, pool);
+    return;
+  }
   attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
     attention_internal::SoftmaxHeads(p, st, static_cast<int>(g) * group, static_cast<int>(g + 1) * group);
     attention_internal::ValueBlocks(codec, p, kv, st, static_cast<int>(g));

@@ -2,6 +2,7 @@
 #include "memory/memory_manager.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cassert>
 #include <cstring>
 
@@ -155,10 +156,14 @@ MemoryManager::~MemoryManager() {
 // ------------------------------------------------------------------- stream plumbing
 Ticket MemoryManager::RunOnStreamAsync(std::function<Status(Lock&)> fn, bool urgent) {
   Ticket ticket = Ticket::Pending();
+  copy_tasks_.fetch_add(1, std::memory_order_relaxed);
   stream_->Enqueue([this, fn = std::move(fn), ticket] {
+    const auto t0 = std::chrono::steady_clock::now();
     Lock lock(mu_);
     Status st = fn(lock);
     lock.unlock();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    copy_busy_ns_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(ns, 1)), std::memory_order_release);
     ticket.Complete(std::move(st));
   }, urgent);
   return ticket;
@@ -587,6 +592,23 @@ Pin MemoryManager::TryAcquire(PageId page, Tier tier, Access access) {
   if (e.in_flight() || e.top() != tier || (e.pins > 0 && e.pin_tier != tier)) return Pin();
   ++tiers_[TierIndex(tier)].stats.hits;
   return PinHereLocked(page, e, tier, access, /*hit=*/true);
+}
+
+std::vector<Pin> MemoryManager::TryAcquireAll(std::span<const PageId> pages, Tier tier, Access access) {
+  std::vector<Pin> pins;
+  if (!has_tier(tier) || tier == Tier::kDisk) return pins;
+  Lock lock(mu_);
+  for (PageId page : pages) {
+    if (!table_.Contains(page)) return pins;
+    const PageEntry& e = table_.at(page);
+    if (e.in_flight() || e.top() != tier || (e.pins > 0 && e.pin_tier != tier)) return pins;
+  }
+  pins.reserve(pages.size());
+  for (PageId page : pages) {
+    ++tiers_[TierIndex(tier)].stats.hits;
+    pins.push_back(PinHereLocked(page, table_.at(page), tier, access, /*hit=*/true));
+  }
+  return pins;
 }
 
 Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {

@@ -158,6 +158,10 @@ class MemoryManager {
   // (the caller then calls Acquire, which copies it or says why it cannot). Never
   // waits, never touches the stream.
   Pin TryAcquire(PageId page, Tier tier, Access access = Access::kRead);
+  // TryAcquire of a whole set under one lock, all or nothing: the pins in `pages` order
+  // when every page is on `tier` and not in flight (each counted as a hit), else an
+  // empty vector and no change.
+  std::vector<Pin> TryAcquireAll(std::span<const PageId> pages, Tier tier, Access access = Access::kRead);
   // Asynchronous promotion of a batch to `tier` (gathered copies per tier step).
   // Pages already on `tier` or above, and pinned pages, are left as they are; when that
   // is every page the call returns a ready ticket without waking the stream.
@@ -180,9 +184,15 @@ class MemoryManager {
   size_t live_pages() const;
 
   TierStats Stats(Tier tier) const;
-  // Seconds the copy stream has spent working (allocation, eviction and copies), since
-  // creation: the copy side of the pipeline, for overlap accounting.
-  double copy_busy_seconds() const { return stream_->busy_seconds(); }
+  // Seconds the copy stream has spent on this manager's tasks (allocation that evicts,
+  // eviction and copies), since creation: the copy side of the pipeline, for overlap
+  // accounting. A task's time is added before its ticket completes, so whoever waited
+  // for a task sees it counted.
+  double copy_busy_seconds() const {
+    return static_cast<double>(copy_busy_ns_.load(std::memory_order_acquire)) * 1e-9;
+  }
+  // Tasks ever queued on the copy stream (counted when queued).
+  uint64_t copy_tasks() const { return copy_tasks_.load(std::memory_order_relaxed); }
   // Whole-structure validation (expensive: O(pages + frames)); false + why on failure.
   bool CheckInvariants(std::string* why = nullptr) const;
 
@@ -236,6 +246,8 @@ class MemoryManager {
 
   friend class Pin;
 
+  std::atomic<uint64_t> copy_busy_ns_{0};
+  std::atomic<uint64_t> copy_tasks_{0};
   const uint64_t frame_bytes_;
   mutable std::mutex mu_;
   std::condition_variable in_flight_cv_;  // signalled when pages leave the in-flight state

@@ -251,7 +251,24 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   // time: visit v covers blocks [b0, b0 + batch) of pass v / n_batches.
   const bool two_pass = p.round_weights_f16;
   const int n_blocks = cache.NumBlocks(seq);
-  const int batch = KvBatchBlocks(cache, n_blocks);
+  int batch = KvBatchBlocks(cache, n_blocks);
+  // Batches bound what has to be brought to the compute tier. When every block of the
+  // layer is there already, the layer is one batch (pinned here, under one lock).
+  bool pinned = false;
+  if (batch < n_blocks) {
+    s.kv_pages.clear();
+    for (int b = 0; b < n_blocks; ++b) s.kv_pages.push_back(cache.BlockPage(seq, layer, b));
+    std::vector<Pin> all = mm.TryAcquireAll(s.kv_pages, tier);
+    if (!all.empty()) {
+      s.pins = std::move(all);
+      s.blocks.clear();
+      for (const Pin& pin : s.pins) s.blocks.push_back(pin.data());
+      counters_.kv_acquires += static_cast<uint64_t>(n_blocks);
+      counters_.kv_hits += static_cast<uint64_t>(n_blocks);
+      batch = n_blocks;
+      pinned = true;
+    }
+  }
   const int n_batches = (n_blocks + batch - 1) / batch;
   // One batch holding the whole layer: both passes in one visit (AttentionTwoPass).
   const bool fused = two_pass && n_batches == 1;
@@ -260,16 +277,18 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   auto block_count = [&](int v) { return std::min(batch, n_blocks - first_block(v)); };
   for (int v = 0; v < n_visits; ++v) {
     const int b0 = first_block(v), count = block_count(v);
-    s.pins.clear();
-    s.blocks.clear();
-    for (int b = b0; b < b0 + count; ++b) {
-      auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s, &counters_.kv_acquires,
-                                &counters_.kv_hits);
-      if (!pin.ok()) {
-        return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
+    if (!pinned) {
+      s.pins.clear();
+      s.blocks.clear();
+      for (int b = b0; b < b0 + count; ++b) {
+        auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s,
+                                  &counters_.kv_acquires, &counters_.kv_hits);
+        if (!pin.ok()) {
+          return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
+        }
+        s.blocks.push_back(pin->data());
+        s.pins.push_back(std::move(pin).value());
       }
-      s.blocks.push_back(pin->data());
-      s.pins.push_back(std::move(pin).value());
     }
     // Keep kKvLookahead batches in flight: PrefetchLayer queued visits 0 .. k-1, each
     // visit queues the one k ahead.

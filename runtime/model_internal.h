@@ -74,6 +74,7 @@ struct Model::Scratch {
   std::vector<Pin> pins;  // KV blocks of the current batch, or the output matrix
   Pin layer_pin;          // the current layer's weight page (paged weights)
   std::vector<const std::byte*> blocks;
+  std::vector<PageId> kv_pages;  // a layer's KV block pages (the all-resident check)
   std::vector<int> expert_ids;
   std::vector<int> expert_order;   // the order the selected experts compute in
   std::vector<float> expert_out;   // [n_expert_used][n_embd]: each expert's output

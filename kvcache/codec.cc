@@ -306,32 +306,29 @@ TIERKV_AVX512_INLINE void DotTokenHeads(const float* q, size_t hd, const uint8_t
   }
 }
 
-template <int kV, int kG>
-TIERKV_AVX512_INLINE void DotPair(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* u) {
-  __m512 a[kG], b[kG];
-  DotTokenHeads<kV, kG>(q, hd, k, vb, a);
-  DotTokenHeads<kV, kG>(q, hd, k + vb, vb, b);
-  for (int h = 0; h < kG; ++h) {
-    u[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a[h], b[h], 0x44), _mm512_shuffle_f32x4(a[h], b[h], 0xee));
-  }
+// Two vectors of partial sums combined one tree level up (the table above): kTokens is
+// the number of tokens the result covers.
+template <int kTokens>
+TIERKV_AVX512_INLINE __m512 CombineLevel(__m512 a, __m512 b) {
+  static_assert(kTokens == 2 || kTokens == 4 || kTokens == 8 || kTokens == 16);
+  if constexpr (kTokens == 2) return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+  if constexpr (kTokens == 4) return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
+  if constexpr (kTokens == 8) return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
 }
 
-template <int kV, int kG>
-TIERKV_AVX512_INLINE void DotQuad(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* v) {
-  __m512 a[kG], b[kG];
-  DotPair<kV, kG>(q, hd, k, vb, a);
-  DotPair<kV, kG>(q, hd, k + 2 * vb, vb, b);
-  for (int h = 0; h < kG; ++h) {
-    v[h] = _mm512_add_ps(_mm512_shuffle_f32x4(a[h], b[h], 0x88), _mm512_shuffle_f32x4(a[h], b[h], 0xdd));
+// The reduced scores of kTokens tokens from k for kG heads, as the tree leaves them
+// (for 16 tokens: per 128-bit lane j, tokens j, j + 4, j + 8, j + 12).
+template <int kTokens, int kV, int kG>
+TIERKV_AVX512_INLINE void DotTree(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* out) {
+  if constexpr (kTokens == 1) {
+    DotTokenHeads<kV, kG>(q, hd, k, vb, out);
+  } else {
+    __m512 a[kG], b[kG];
+    DotTree<kTokens / 2, kV, kG>(q, hd, k, vb, a);
+    DotTree<kTokens / 2, kV, kG>(q, hd, k + (kTokens / 2) * vb, vb, b);
+    for (int h = 0; h < kG; ++h) out[h] = CombineLevel<kTokens>(a[h], b[h]);
   }
-}
-
-template <int kV, int kG>
-TIERKV_AVX512_INLINE void DotOct(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* w) {
-  __m512 a[kG], b[kG];
-  DotQuad<kV, kG>(q, hd, k, vb, a);
-  DotQuad<kV, kG>(q, hd, k + 4 * vb, vb, b);
-  for (int h = 0; h < kG; ++h) w[h] = _mm512_add_ps(_mm512_shuffle_ps(a[h], b[h], 0x44), _mm512_shuffle_ps(a[h], b[h], 0xee));
 }
 
 // scores[h * stride + t] for kG heads and the first n - n % 16 tokens.
@@ -340,12 +337,10 @@ TIERKV_AVX512 void DotF16Tiles16(const float* q, size_t hd, const uint8_t* k, si
                                  size_t stride) {
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   for (size_t t0 = 0; t0 + 16 <= n; t0 += 16) {
-    __m512 a[kG], b[kG];
-    DotOct<kV, kG>(q, hd, k + t0 * vb, vb, a);
-    DotOct<kV, kG>(q, hd, k + (t0 + 8) * vb, vb, b);
+    __m512 r[kG];
+    DotTree<16, kV, kG>(q, hd, k + t0 * vb, vb, r);
     for (int h = 0; h < kG; ++h) {
-      const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(a[h], b[h], 0x88), _mm512_shuffle_ps(a[h], b[h], 0xdd));
-      _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, _mm512_permutexvar_ps(order, r));
+      _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, _mm512_permutexvar_ps(order, r[h]));
     }
   }
 }

@@ -584,14 +584,18 @@ Pin MemoryManager::PinHereLocked(PageId page, PageEntry& e, Tier tier, Access ac
   return Pin(this, page, tier, FrameAddress(tier, e.frame[TierIndex(tier)]), e.bytes, hit);
 }
 
+bool MemoryManager::HitLocked(PageId page, Tier tier) const {
+  if (!table_.Contains(page)) return false;
+  const PageEntry& e = table_.at(page);
+  return !e.in_flight() && e.top() == tier && (e.pins == 0 || e.pin_tier == tier);
+}
+
 Pin MemoryManager::TryAcquire(PageId page, Tier tier, Access access) {
   if (!has_tier(tier) || tier == Tier::kDisk) return Pin();
   Lock lock(mu_);
-  if (!table_.Contains(page)) return Pin();
-  PageEntry& e = table_.at(page);
-  if (e.in_flight() || e.top() != tier || (e.pins > 0 && e.pin_tier != tier)) return Pin();
+  if (!HitLocked(page, tier)) return Pin();
   ++tiers_[TierIndex(tier)].stats.hits;
-  return PinHereLocked(page, e, tier, access, /*hit=*/true);
+  return PinHereLocked(page, table_.at(page), tier, access, /*hit=*/true);
 }
 
 std::vector<Pin> MemoryManager::TryAcquireAll(std::span<const PageId> pages, Tier tier, Access access) {
@@ -599,9 +603,7 @@ std::vector<Pin> MemoryManager::TryAcquireAll(std::span<const PageId> pages, Tie
   if (!has_tier(tier) || tier == Tier::kDisk) return pins;
   Lock lock(mu_);
   for (PageId page : pages) {
-    if (!table_.Contains(page)) return pins;
-    const PageEntry& e = table_.at(page);
-    if (e.in_flight() || e.top() != tier || (e.pins > 0 && e.pin_tier != tier)) return pins;
+    if (!HitLocked(page, tier)) return pins;
   }
   pins.reserve(pages.size());
   for (PageId page : pages) {
@@ -668,6 +670,14 @@ Ticket MemoryManager::Demote(std::vector<PageId> pages, Tier tier) {
   return MoveAsync(std::move(pages), tier, /*promote=*/false);
 }
 
+void MemoryManager::MarkPrefetchedLocked(const std::vector<PageId>& pages, Tier tier) {
+  for (PageId p : pages) {
+    if (!table_.Contains(p)) continue;
+    PageEntry& e = table_.at(p);
+    if (TierIndex(e.top()) <= TierIndex(tier)) e.prefetched_at = access_tick_ + 1;
+  }
+}
+
 Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promote, bool urgent) {
   if (!has_tier(tier)) {
     Ticket t = Ticket::Pending();
@@ -688,11 +698,7 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
       }
     }
     if (!any) {
-      for (PageId p : pages) {
-        if (!table_.Contains(p)) continue;
-        PageEntry& e = table_.at(p);
-        if (TierIndex(e.top()) <= TierIndex(tier)) e.prefetched_at = access_tick_ + 1;
-      }
+      MarkPrefetchedLocked(pages, tier);
       return Ticket();
     }
   }
@@ -710,13 +716,7 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
     SetInFlight(todo, true);
     Status st = promote ? PromoteLocked(lock, todo, tier) : DemoteLocked(lock, todo, tier);
     SetInFlight(todo, false);
-    if (promote) {
-      for (PageId p : unique) {
-        if (!table_.Contains(p)) continue;
-        PageEntry& e = table_.at(p);
-        if (TierIndex(e.top()) <= TierIndex(tier)) e.prefetched_at = access_tick_ + 1;
-      }
-    }
+    if (promote) MarkPrefetchedLocked(unique, tier);
     return st.Annotate(std::string(promote ? "prefetch" : "demotion") + " to the " + TierName(tier) + " tier");
   }, urgent);
 }

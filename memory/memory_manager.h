@@ -243,6 +243,12 @@ class MemoryManager {
   // Pins page p where its top copy is. REQUIRES: mu_ held, e.top() == tier, not pinned
   // on another tier, not in flight.
   Pin PinHereLocked(PageId p, PageEntry& e, Tier tier, Access access, bool hit);
+  // Whether an acquire of `page` on `tier` would be a hit: its top copy is there, no move
+  // of it is in flight, and it is not pinned on another tier. REQUIRES: mu_ held.
+  bool HitLocked(PageId page, Tier tier) const;
+  // Prefetched pages that reached `tier` (or above) are spared by eviction until used
+  // (EvictLocked). REQUIRES: mu_ held.
+  void MarkPrefetchedLocked(const std::vector<PageId>& pages, Tier tier);
 
   friend class Pin;
 

@@ -76,12 +76,13 @@ void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
   int64_t macs = 0;
   for (const MatVecJob& j : jobs) macs += j.w->rows * j.w->cols;
   if (macs < kMinParallelMacs) pool = nullptr;
+  const int64_t task_macs = MacsPerTask(macs, pool != nullptr ? pool->size() : 1);
   for (const MatVecJob& j : jobs) {
     assert(j.x->size() == j.w->cols);
     const void* act = j.x->For(j.w->type);
     const DotFn dot = GetDotFn(j.w->type, level);
     const DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
-    const int64_t step = std::max<int64_t>(1, MacsPerTask(macs, pool != nullptr ? pool->size() : 1) / std::max<int64_t>(j.w->cols, 1));
+    const int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols, 1));
     for (int64_t b = 0; b < j.w->rows; b += step) chunks.push_back({&j, dot, dot_rows, act, b, std::min(j.w->rows, b + step)});
   }
   if (pool == nullptr || chunks.size() == 1) {

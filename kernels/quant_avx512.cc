@@ -109,7 +109,8 @@ TIERKV_AVX512_FN float DotBf16Avx512(const void* row, const void* act, int64_t n
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 // Rows per step, measured on the output projections (32000 x 256, one thread): Q8_0
-// 444 us at 4 rows, 585 us at 8 (its 8 ymm chains spill; it now takes 4 rows in two zmm);
+// 444 us at 4 rows, 585 us at 8 (its 8 ymm chains spill; it now takes 4 rows in two zmm,
+// DotQ8_0Rows4Zmm);
 // Q6_K 424 us at 4, 387 us at 8.
 constexpr int kRowsK = 8;
 
@@ -135,30 +136,19 @@ TIERKV_VNNI_FN inline int HsumEpi32x8(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// Q8_0: per row, 8 f32 lanes acc = fma(d_w * d_x, (float)p, acc) over the blocks, then
+// Q8_0, one row: 8 f32 lanes acc = fma(d_w * d_x, (float)p, acc) over the blocks, then
 // HsumPs256 (DotQ8_0Avx2's order).
-template <int R>
-TIERKV_VNNI_FN inline void DotQ8_0RowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
-                                           float* out) {
-  const BlockQ8_0* w[R];
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) {
-    w[r] = RowBlocks<BlockQ8_0>(rows, row_bytes, r);
-    acc[r] = _mm256_setzero_ps();
-  }
+TIERKV_VNNI_FN inline float DotQ8_0Row1Vnni(const BlockQ8_0* w, const BlockQ8_0* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const __m256i xq = Load256(x[i].qs);
-    const float xd = HalfV(x[i].d);
-    for (int r = 0; r < R; ++r) {
-      const __m256i p = DotI8x32Vnni(Load256(w[r][i].qs), xq);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(HalfV(w[r][i].d) * xd), _mm256_cvtepi32_ps(p), acc[r]);
-    }
+    const __m256i p = DotI8x32Vnni(Load256(w[i].qs), Load256(x[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfV(w[i].d) * HalfV(x[i].d)), _mm256_cvtepi32_ps(p), acc);
   }
-  for (int r = 0; r < R; ++r) out[r] = HsumPs256(acc[r]);
+  return HsumPs256(acc);
 }
 
 // The same for four rows in two 512-bit vectors: rows 2k and 2k + 1 share one (lanes 0-7
-// and 8-15), and every lane does exactly what its row's lane does in DotQ8_0RowsVnniT, so
+// and 8-15), and every lane does exactly what its row's lane does in DotQ8_0Row1Vnni, so
 // the bits are the same; half the instructions per row (short rows, such as a 64-wide
 // output projection, are mostly per-block overhead). |w| and x with w's sign come from
 // abs and a masked negation (AVX-512 has no vpsignb); where w is 0 the product is 0
@@ -199,7 +189,7 @@ TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t 
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
   for (; r + 4 <= n_rows; r += 4) DotQ8_0Rows4Zmm(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
-  for (; r < n_rows; ++r) DotQ8_0RowsVnniT<1>(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
+  for (; r < n_rows; ++r) out[r] = DotQ8_0Row1Vnni(RowBlocks<BlockQ8_0>(base + r * row_bytes, row_bytes, 0), x, n / kQk0);
 }
 
 TIERKV_VNNI_FN inline __m256i UnpackQ4_0V(const uint8_t* qs) {

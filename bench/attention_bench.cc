@@ -11,6 +11,9 @@
 //             values   AttentionValues (pass 2, reads V)
 //             three    the three calls one after the other
 //             fused    AttentionTwoPass (the decoder's call when a layer is one batch)
+//             read     no arithmetic: a sum of the same K and V bytes in the fused path's
+//                      order (a task per KV head: its K runs block by block, then its V
+//                      runs), the memory-bound floor for the others in the same run
 //
 // Each iteration runs the phase for two layers whose blocks are distinct frames of one
 // arena backed by huge pages where the kernel allows (as the Host tier's arena is), so at
@@ -23,6 +26,7 @@
 //   ./build/release/bench/attention_bench --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true              (one line)
 #include <chrono>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +37,10 @@
 #include <vector>
 
 #include <benchmark/benchmark.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/attention.h"
 #include "kernels/thread_pool.h"
@@ -48,8 +56,8 @@ struct Shape {
   int n_heads, n_kv_heads, head_dim, block_tokens;
 };
 constexpr Shape kShapes[] = {{"llama", 8, 4, 32, 512}, {"qwen3moe", 4, 2, 32, 1024}};
-enum Phase { kScores, kSoftmax, kValues, kThree, kFused };
-constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "three", "fused"};
+enum Phase { kScores, kSoftmax, kValues, kThree, kFused, kRead };
+constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "three", "fused", "read"};
 constexpr int kLayers = 2;
 
 // Two layers of f16 blocks holding `tokens` tokens, laid out as kvcache's blocks (HND:
@@ -103,6 +111,49 @@ struct Cache {
     return true;
   }
 };
+
+// Sum of n bytes (a multiple of 128) as 64-bit words, four 256-bit accumulators.
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) uint64_t SumBytes(const std::byte* p, size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (size_t i = 0; i < n; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#else
+uint64_t SumBytes(const std::byte* p, size_t n) {
+  uint64_t s = 0;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    s += w;
+  }
+  return s;
+}
+#endif
+
+// The read phase of one layer: per KV head, its K runs in block order, then its V runs.
+uint64_t ReadLayer(const Shape& s, const std::vector<const std::byte*>& blocks, size_t vb, kernels::ThreadPool& pool) {
+  const size_t run = static_cast<size_t>(s.block_tokens) * vb;
+  const size_t half = run * static_cast<size_t>(s.n_kv_heads);
+  std::vector<uint64_t> sums(static_cast<size_t>(s.n_kv_heads));
+  pool.ParallelFor(s.n_kv_heads, [&](int64_t g) {
+    uint64_t sum = 0;
+    for (size_t off : {size_t{0}, half}) {
+      for (const std::byte* b : blocks) sum += SumBytes(b + off + static_cast<size_t>(g) * run, run);
+    }
+    sums[static_cast<size_t>(g)] = sum;
+  });
+  uint64_t total = 0;
+  for (uint64_t x : sums) total += x;
+  return total;
+}
 
 void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
   const int tokens = static_cast<int>(state.range(0));
@@ -158,6 +209,9 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
         case kFused:
           kernels::AttentionTwoPass(codec, p, v, &st, &pool);
           break;
+        case kRead:
+          benchmark::DoNotOptimize(ReadLayer(shape, cache.ptrs[static_cast<size_t>(l)], codec.vector_bytes(), pool));
+          break;
       }
       t += std::chrono::duration<double>(Clock::now() - t0).count();
       kernels::AttentionEnd(codec, p, &st, out.data());
@@ -174,7 +228,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
 
 void Register() {
   for (const Shape& s : kShapes) {
-    for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused}) {
+    for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused, kRead}) {
       const std::string name = std::string("attention/") + s.name + "/" + kPhaseNames[ph];
       benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph)
           ->ArgNames({"tokens", "threads"})

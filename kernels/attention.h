@@ -63,6 +63,7 @@
 #endif
 
 #include "kernels/cpu_features.h"
+#include "kernels/expf.h"
 #include "kernels/fp16.h"
 #include "kernels/thread_pool.h"
 
@@ -186,21 +187,15 @@ void AccumulateGroup(const Codec& codec, const float* w, size_t stride, int head
   }
 }
 
-// ---- exp: glibc's expf, vectorised ------------------------------------------------------
+// ---- exp and the softmax row ------------------------------------------------------------
 //
-// The softmax needs e^x for every score. std::exp (glibc's expf, its FMA variant on
-// x86-64) is correctly rounded in all but rare cases, and the two-pass weights must keep
-// its bits (they match llama.cpp's f16-rounded weights often enough to keep the
-// reference logits within tolerance). ExpAvx512 is the same algorithm, operation for
-// operation: x in double, x * 32 / ln 2 = k + r by the 0x1.8p52 shift, 2^(k/32) from a
-// 32-entry table, a cubic in r, one rounding to float at the end; the same fused
-// multiply-adds as libm's __expf_fma, and its special cases (overflow above 88.72,
-// 2^-149 or 0 below -103.28 / -103.97, NaN in, NaN out). VectorExpMatchesLibm() checks it
-// against std::exp once per process and the scalar loop is used if they ever differ
-// (another libm).
+// The exponentials are ExpGgml (kernels/expf.h): llama.cpp's AVX-512 expf, so the weights
+// keep its bits. ExpGgml16 / ExpGgml8 give the scalar definition's bits; the row functions
+// below differ only in how many lanes they compute at once.
 
 #if defined(TIERKV_ATTENTION_X86)
-#define TIERKV_ATTENTION_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+#define TIERKV_ATTENTION_AVX512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
+#define TIERKV_ATTENTION_AVX2 __attribute__((target("avx2,fma,f16c")))
 
 // GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which
 // -Wmaybe-uninitialized reports (as in kernels/quant_avx512.cc).
@@ -210,77 +205,32 @@ void AccumulateGroup(const Codec& codec, const float* w, size_t stride, int head
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// __exp2f_data of glibc (and ARM's optimized-routines): T[i] = asuint64(2^(i/32)) - (i << 47).
-inline constexpr uint64_t kExpTable[32] = {
-    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
-    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
-    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
-    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
-    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
-    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
-    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
-inline constexpr uint64_t kExpInvLn2N = 0x40471547652b82fe;  // 32 / ln 2
-inline constexpr uint64_t kExpShift = 0x4338000000000000;    // 0x1.8p52
-inline constexpr uint64_t kExpC0 = 0x3ebc6af84b912394;       // poly_scaled
-inline constexpr uint64_t kExpC1 = 0x3f2ebfce50fac4f3;
-inline constexpr uint64_t kExpC2 = 0x3f962e42ff0c52d6;
-
-TIERKV_ATTENTION_AVX512 inline __m512d ExpConst(uint64_t bits) {
-  return _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(bits)));
-}
-
-// e^x for 8 floats, computed in double as glibc's __expf_fma does (no special cases).
-TIERKV_ATTENTION_AVX512 inline __m256 ExpCore8(__m256 x) {
-  const __m512d xd = _mm512_cvtps_pd(x);
-  const __m512d inv_ln2n = ExpConst(kExpInvLn2N), shift = ExpConst(kExpShift);
-  const __m512d kd_shifted = _mm512_fmadd_pd(inv_ln2n, xd, shift);
-  const __m512i ki = _mm512_castpd_si512(kd_shifted);
-  const __m512d kd = _mm512_sub_pd(kd_shifted, shift);
-  const __m512d r = _mm512_fmsub_pd(inv_ln2n, xd, kd);
-  const __m512d t0 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable));
-  const __m512d t1 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable + 8));
-  const __m512d t2 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable + 16));
-  const __m512d t3 = _mm512_loadu_pd(reinterpret_cast<const double*>(kExpTable + 24));
-  const __mmask8 upper = _mm512_test_epi64_mask(ki, _mm512_set1_epi64(16));
-  const __m512d tab = _mm512_mask_blend_pd(upper, _mm512_permutex2var_pd(t0, ki, t1), _mm512_permutex2var_pd(t2, ki, t3));
-  const __m512d s = _mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(tab), _mm512_slli_epi64(ki, 47)));
-  const __m512d z = _mm512_fmadd_pd(ExpConst(kExpC0), r, ExpConst(kExpC1));
-  const __m512d r2 = _mm512_mul_pd(r, r);
-  __m512d y = _mm512_fmadd_pd(r, ExpConst(kExpC2), _mm512_set1_pd(1.0));
-  y = _mm512_fmadd_pd(z, r2, y);
-  return _mm512_cvtpd_ps(_mm512_mul_pd(y, s));
-}
-
-// std::exp(x) for 16 floats, bit for bit (special cases as glibc's expf).
-TIERKV_ATTENTION_AVX512 inline __m512 Exp16(__m512 x) {
-  const __m256 lo = ExpCore8(_mm512_castps512_ps256(x));
-  const __m256 hi = ExpCore8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-  __m512 e = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)), _mm256_castps_pd(hi), 1));
-  // Every lane in the ordinary range (the usual case): no special case applies.
-  const __mmask16 ordinary = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9d1d9ep6f), _CMP_GE_OQ) &
-                             _mm512_cmp_ps_mask(x, _mm512_set1_ps(0x1.62e42ep6f), _CMP_LE_OQ);
-  if (ordinary == static_cast<__mmask16>(0xffff)) return e;
-  const __mmask16 may_underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9d1d9ep6f), _CMP_LT_OQ);
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ);
-  const __mmask16 overflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  e = _mm512_mask_mov_ps(e, may_underflow, _mm512_set1_ps(0x1p-149f));
-  e = _mm512_mask_mov_ps(e, underflow, _mm512_setzero_ps());
-  e = _mm512_mask_mov_ps(e, overflow, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
-  return _mm512_mask_mov_ps(e, nan, _mm512_add_ps(x, x));
-}
-
 inline __mmask16 TailMask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
 }
 
-// out[j] = std::exp(x[j] - sub); out may equal x.
+// out[j] = ExpGgml(x[j] - sub); out may equal x.
 TIERKV_ATTENTION_AVX512 inline void ExpShiftedAvx512(const float* x, float sub, int64_t n, float* out) {
   const __m512 vs = _mm512_set1_ps(sub);
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = TailMask(n - j);
-    _mm512_mask_storeu_ps(out + j, m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), vs)));
+    _mm512_mask_storeu_ps(out + j, m, ExpGgml16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + j), vs)));
   }
+}
+
+TIERKV_ATTENTION_AVX2 inline void ExpShiftedAvx2(const float* x, float sub, int64_t n, float* out) {
+  const __m256 vs = _mm256_set1_ps(sub);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(out + j, ExpGgml8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vs)));
+  for (; j < n; ++j) out[j] = ExpGgml(x[j] - sub);
+}
+
+// The f32 sum of one 16-value chunk held as two 8-lane halves, in SumLikeGgml's order.
+TIERKV_ATTENTION_AVX2 inline float ChunkSum(__m256 lo, __m256 hi) {
+  const __m256 t8 = _mm256_add_ps(lo, hi);
+  const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // t4[0] + t4[2], t4[1] + t4[3]
+  return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
 }
 
 // The two-pass softmax of one row, as the scalar AttentionSoftmax does it: the max; e_j;
@@ -297,12 +247,12 @@ TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, boo
   double sum = 0.0;
   int64_t j = 0;
   // 64 values at a time: the four 16-lane sums are formed together (the same adds as
-  // the one-vector reduction below, by the shuffle tree of kvcache's f16 scores), then
-  // added to the double sum in order.
+  // ChunkSum, by the shuffle tree of kvcache's f16 scores), then added to the double sum
+  // in order.
   for (; j + 64 <= n; j += 64) {
     __m512 e[4];
     for (int k = 0; k < 4; ++k) {
-      e[k] = Exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16 * k), vm));
+      e[k] = ExpGgml16(_mm512_sub_ps(_mm512_loadu_ps(row + j + 16 * k), vm));
       _mm512_storeu_ps(row + j + 16 * k, e[k]);
     }
     // [t8(e0) | t8(e1)], t8[i] = e[i] + e[i + 8]; then t4[i] = t8[i] + t8[i + 4] per lane.
@@ -318,13 +268,9 @@ TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, boo
   for (; j < n; j += 16) {
     const __mmask16 m = TailMask(n - j);
     // Lanes past n are 0, as in SumLikeGgml.
-    const __m512 e = _mm512_maskz_mov_ps(m, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm)));
+    const __m512 e = _mm512_maskz_mov_ps(m, ExpGgml16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm)));
     _mm512_mask_storeu_ps(row + j, m, e);
-    const __m256 t8 = _mm256_add_ps(_mm512_castps512_ps256(e),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
-    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
-    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));  // t4[0] + t4[2], t4[1] + t4[3]
-    sum += static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1))));
+    sum += static_cast<double>(ChunkSum(_mm512_castps512_ps256(e), _mm512_extractf32x8_ps(e, 1)));
   }
   const __m512 inv = _mm512_set1_ps(n > 0 ? static_cast<float>(1.0 / sum) : 0.0f);
   for (int64_t j = 0; j < n; j += 16) {
@@ -336,55 +282,52 @@ TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, boo
   return max;
 }
 
+// The same row with 8-lane vectors (AVX2 + FMA + F16C).
+TIERKV_ATTENTION_AVX2 inline float SoftmaxRowAvx2(float* row, int64_t n, bool round_f16) {
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  const __m256 vm = _mm256_set1_ps(max);
+  double sum = 0.0;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m256 lo = ExpGgml8(_mm256_sub_ps(_mm256_loadu_ps(row + j), vm));
+    const __m256 hi = ExpGgml8(_mm256_sub_ps(_mm256_loadu_ps(row + j + 8), vm));
+    _mm256_storeu_ps(row + j, lo);
+    _mm256_storeu_ps(row + j + 8, hi);
+    sum += static_cast<double>(ChunkSum(lo, hi));
+  }
+  if (j < n) {
+    alignas(32) float l[16] = {};
+    for (int64_t i = j; i < n; ++i) row[i] = l[i - j] = ExpGgml(row[i] - max);
+    sum += static_cast<double>(ChunkSum(_mm256_load_ps(l), _mm256_load_ps(l + 8)));
+  }
+  const __m256 inv = _mm256_set1_ps(n > 0 ? static_cast<float>(1.0 / sum) : 0.0f);
+  j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 w = _mm256_mul_ps(_mm256_loadu_ps(row + j), inv);
+    if (round_f16) w = _mm256_cvtph_ps(_mm256_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_storeu_ps(row + j, w);
+  }
+  for (; j < n; ++j) {
+    const float w = row[j] * _mm256_cvtss_f32(inv);
+    row[j] = round_f16 ? RoundToF16(w) : w;
+  }
+  return max;
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 #endif  // TIERKV_ATTENTION_X86
 
-// True when the AVX-512 exp gives std::exp's bits on a sweep of inputs (every float
-// exponent, both signs, the special-case edges): checked once per process.
-inline bool VectorExpMatchesLibm() {
-#if defined(TIERKV_ATTENTION_X86)
-  static const bool ok = [] {
-    if (DetectedSimdLevel() < SimdLevel::kAvx512) return false;
-    std::vector<float> x;
-    for (uint32_t top = 0; top < 512; ++top) {  // sign + exponent
-      for (uint32_t low : {0u, 1u, 0x2aaaaau, 0x400000u, 0x555555u, 0x7fffffu}) {
-        x.push_back(std::bit_cast<float>((top << 23) | low));
-      }
-    }
-    for (int i = -110 * 64; i <= 90 * 64; ++i) x.push_back(static_cast<float>(i) / 64.0f + 0x1p-9f);
-    for (float edge : {-0x1.9d1d9ep6f, -0x1.9fe368p6f, 0x1.62e42ep6f, 88.0f, -88.0f}) {
-      x.push_back(edge);
-      x.push_back(std::nextafter(edge, 0.0f));
-      x.push_back(std::nextafter(edge, edge * 2.0f));
-    }
-    std::vector<float> got(x.size());
-    ExpShiftedAvx512(x.data(), 0.0f, static_cast<int64_t>(x.size()), got.data());
-    for (size_t i = 0; i < x.size(); ++i) {
-      if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(std::exp(x[i])) &&
-          !(std::isnan(got[i]) && std::isnan(std::exp(x[i])))) {
-        return false;
-      }
-    }
-    return true;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
-// True when the softmax uses the AVX-512 exp (the CPU has it, the level is not capped
-// below it, and it matches this process's std::exp).
-inline bool UseVectorExp() { return ActiveSimdLevel() >= SimdLevel::kAvx512 && VectorExpMatchesLibm(); }
-
-// out[j] = std::exp(x[j] - sub), bit for bit; out may equal x.
+// out[j] = ExpGgml(x[j] - sub), in the widest vectors the active level allows (the same
+// bits at every level); out may equal x.
 inline void ExpShifted(const float* x, float sub, int64_t n, float* out) {
 #if defined(TIERKV_ATTENTION_X86)
-  if (UseVectorExp()) return ExpShiftedAvx512(x, sub, n, out);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx512) return ExpShiftedAvx512(x, sub, n, out);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return ExpShiftedAvx2(x, sub, n, out);
 #endif
-  for (int64_t j = 0; j < n; ++j) out[j] = std::exp(x[j] - sub);
+  for (int64_t j = 0; j < n; ++j) out[j] = ExpGgml(x[j] - sub);
 }
 
 // One block of the online form for the query heads [h0, h0 + heads) of one KV head:
@@ -495,7 +438,7 @@ inline int64_t BlockKeys(const AttentionParams& p, const PagedKvView& kv, int b,
 inline float SoftmaxRowScalar(float* row, int64_t n, bool round_f16) {
   float max = -std::numeric_limits<float>::infinity();
   for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
-  for (int64_t j = 0; j < n; ++j) row[j] = std::exp(row[j] - max);
+  for (int64_t j = 0; j < n; ++j) row[j] = ExpGgml(row[j] - max);
   const double sum = SumLikeGgml(row, n);
   const float inv = n > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
   for (int64_t j = 0; j < n; ++j) row[j] *= inv;
@@ -503,10 +446,11 @@ inline float SoftmaxRowScalar(float* row, int64_t n, bool round_f16) {
   return max;
 }
 
-// The softmax of one row, vectorised where UseVectorExp() (the same bits).
+// The softmax of one row, vectorised for the active level (the same bits).
 inline float SoftmaxRow(float* row, int64_t n, bool round_f16) {
 #if defined(TIERKV_ATTENTION_X86)
-  if (UseVectorExp()) return SoftmaxRowAvx512(row, n, round_f16);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx512) return SoftmaxRowAvx512(row, n, round_f16);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return SoftmaxRowAvx2(row, n, round_f16);
 #endif
   return SoftmaxRowScalar(row, n, round_f16);
 }

@@ -391,39 +391,34 @@ TEST(AttentionTest, FusedTwoPassIsTheThreeCalls) {
   }
 }
 
-// The vectorised exp is std::exp's bits on a sweep of every 4099th float (all exponents,
-// both signs, NaN and inf), and on the special-case edges.
-TEST(AttentionTest, VectorExpIsStdExpBitForBit) {
-  if (!attention_internal::UseVectorExp()) GTEST_SKIP() << "no AVX-512 (or a libm the vector exp does not match)";
+// The softmax's exp (every level) is ExpGgml's bits, with the shift as the softmax
+// applies it (x - max in f32 first).
+TEST(AttentionTest, ExpShiftedIsExpGgml) {
   std::vector<float> x;
-  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
-  for (float edge : {-0x1.9d1d9ep6f, -0x1.9fe368p6f, 0x1.62e42ep6f, 88.0f, -88.0f, -87.5f, 0.0f, -0.0f}) {
-    for (int i = -3; i <= 3; ++i) x.push_back(std::bit_cast<float>(std::bit_cast<uint32_t>(edge) + i));
-  }
-  x.push_back(-std::numeric_limits<float>::infinity());
-  x.push_back(std::numeric_limits<float>::infinity());
-  std::vector<float> got(x.size());
-  attention_internal::ExpShifted(x.data(), 0.0f, static_cast<int64_t>(x.size()), got.data());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const float want = std::exp(x[i]);
-    if (std::isnan(want)) {
-      ASSERT_TRUE(std::isnan(got[i])) << x[i];
-    } else {
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << std::hexfloat << x[i];
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 40009) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (SimdLevel level : {SimdLevel::kAvx512, SimdLevel::kAvx2, SimdLevel::kScalar}) {
+    ForceSimdLevel(level);
+    for (float sub : {0.0f, 7.0f}) {
+      std::vector<float> got(x.size());
+      attention_internal::ExpShifted(x.data(), sub, static_cast<int64_t>(x.size()), got.data());
+      for (size_t i = 0; i < x.size(); ++i) {
+        const float want = ExpGgml(x[i] - sub);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got[i]));
+        } else {
+          ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << std::hexfloat << x[i];
+        }
+      }
     }
   }
-  // With a shift, as the softmax calls it (x - max in f32 first).
-  std::vector<float> y = {1.5f, -3.25f, 7.0f, 0.1f};
-  std::vector<float> e(y.size());
-  attention_internal::ExpShifted(y.data(), 7.0f, 4, e.data());
-  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(e[i], std::exp(y[i] - 7.0f));
+  ForceSimdLevel(SimdLevel::kAvx512);
 }
 
-// The AVX-512 softmax row (max, exp, ggml-order sum, normalise, f16 rounding) is the
-// scalar one, bit for bit: every length up to 70 (tails of the 16-lane chunks) and long
-// rows, peaky and flat scores, with and without f16 rounding.
+// The AVX-512 and AVX2 softmax rows (max, exp, ggml-order sum, normalise, f16 rounding)
+// are the scalar one, bit for bit: every length up to 70 (tails of the 16-lane chunks)
+// and long rows, peaky and flat scores, with and without f16 rounding.
 TEST(AttentionTest, VectorSoftmaxRowIsScalarBitForBit) {
-  if (!attention_internal::UseVectorExp()) GTEST_SKIP() << "no AVX-512 (or a libm the vector exp does not match)";
+  if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512";
   std::mt19937 rng(13);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<int64_t> lengths;
@@ -434,22 +429,26 @@ TEST(AttentionTest, VectorSoftmaxRowIsScalarBitForBit) {
       std::vector<float> row(static_cast<size_t>(n));
       for (float& v : row) v = spread * normal(rng);
       for (bool round : {false, true}) {
-        std::vector<float> a = row, b = row;
+        std::vector<float> a = row, b = row, c = row;
         const float ma = attention_internal::SoftmaxRowAvx512(a.data(), n, round);
         const float mb = attention_internal::SoftmaxRowScalar(b.data(), n, round);
+        const float mc = attention_internal::SoftmaxRowAvx2(c.data(), n, round);
         ASSERT_EQ(ma, mb) << n;
+        ASSERT_EQ(mc, mb) << n;
         for (int64_t j = 0; j < n; ++j) {
           ASSERT_EQ(std::bit_cast<uint32_t>(a[j]), std::bit_cast<uint32_t>(b[j]))
               << "n " << n << " spread " << spread << " round " << round << " j " << j;
+          ASSERT_EQ(std::bit_cast<uint32_t>(c[j]), std::bit_cast<uint32_t>(b[j]))
+              << "avx2 n " << n << " spread " << spread << " round " << round << " j " << j;
         }
       }
     }
   }
 }
 
-// Whole attention with the AVX-512 softmax and exp against the scalar ones (level capped).
+// Whole attention with the AVX-512 softmax and exp against the AVX2 ones (level capped).
 TEST(AttentionTest, SimdLevelDoesNotChangeBits) {
-  if (!attention_internal::UseVectorExp()) GTEST_SKIP() << "no AVX-512 (or a libm the vector exp does not match)";
+  if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512";
   F32Codec codec(32);
   Fixture f;
   f.n_tokens = 700;

@@ -3,6 +3,7 @@
 // RMSNorm, RoPE (norm and neox layouts, YaRN), activations and MoE routing against
 // double-precision references.
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <random>
 #include <vector>
@@ -10,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "kernels/activation.h"
+#include "kernels/cpu_features.h"
+#include "kernels/expf.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
@@ -163,6 +166,40 @@ TEST(ActivationTest, SiluSwigluSoftmax) {
   EXPECT_NEAR(sum, 1.0, 1e-5);
   const float ties[] = {1.0f, 3.0f, 3.0f, 2.0f};
   EXPECT_EQ(ArgMax(ties, 4), 1);
+}
+
+// llama.cpp's row layout: 16-value chunks from the start use its vector exp (ExpGgml),
+// the last n % 16 values the C library's; the same bits at every SIMD level.
+TEST(ActivationTest, SwiGluChunksUseGgmlExpAtEveryLevel) {
+  const int64_t n = 16 * 5 + 7;
+  std::vector<float> g = RandomVector(n, 21, 6.0f), u = RandomVector(n, 22);
+  std::vector<float> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    want[i] = (i < 80 ? g[i] / (1.0f + ExpGgml(0.0f - g[i])) : g[i] / (1.0f + std::exp(-g[i]))) * u[i];
+  }
+  for (SimdLevel level : {SimdLevel::kAvx512, SimdLevel::kAvx2, SimdLevel::kScalar}) {
+    ForceSimdLevel(level);
+    std::vector<float> out(static_cast<size_t>(n));
+    SwiGlu(g.data(), u.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(out[i], want[i]) << SimdLevelName(level) << " " << i;
+  }
+  ForceSimdLevel(SimdLevel::kAvx512);
+}
+
+TEST(ActivationTest, SoftmaxSumsChunksInF32ThenTheTailInDouble) {
+  // Chunk 0: 1 + 2^-24 (lanes 0 and 8) rounds to 1 in f32; in the tail the same 2^-24
+  // survives the double sum. Inputs are logs, so the exponentials are these values.
+  std::vector<float> x(18, -std::numeric_limits<float>::infinity());
+  x[0] = 0.0f;
+  x[8] = std::log(0x1p-24f);
+  x[17] = std::log(0x1p-24f);
+  std::vector<float> y = x;
+  const double lse = SoftmaxInPlace(y.data(), 18);
+  const double sum = 1.0 + static_cast<double>(std::exp(x[17]));  // chunk sum 1.0f, then the tail
+  EXPECT_DOUBLE_EQ(lse, std::log(sum));
+  EXPECT_EQ(y[0], static_cast<float>(1.0 / sum));
+  EXPECT_EQ(y[8], ExpGgml(x[8]) * static_cast<float>(1.0 / sum));
+  EXPECT_EQ(y[17], std::exp(x[17]) * static_cast<float>(1.0 / sum));
 }
 
 TEST(MoeTest, TopKSoftmaxRenormalised) {

@@ -197,10 +197,13 @@ TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc)
 // Software prefetch distance in the token loops. A layer's K (or V) of one KV head is a
 // run of block_tokens vectors, and runs are a block apart: the hardware prefetchers
 // restart at each run and each 4 KiB page, the prefetch keeps loads in flight.
-constexpr size_t kPrefetchBytes = 2048;
+constexpr size_t kPrefetchBytes = 4096;
 
+// An asm statement, not _mm_prefetch: GCC 12 deletes a loop whose body is only
+// __builtin_prefetch calls (it has no side effects to keep), which left these kernels
+// without any prefetch.
 TIERKV_AVX512 inline void PrefetchVector(const uint8_t* p, size_t vb) {
-  for (size_t o = 0; o < vb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + o), _MM_HINT_T0);
+  for (size_t o = 0; o < vb; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(p + kPrefetchBytes + o)));
 }
 
 TIERKV_AVX512 inline __m512 LoadHalf16(const uint8_t* p) {

@@ -123,6 +123,18 @@ inline const Block* RowBlocks(const void* rows, size_t row_bytes, int r) {
   return reinterpret_cast<const Block*>(static_cast<const uint8_t*>(rows) + static_cast<size_t>(r) * row_bytes);
 }
 
+// Software prefetch for the multi-row kernels. They read R rows side by side, block by
+// block: R short interleaved streams that the hardware prefetchers follow poorly (a
+// 32000 x 256 Q8_0 matrix read from memory ran at a quarter of a plain read's speed).
+// Each group of rows, before it is computed, asks for the group kMatPrefetchBytes (or one
+// group, if larger) ahead. asm, not _mm_prefetch: GCC 12 deletes loops of prefetch builtins.
+constexpr size_t kMatPrefetchBytes = 4096;
+
+inline void PrefetchGroup(const uint8_t* group, size_t group_bytes) {
+  const uint8_t* p = group + (group_bytes > kMatPrefetchBytes ? group_bytes : kMatPrefetchBytes);
+  for (size_t o = 0; o < group_bytes; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(p + o)));
+}
+
 // Sum of w[i] * x[i] over 32 int8 pairs as 8 int32 lanes (lane j: bytes 4j..4j+3, the
 // same partition as maddubs + madd in the AVX2 kernel, so even the lanes agree).
 TIERKV_VNNI_FN inline __m256i DotI8x32Vnni(__m256i w, __m256i x) {
@@ -188,7 +200,10 @@ TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t 
   const auto* x = static_cast<const BlockQ8_0*>(act);
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) DotQ8_0Rows4Zmm(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
+  for (; r + 4 <= n_rows; r += 4) {
+    PrefetchGroup(base + r * row_bytes, 4 * row_bytes);
+    DotQ8_0Rows4Zmm(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
+  }
   for (; r < n_rows; ++r) out[r] = DotQ8_0Row1Vnni(RowBlocks<BlockQ8_0>(base + r * row_bytes, row_bytes, 0), x, n / kQk0);
 }
 
@@ -238,7 +253,10 @@ TIERKV_VNNI_FN void DotQ4_0RowsVnni(const void* rows, size_t row_bytes, int64_t 
   const auto* x = static_cast<const BlockQ8_0*>(act);
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) DotQ4_0Rows4Vnni(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
+  for (; r + 4 <= n_rows; r += 4) {
+    PrefetchGroup(base + r * row_bytes, 4 * row_bytes);
+    DotQ4_0Rows4Vnni(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
+  }
   for (; r < n_rows; ++r) out[r] = DotQ4_0Row1Vnni(RowBlocks<BlockQ4_0>(base + r * row_bytes, row_bytes, 0), x, n / kQk0);
 }
 
@@ -332,6 +350,7 @@ TIERKV_VNNI_FN void DotK4RowsVnni(const void* rows, size_t row_bytes, int64_t n_
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
   for (; r + kRowsK <= n_rows; r += kRowsK) {
+    PrefetchGroup(base + r * row_bytes, kRowsK * row_bytes);
     DotK4RowsVnniT<kFive, kRowsK>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
   }
   for (; r < n_rows; ++r) DotK4RowsVnniT<kFive, 1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
@@ -404,6 +423,7 @@ TIERKV_VNNI_FN void DotQ6_KRowsVnni(const void* rows, size_t row_bytes, int64_t 
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
   for (; r + kRowsK <= n_rows; r += kRowsK) {
+    PrefetchGroup(base + r * row_bytes, kRowsK * row_bytes);
     DotQ6_KRowsVnniT<kRowsK>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
   }
   for (; r < n_rows; ++r) DotQ6_KRowsVnniT<1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);

@@ -2,15 +2,21 @@
 //
 // Disk tier: one preallocated, unlinked file. Batches are sorted by offset and adjacent
 // ops merged into one preadv/pwritev (up to IOV_MAX iovecs), looping on short transfers.
+// On a memory filesystem the file is also mapped and transfers are memcpy (see
+// DiskBackendOptions::map_memory_fs).
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "memory/size.h"
@@ -23,13 +29,24 @@ constexpr uint64_t kDirectAlign = 4096;
 
 class DiskBackend final : public TierBackend {
  public:
-  DiskBackend(int fd, std::string path, uint64_t bytes, bool direct, double warmup_s)
-      : fd_(fd), path_(std::move(path)), bytes_(bytes), direct_(direct), warmup_s_(warmup_s) {}
-  ~DiskBackend() override { close(fd_); }
+  DiskBackend(int fd, std::string path, uint64_t bytes, bool direct, std::byte* map, bool map_writes,
+              double warmup_s)
+      : fd_(fd),
+        path_(std::move(path)),
+        bytes_(bytes),
+        direct_(direct),
+        map_(map),
+        map_writes_(map_writes),
+        warmup_s_(warmup_s) {}
+  ~DiskBackend() override {
+    if (map_ != nullptr) munmap(map_, bytes_);
+    close(fd_);
+  }
 
   Tier tier() const override { return Tier::kDisk; }
   std::string Describe() const override {
-    return "disk: " + FormatBytes(bytes_) + " file in " + path_ + (direct_ ? ", O_DIRECT" : ", buffered");
+    return "disk: " + FormatBytes(bytes_) + " file in " + path_ +
+           (map_ != nullptr ? ", mapped" : direct_ ? ", O_DIRECT" : ", buffered");
   }
   uint64_t capacity() const override { return bytes_; }
   std::byte* base() override { return nullptr; }
@@ -40,6 +57,19 @@ class DiskBackend final : public TierBackend {
 
  private:
   Status Transfer(std::span<const CopyOp> ops, bool write) {
+    if (map_ != nullptr && (!write || map_writes_)) {
+      for (const CopyOp& op : ops) {
+        if (op.offset > bytes_ || op.bytes > bytes_ - op.offset) return Status::InvalidArgument("disk transfer past the arena end");
+      }
+      for (const CopyOp& op : ops) {
+        if (write) {
+          std::memcpy(map_ + op.offset, op.host, op.bytes);
+        } else {
+          std::memcpy(op.host, map_ + op.offset, op.bytes);
+        }
+      }
+      return Status::Ok();
+    }
     std::vector<CopyOp> sorted(ops.begin(), ops.end());
     std::sort(sorted.begin(), sorted.end(), [](const CopyOp& a, const CopyOp& b) { return a.offset < b.offset; });
     std::vector<iovec> iov;
@@ -99,8 +129,15 @@ class DiskBackend final : public TierBackend {
   std::string path_;
   uint64_t bytes_;
   bool direct_;
+  std::byte* map_;   // the file, on a memory filesystem; else nullptr
+  bool map_writes_;  // writes through map_ too (the file is preallocated)
   double warmup_s_;
 };
+
+bool OnMemoryFilesystem(int fd) {
+  struct statfs s {};
+  return fstatfs(fd, &s) == 0 && (s.f_type == TMPFS_MAGIC || s.f_type == RAMFS_MAGIC);
+}
 
 }  // namespace
 
@@ -116,8 +153,9 @@ Result<std::unique_ptr<TierBackend>> CreateDiskBackend(const DiskBackendOptions&
   if (fd < 0) return Status::FromErrno(errno, "disk tier: cannot create a file in " + options.dir);
   unlink(tmpl.c_str());  // anonymous from now on: a crash leaves no arena file behind
 
+  const bool map = options.map_memory_fs && OnMemoryFilesystem(fd);
   bool direct = false;
-  if (options.direct_io && options.bytes % kDirectAlign == 0) {
+  if (!map && options.direct_io && options.bytes % kDirectAlign == 0) {
     // Some filesystems refuse O_DIRECT with EINVAL (tmpfs before Linux 6.6); then stay
     // buffered. Describe() says which mode the tier runs in.
     const int flags = fcntl(fd, F_GETFL);
@@ -134,8 +172,14 @@ Result<std::unique_ptr<TierBackend>> CreateDiskBackend(const DiskBackendOptions&
     close(fd);
     return Status::FromErrno(err, "disk tier: cannot size the file in " + options.dir);
   }
+  std::byte* mapping = nullptr;
+  if (map) {
+    void* p = mmap(nullptr, options.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) mapping = static_cast<std::byte*>(p);  // else pread/pwrite, as on any disk
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return std::unique_ptr<TierBackend>(new DiskBackend(fd, options.dir, options.bytes, direct, secs));
+  return std::unique_ptr<TierBackend>(
+      new DiskBackend(fd, options.dir, options.bytes, direct, mapping, mapping != nullptr && options.warmup, secs));
 }
 
 }  // namespace tierkv

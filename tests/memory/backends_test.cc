@@ -6,7 +6,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -229,13 +231,22 @@ TEST(HostBackendTest, MlockOffNeverCallsMlock) {
 }
 
 // ---------------------------------------------------------------------------------
-// Disk, in /tmp and (where it exists) /dev/shm, with and without O_DIRECT.
+// Disk, in /tmp and (where it exists) /dev/shm, with and without O_DIRECT, with and
+// without the mapping of a memory filesystem.
 
 struct DiskCase {
   const char* parent;
   bool direct_io;
+  bool map = false;  // DiskBackendOptions::map_memory_fs
 };
-void PrintTo(const DiskCase& c, std::ostream* os) { *os << c.parent << (c.direct_io ? " O_DIRECT" : " buffered"); }
+void PrintTo(const DiskCase& c, std::ostream* os) {
+  *os << c.parent << (c.direct_io ? " O_DIRECT" : " buffered") << (c.map ? " map" : "");
+}
+
+bool IsMemoryFilesystem(const std::string& dir) {
+  struct statfs s {};
+  return statfs(dir.c_str(), &s) == 0 && (s.f_type == TMPFS_MAGIC || s.f_type == RAMFS_MAGIC);
+}
 
 class DiskBackendTest : public ::testing::TestWithParam<DiskCase> {
  protected:
@@ -252,6 +263,7 @@ class DiskBackendTest : public ::testing::TestWithParam<DiskCase> {
     o.bytes = bytes;
     o.direct_io = GetParam().direct_io;
     o.warmup = warmup;
+    o.map_memory_fs = GetParam().map;
     Result<std::unique_ptr<TierBackend>> r = CreateDiskBackend(o);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     return r.ok() ? std::move(r).value() : nullptr;
@@ -270,10 +282,13 @@ TEST_P(DiskBackendTest, CreateDescribeAndUnlinkedFile) {
   EXPECT_GE(disk->warmup_seconds(), 0.0);
   const std::string d = disk->Describe();
   EXPECT_THAT(d, StartsWith("disk: 1.00 MiB file in " + dir_->path() + ", "));
-  if (!GetParam().direct_io) {
+  if (GetParam().map && IsMemoryFilesystem(dir_->path())) {
+    EXPECT_EQ(d, "disk: 1.00 MiB file in " + dir_->path() + ", mapped");
+  } else if (!GetParam().direct_io) {
     EXPECT_EQ(d, "disk: 1.00 MiB file in " + dir_->path() + ", buffered");
+  } else {
+    EXPECT_TRUE(d.ends_with(", O_DIRECT") || d.ends_with(", buffered")) << d;
   }
-  EXPECT_TRUE(d.ends_with(", O_DIRECT") || d.ends_with(", buffered")) << d;
   // The arena file is unlinked at once: nothing is left in the directory.
   EXPECT_EQ(dir_->Entries(), 0);
 }
@@ -281,7 +296,8 @@ TEST_P(DiskBackendTest, CreateDescribeAndUnlinkedFile) {
 TEST_P(DiskBackendTest, UnalignedSizeStaysBuffered) {
   auto disk = Make(10000);
   ASSERT_NE(disk, nullptr);
-  EXPECT_EQ(disk->Describe(), "disk: 9.77 KiB file in " + dir_->path() + ", buffered");
+  const bool mapped = GetParam().map && IsMemoryFilesystem(dir_->path());
+  EXPECT_EQ(disk->Describe(), "disk: 9.77 KiB file in " + dir_->path() + (mapped ? ", mapped" : ", buffered"));
 }
 
 // Ops given out of order, some file-adjacent (merged into one vectored call), one
@@ -402,10 +418,11 @@ TEST_P(DiskBackendTest, RejectsZeroBytesMissingDirAndFile) {
 
 INSTANTIATE_TEST_SUITE_P(Dirs, DiskBackendTest,
                          ::testing::Values(DiskCase{"/tmp", true}, DiskCase{"/tmp", false},
-                                           DiskCase{"/dev/shm", true}, DiskCase{"/dev/shm", false}),
+                                           DiskCase{"/dev/shm", true}, DiskCase{"/dev/shm", false},
+                                           DiskCase{"/dev/shm", false, true}, DiskCase{"/tmp", false, true}),
                          [](const ::testing::TestParamInfo<DiskCase>& info) {
                            return std::string(std::string(info.param.parent) == "/tmp" ? "Tmp" : "DevShm") +
-                                  (info.param.direct_io ? "Direct" : "Buffered");
+                                  (info.param.direct_io ? "Direct" : "Buffered") + (info.param.map ? "Map" : "");
                          });
 
 // ---------------------------------------------------------------------------------

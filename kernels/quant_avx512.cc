@@ -126,12 +126,14 @@ inline const Block* RowBlocks(const void* rows, size_t row_bytes, int r) {
 // Software prefetch for the multi-row kernels. They read R rows side by side, block by
 // block: R short interleaved streams that the hardware prefetchers follow poorly (a
 // 32000 x 256 Q8_0 matrix read from memory ran at a quarter of a plain read's speed).
-// Each group of rows, before it is computed, asks for the group kMatPrefetchBytes (or one
-// group, if larger) ahead. asm, not _mm_prefetch: GCC 12 deletes loops of prefetch builtins.
+// Each group of rows, before it is computed, asks for the group kMatPrefetchBytes ahead.
+// Only groups of short rows: rows of a KiB or more are streams the hardware follows.
+// asm, not _mm_prefetch: GCC 12 deletes loops of prefetch builtins.
 constexpr size_t kMatPrefetchBytes = 4096;
 
 inline void PrefetchGroup(const uint8_t* group, size_t group_bytes) {
-  const uint8_t* p = group + (group_bytes > kMatPrefetchBytes ? group_bytes : kMatPrefetchBytes);
+  if (group_bytes > kMatPrefetchBytes) return;
+  const uint8_t* p = group + kMatPrefetchBytes;
   for (size_t o = 0; o < group_bytes; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(p + o)));
 }
 
@@ -165,13 +167,13 @@ TIERKV_VNNI_FN inline float DotQ8_0Row1Vnni(const BlockQ8_0* w, const BlockQ8_0*
 // output projection, are mostly per-block overhead). |w| and x with w's sign come from
 // abs and a masked negation (AVX-512 has no vpsignb); where w is 0 the product is 0
 // either way.
-TIERKV_VNNI_FN inline void DotQ8_0Rows4Zmm(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
-                                           float* out) {
+TIERKV_VNNI_FN inline void AccQ8_0Rows4Zmm(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                           __m512* acc) {
   const BlockQ8_0* w[4];
   for (int r = 0; r < 4; ++r) w[r] = RowBlocks<BlockQ8_0>(rows, row_bytes, r);
   const __m512i lo_half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i hi_half = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  acc[0] = acc[1] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const __m256i xq = Load256(x[i].qs);
     const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(xq), xq, 1);
@@ -189,10 +191,39 @@ TIERKV_VNNI_FN inline void DotQ8_0Rows4Zmm(const void* rows, size_t row_bytes, c
       acc[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[k]);
     }
   }
+}
+
+TIERKV_VNNI_FN inline void DotQ8_0Rows4Zmm(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                           float* out) {
+  __m512 acc[2];
+  AccQ8_0Rows4Zmm(rows, row_bytes, x, nb, acc);
   for (int k = 0; k < 2; ++k) {
     out[2 * k] = HsumPs256(_mm512_castps512_ps256(acc[k]));
     out[2 * k + 1] = HsumPs256(_mm512_extractf32x8_ps(acc[k], 1));
   }
+}
+
+// HsumPs256 of 16 rows' 8-lane sums at once, with the same adds in the same order (a
+// short row, such as a 64-wide output projection, spends as much on its horizontal sum
+// as on its two blocks). acc[j] holds rows 2j (lanes 0-7) and 2j + 1 (lanes 8-15).
+//   level 1: per row, lanes i + (i + 4)             -> 4 rows per vector, a row per 128-bit lane
+//   level 2: per row, s[0] + s[2] and s[1] + s[3]   -> 8 rows per vector
+//   level 3: per row, the two halves                 -> 16 rows; a permutation puts them in order
+TIERKV_VNNI_FN inline void HsumRows16(const __m512* acc, float* out) {
+  __m512 s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 x = acc[2 * i], y = acc[2 * i + 1];
+    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const __m512 c = s4[2 * i], d = s4[2 * i + 1];
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(c, d, 0x44), _mm512_shuffle_ps(c, d, 0xee));
+  }
+  const __m512 s1 = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xdd));
+  // 128-bit lane j, element k holds row j + 4k.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, s1));
 }
 
 TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
@@ -200,6 +231,12 @@ TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t 
   const auto* x = static_cast<const BlockQ8_0*>(act);
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
+  for (; r + 16 <= n_rows; r += 16) {
+    PrefetchGroup(base + r * row_bytes, 16 * row_bytes);
+    __m512 acc[8];
+    for (int g = 0; g < 4; ++g) AccQ8_0Rows4Zmm(base + (r + 4 * g) * row_bytes, row_bytes, x, n / kQk0, acc + 2 * g);
+    HsumRows16(acc, out + r);
+  }
   for (; r + 4 <= n_rows; r += 4) {
     PrefetchGroup(base + r * row_bytes, 4 * row_bytes);
     DotQ8_0Rows4Zmm(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);

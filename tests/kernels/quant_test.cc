@@ -323,7 +323,8 @@ TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
 
 // The AVX512-VNNI multi-row kernels (quant_avx512.cc) against the AVX2 kernels, bit for
 // bit: their float arithmetic is the AVX2 kernels' per row, and integer sums are exact.
-// Row counts 1 - 9 cover the 4-row groups and the one-row tails; random codes and
+// Row counts 1 - 35 cover the 16-row (Q8_0) and 4- or 8-row groups and the one-row tails;
+// random codes and
 // scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit scales and
 // mins at 63) for the saturation bounds.
 constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K,
@@ -357,7 +358,7 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   for (WeightType t : kQuantTypes) {
     for (int64_t n : {64, 256, 512, 1024, 4096}) {
       if (n % GetWeightTypeInfo(t).block_size != 0) continue;
-      for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9, 17}) {
+      for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 21, 35}) {
         SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
         std::vector<uint8_t> rows;
         for (int64_t r = 0; r < n_rows; ++r) {

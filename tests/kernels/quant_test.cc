@@ -324,9 +324,8 @@ TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
 // The AVX512-VNNI multi-row kernels (quant_avx512.cc) against the AVX2 kernels, bit for
 // bit: their float arithmetic is the AVX2 kernels' per row, and integer sums are exact.
 // Row counts 1 - 35 cover the 16-row (Q8_0) and 4- or 8-row groups and the one-row tails;
-// random codes and
-// scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit scales and
-// mins at 63) for the saturation bounds.
+// random codes and scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit
+// scales and mins at 63) for the saturation bounds.
 constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K,
                                       WeightType::kQ6_K};
 

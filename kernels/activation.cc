@@ -11,15 +11,6 @@
 namespace tierkv::kernels {
 namespace {
 
-// The f32 sum of 16 values by the fixed tree: t8[i] = l[i] + l[i + 8], t4[i] = t8[i] +
-// t8[i + 4], then (t4[0] + t4[2]) + (t4[1] + t4[3]).
-float ChunkSum16(const float* l) {
-  float t8[8], t4[4];
-  for (int i = 0; i < 8; ++i) t8[i] = l[i] + l[i + 8];
-  for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
-  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
-}
-
 #if defined(TIERKV_EXPF_X86)
 __attribute__((target("avx512f,avx512dq,avx2,fma"))) void SwiGluChunksAvx512(const float* gate, const float* up,
                                                                             float* out, int64_t n) {
@@ -67,7 +58,7 @@ double SoftmaxInPlace(float* x, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     for (int64_t k = i; k < i + 16; ++k) x[k] = ExpGgml(x[k] - max);
-    sum += static_cast<double>(ChunkSum16(x + i));
+    sum += static_cast<double>(ChunkSumGgml(x + i));
   }
   for (; i < n; ++i) {
     x[i] = std::exp(x[i] - max);

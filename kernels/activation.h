@@ -21,6 +21,15 @@
 
 namespace tierkv::kernels {
 
+// The f32 sum of one 16-value chunk by llama.cpp's fixed tree (_mm512_reduce_add_ps):
+// t8[i] = l[i] + l[i + 8], t4[i] = t8[i] + t8[i + 4], then (t4[0] + t4[2]) + (t4[1] + t4[3]).
+inline float ChunkSumGgml(const float* l) {
+  float t8[8], t4[4];
+  for (int i = 0; i < 8; ++i) t8[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
 // SiLU of a value in a row's last n % 16 (the C library's expf) and in its 16-value
 // chunks (ExpGgml).
 inline float Silu(float x) { return x / (1.0f + std::exp(-x)); }

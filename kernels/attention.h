@@ -62,6 +62,7 @@
 #define TIERKV_ATTENTION_X86 1
 #endif
 
+#include "kernels/activation.h"
 #include "kernels/cpu_features.h"
 #include "kernels/expf.h"
 #include "kernels/fp16.h"
@@ -419,10 +420,7 @@ inline double SumLikeGgml(const float* x, int64_t n) {
   for (int64_t c = 0; c < n; c += 16) {
     float l[16];
     for (int64_t i = 0; i < 16; ++i) l[i] = c + i < n ? x[c + i] : 0.0f;
-    float t8[8], t4[4];
-    for (int i = 0; i < 8; ++i) t8[i] = l[i] + l[i + 8];
-    for (int i = 0; i < 4; ++i) t4[i] = t8[i] + t8[i + 4];
-    sum += static_cast<double>((t4[0] + t4[2]) + (t4[1] + t4[3]));
+    sum += static_cast<double>(ChunkSumGgml(l));
   }
   return sum;
 }

@@ -4,8 +4,8 @@
 // verify throughput as a ratio to raw pread, and lazy restore time of a 128K-token
 // session (flat in file size). Directory: $TIERKV_BENCH_DIR, default /dev/shm.
 //
-//   ./build/release/bench/session_bench --benchmark_repetitions=5 \
-//       --benchmark_report_aggregates_only=true
+//   ./build/release/bench/session_bench --benchmark_repetitions=5
+//       --benchmark_report_aggregates_only=true        (one command line)
 #include <fcntl.h>
 #include <unistd.h>
 

@@ -13,6 +13,7 @@
 
 #include "kernels/fp16.h"
 #include "kernels/quant.h"
+#include "memory/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -128,13 +129,10 @@ inline const Block* RowBlocks(const void* rows, size_t row_bytes, int r) {
 // 32000 x 256 Q8_0 matrix read from memory ran at a quarter of a plain read's speed).
 // Each group of rows, before it is computed, asks for the group kMatPrefetchBytes ahead.
 // Only groups of short rows: rows of a KiB or more are streams the hardware follows.
-// asm, not _mm_prefetch: GCC 12 deletes loops of prefetch builtins.
 constexpr size_t kMatPrefetchBytes = 4096;
 
 inline void PrefetchGroup(const uint8_t* group, size_t group_bytes) {
-  if (group_bytes > kMatPrefetchBytes) return;
-  const uint8_t* p = group + kMatPrefetchBytes;
-  for (size_t o = 0; o < group_bytes; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(p + o)));
+  if (group_bytes <= kMatPrefetchBytes) PrefetchLines(group + kMatPrefetchBytes, group_bytes);
 }
 
 // Sum of w[i] * x[i] over 32 int8 pairs as 8 int32 lanes (lane j: bytes 4j..4j+3, the

@@ -23,6 +23,7 @@
 #endif
 
 #include "memory/half.h"
+#include "memory/prefetch.h"
 
 namespace tierkv {
 
@@ -199,12 +200,7 @@ TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc)
 // restart at each run and each 4 KiB page, the prefetch keeps loads in flight.
 constexpr size_t kPrefetchBytes = 4096;
 
-// An asm statement, not _mm_prefetch: GCC 12 deletes a loop whose body is only
-// __builtin_prefetch calls (it has no side effects to keep), which left these kernels
-// without any prefetch.
-TIERKV_AVX512 inline void PrefetchVector(const uint8_t* p, size_t vb) {
-  for (size_t o = 0; o < vb; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(p + kPrefetchBytes + o)));
-}
+TIERKV_AVX512 inline void PrefetchVector(const uint8_t* p, size_t vb) { PrefetchLines(p + kPrefetchBytes, vb); }
 
 TIERKV_AVX512 inline __m512 LoadHalf16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));

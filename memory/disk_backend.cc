@@ -29,15 +29,8 @@ constexpr uint64_t kDirectAlign = 4096;
 
 class DiskBackend final : public TierBackend {
  public:
-  DiskBackend(int fd, std::string path, uint64_t bytes, bool direct, std::byte* map, bool map_writes,
-              double warmup_s)
-      : fd_(fd),
-        path_(std::move(path)),
-        bytes_(bytes),
-        direct_(direct),
-        map_(map),
-        map_writes_(map_writes),
-        warmup_s_(warmup_s) {}
+  DiskBackend(int fd, std::string path, uint64_t bytes, bool direct, std::byte* map, double warmup_s)
+      : fd_(fd), path_(std::move(path)), bytes_(bytes), direct_(direct), map_(map), warmup_s_(warmup_s) {}
   ~DiskBackend() override {
     if (map_ != nullptr) munmap(map_, bytes_);
     close(fd_);
@@ -57,7 +50,7 @@ class DiskBackend final : public TierBackend {
 
  private:
   Status Transfer(std::span<const CopyOp> ops, bool write) {
-    if (map_ != nullptr && (!write || map_writes_)) {
+    if (map_ != nullptr) {
       for (const CopyOp& op : ops) {
         if (op.offset > bytes_ || op.bytes > bytes_ - op.offset) return Status::InvalidArgument("disk transfer past the arena end");
       }
@@ -129,8 +122,7 @@ class DiskBackend final : public TierBackend {
   std::string path_;
   uint64_t bytes_;
   bool direct_;
-  std::byte* map_;   // the file, on a memory filesystem; else nullptr
-  bool map_writes_;  // writes through map_ too (the file is preallocated)
+  std::byte* map_;  // the preallocated file on a memory filesystem; else nullptr
   double warmup_s_;
 };
 
@@ -153,7 +145,8 @@ Result<std::unique_ptr<TierBackend>> CreateDiskBackend(const DiskBackendOptions&
   if (fd < 0) return Status::FromErrno(errno, "disk tier: cannot create a file in " + options.dir);
   unlink(tmpl.c_str());  // anonymous from now on: a crash leaves no arena file behind
 
-  const bool map = options.map_memory_fs && OnMemoryFilesystem(fd);
+  // Only a preallocated file: a fault on a hole of a full tmpfs would be SIGBUS, not ENOSPC.
+  const bool map = options.map_memory_fs && options.warmup && OnMemoryFilesystem(fd);
   bool direct = false;
   if (!map && options.direct_io && options.bytes % kDirectAlign == 0) {
     // Some filesystems refuse O_DIRECT with EINVAL (tmpfs before Linux 6.6); then stay
@@ -179,7 +172,7 @@ Result<std::unique_ptr<TierBackend>> CreateDiskBackend(const DiskBackendOptions&
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::unique_ptr<TierBackend>(
-      new DiskBackend(fd, options.dir, options.bytes, direct, mapping, mapping != nullptr && options.warmup, secs));
+      new DiskBackend(fd, options.dir, options.bytes, direct, mapping, secs));
 }
 
 }  // namespace tierkv

@@ -74,11 +74,11 @@ struct DiskBackendOptions {
   uint64_t bytes = 0;
   bool direct_io = true;     // O_DIRECT when the filesystem accepts it (else buffered)
   bool warmup = true;        // preallocate with fallocate (ENOSPC now, not mid-decode)
-  // On a memory filesystem (tmpfs, ramfs: a RAM-disk such as /dev/shm) the file is also
-  // mapped, and transfers are memcpy through the mapping: ~3x the speed of the kernel's
-  // pread/pwrite copy on the machines measured (docs/memory.md). Writes go through the
-  // mapping only when the file is preallocated (a write into a hole of a full tmpfs
-  // would be SIGBUS instead of ENOSPC); otherwise pwrite.
+  // On a memory filesystem (tmpfs, ramfs: a RAM-disk such as /dev/shm), when the file is
+  // preallocated (warmup), it is also mapped and transfers are memcpy through the
+  // mapping: ~3x the speed of the kernel's pread/pwrite copy on the machines measured
+  // (docs/benchmarks.md, "Migration throughput"). Without preallocation a fault on a hole
+  // of a full tmpfs would be SIGBUS instead of ENOSPC, so that case stays pread/pwrite.
   bool map_memory_fs = true;
 };
 // The disk tier: one preallocated file, unlinked right after creation so that a crash

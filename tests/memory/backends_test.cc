@@ -293,6 +293,14 @@ TEST_P(DiskBackendTest, CreateDescribeAndUnlinkedFile) {
   EXPECT_EQ(dir_->Entries(), 0);
 }
 
+// Without preallocation the file is sparse, and a fault on a hole of a full tmpfs would
+// be SIGBUS: such a tier is never mapped.
+TEST_P(DiskBackendTest, SparseFileIsNotMapped) {
+  auto disk = Make(1 * kMiB, /*warmup=*/false);
+  ASSERT_NE(disk, nullptr);
+  EXPECT_FALSE(disk->Describe().ends_with(", mapped")) << disk->Describe();
+}
+
 TEST_P(DiskBackendTest, UnalignedSizeStaysBuffered) {
   auto disk = Make(10000);
   ASSERT_NE(disk, nullptr);

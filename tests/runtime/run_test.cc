@@ -52,7 +52,9 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
         for (const auto& [gid, gl] : got.top) {
           if (gid == id) { found = true; EXPECT_NEAR(gl, logit, tol) << "pos " << got.pos << " id " << id; }
         }
-        if (!found) EXPECT_LT(logit, got.top.back().second + tol) << "pos " << got.pos << " id " << id << " missing";
+        if (!found) {
+          EXPECT_LT(logit, got.top.back().second + tol) << "pos " << got.pos << " id " << id << " missing";
+        }
       }
     };
     size_t checked = 0;

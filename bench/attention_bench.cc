@@ -38,10 +38,7 @@
 
 #include <benchmark/benchmark.h>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
+#include "bench/stream_sum.h"
 #include "kernels/attention.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/codec.h"
@@ -112,32 +109,6 @@ struct Cache {
   }
 };
 
-// Sum of n bytes (a multiple of 128) as 64-bit words, four 256-bit accumulators.
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) uint64_t SumBytes(const std::byte* p, size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  for (size_t i = 0; i < n; i += 128) {
-    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
-    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
-    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
-  }
-  alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
-}
-#else
-uint64_t SumBytes(const std::byte* p, size_t n) {
-  uint64_t s = 0;
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    s += w;
-  }
-  return s;
-}
-#endif
-
 // The read phase of one layer: per KV head, its K runs in block order, then its V runs.
 uint64_t ReadLayer(const Shape& s, const std::vector<const std::byte*>& blocks, size_t vb, kernels::ThreadPool& pool) {
   const size_t run = static_cast<size_t>(s.block_tokens) * vb;
@@ -146,7 +117,7 @@ uint64_t ReadLayer(const Shape& s, const std::vector<const std::byte*>& blocks, 
   pool.ParallelFor(s.n_kv_heads, [&](int64_t g) {
     uint64_t sum = 0;
     for (size_t off : {size_t{0}, half}) {
-      for (const std::byte* b : blocks) sum += SumBytes(b + off + static_cast<size_t>(g) * run, run);
+      for (const std::byte* b : blocks) sum += bench::SumWords(reinterpret_cast<const uint64_t*>(b + off + static_cast<size_t>(g) * run), run / 8);
     }
     sums[static_cast<size_t>(g)] = sum;
   });

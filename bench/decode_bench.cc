@@ -47,11 +47,7 @@
 
 #include <benchmark/benchmark.h>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define TIERKV_DECODE_BENCH_X86 1
-#endif
-
+#include "bench/stream_sum.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
@@ -70,45 +66,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 // ---- streaming read ----------------------------------------------------------------
 
-uint64_t SumWordsScalar(const uint64_t* p, size_t n) {
-  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += p[i];
-    s1 += p[i + 1];
-    s2 += p[i + 2];
-    s3 += p[i + 3];
-  }
-  for (; i < n; ++i) s0 += p[i];
-  return s0 + s1 + s2 + s3;
-}
-
-#if defined(TIERKV_DECODE_BENCH_X86)
-// Four independent 256-bit accumulators: enough loads in flight to be bound by the
-// memory system, not by the adds.
-__attribute__((target("avx2"))) uint64_t SumWordsAvx2(const uint64_t* p, size_t n) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_add_epi64(a0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
-    a1 = _mm256_add_epi64(a1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
-    a2 = _mm256_add_epi64(a2, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
-    a3 = _mm256_add_epi64(a3, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
-  }
-  alignas(32) uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
-                     _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-  return lanes[0] + lanes[1] + lanes[2] + lanes[3] + SumWordsScalar(p + i, n - i);
-}
-#endif
-
-uint64_t SumWords(const uint64_t* p, size_t n) {
-#if defined(TIERKV_DECODE_BENCH_X86)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return SumWordsAvx2(p, n);
-#endif
-  return SumWordsScalar(p, n);
-}
+using bench::SumWords;
 
 // A buffer of `bytes` (rounded up to 64-byte lines) with deterministic contents, read
 // by `pool` in about 4 contiguous chunks per thread.

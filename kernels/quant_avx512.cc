@@ -7,6 +7,7 @@
 // earlier try at 512-bit one-row Q8_0/Q4_0 kernels that paired blocks measured 1.3-1.4x
 // slower than AVX2; the gain here comes from sharing the activation between rows.) No
 // AMX instruction is emitted: the target lists name none.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -166,19 +167,27 @@ TIERKV_VNNI_FN inline float DotQ8_0Row1Vnni(const BlockQ8_0* w, const BlockQ8_0*
 // The same for four rows in two 512-bit vectors: rows 2k and 2k + 1 share one (lanes 0-7
 // and 8-15), and every lane does exactly what its row's lane does in DotQ8_0Row1Vnni, so
 // the bits are the same; half the instructions per row (short rows, such as a 64-wide
-// output projection, are mostly per-block overhead). |w| and x with w's sign come from
-// abs and a masked negation (AVX-512 has no vpsignb); where w is 0 the product is 0
-// either way.
+// output projection, are mostly per-block overhead). vpdpbusd multiplies unsigned by
+// signed bytes, so w is biased to w + 128 (an xor with 0x80) and each lane starts from
+// -128 times its four x bytes' sum (NegBiasSums): the same integer, exactly.
+// Per 32-bit lane, -128 * (the sum of its four signed x bytes): the start value that
+// turns vpdpbusd(w ^ 0x80, x) = sum (w + 128) * x into sum w * x.
+TIERKV_VNNI_FN inline __m512i NegBiasSums(__m512i xx, __m512i bias) {
+  return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xx));
+}
+
 TIERKV_VNNI_FN inline void AccQ8_0Rows4Zmm(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                            __m512* acc) {
   const BlockQ8_0* w[4];
   for (int r = 0; r < 4; ++r) w[r] = RowBlocks<BlockQ8_0>(rows, row_bytes, r);
   const __m512i lo_half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i hi_half = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   acc[0] = acc[1] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const __m256i xq = Load256(x[i].qs);
     const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(xq), xq, 1);
+    const __m512i neg = NegBiasSums(xx, bias);
     // d_w * d_x of the four rows, as the one-row kernel forms each (f16 -> f32, one mul).
     const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(w[0][i].d), static_cast<short>(w[1][i].d),
                                                   static_cast<short>(w[2][i].d), static_cast<short>(w[3][i].d), 0, 0,
@@ -187,8 +196,7 @@ TIERKV_VNNI_FN inline void AccQ8_0Rows4Zmm(const void* rows, size_t row_bytes, c
     for (int k = 0; k < 2; ++k) {
       const __m512i wq =
           _mm512_inserti64x4(_mm512_castsi256_si512(Load256(w[2 * k][i].qs)), Load256(w[2 * k + 1][i].qs), 1);
-      const __m512i xs = _mm512_mask_sub_epi8(xx, _mm512_movepi8_mask(wq), _mm512_setzero_si512(), xx);
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(wq), xs);
+      const __m512i p = _mm512_dpbusd_epi32(neg, _mm512_xor_si512(wq, bias), xx);
       const __m512 d = _mm512_permutexvar_ps(k == 0 ? lo_half : hi_half, d4);
       acc[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[k]);
     }
@@ -228,6 +236,36 @@ TIERKV_VNNI_FN inline void HsumRows16(const __m512* acc, float* out) {
   _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, s1));
 }
 
+// Sixteen short rows block by block (the rows of a group are read side by side, so only
+// for rows under kShortRowBytes): the activation block is set up once for all 16 rows
+// rather than once per 4, and the 16 rows' scales are converted and multiplied in one
+// vector. Each acc[k] does exactly what AccQ8_0Rows4Zmm's does for rows 2k and 2k + 1,
+// block by block, so the bits are the same.
+TIERKV_VNNI_FN inline void AccQ8_0Rows16Short(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                              __m512* acc) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
+    const __m512i xx = _mm512_broadcast_i64x4(Load256(x[i].qs));
+    const __m512i neg = NegBiasSums(xx, bias);
+    // The 16 rows' d (scalar loads: as fast as a gather here, and gathers are slow
+    // on CPUs with the GDS microcode mitigation).
+    alignas(32) uint16_t dh[16];
+    for (int r = 0; r < 16; ++r) std::memcpy(&dh[r], col + static_cast<size_t>(r) * row_bytes, 2);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(dh)));
+    const __m512 d16 = _mm512_mul_ps(dw, _mm512_set1_ps(HalfV(x[i].d)));
+    for (int k = 0; k < 8; ++k) {
+      const uint8_t* w0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ8_0, qs);
+      const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(Load256(w0)), Load256(w0 + row_bytes), 1);
+      const __m512i p = _mm512_dpbusd_epi32(neg, _mm512_xor_si512(wq, bias), xx);
+      const __m512i sel = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1,
+                                            2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+      acc[k] = _mm512_fmadd_ps(_mm512_permutexvar_ps(sel, d16), _mm512_cvtepi32_ps(p), acc[k]);
+    }
+  }
+}
+
 TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
                                    float* out) {
   const auto* x = static_cast<const BlockQ8_0*>(act);
@@ -236,7 +274,11 @@ TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t 
   for (; r + 16 <= n_rows; r += 16) {
     PrefetchGroup(base + r * row_bytes, 16, row_bytes);
     __m512 acc[8];
-    for (int g = 0; g < 4; ++g) AccQ8_0Rows4Zmm(base + (r + 4 * g) * row_bytes, row_bytes, x, n / kQk0, acc + 2 * g);
+    if (row_bytes < kShortRowBytes) {
+      AccQ8_0Rows16Short(base + r * row_bytes, row_bytes, x, n / kQk0, acc);
+    } else {
+      for (int g = 0; g < 4; ++g) AccQ8_0Rows4Zmm(base + (r + 4 * g) * row_bytes, row_bytes, x, n / kQk0, acc + 2 * g);
+    }
     HsumRows16(acc, out + r);
   }
   for (; r + 4 <= n_rows; r += 4) {

@@ -378,7 +378,8 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
 
 TEST(QuantTest, VnniKernelsWorstCaseCodes) {
   if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
-  const int64_t n = 512, n_rows = 5;
+  // 21 rows: a 16-row group (Q8_0's short-row kernel), a 4-row group and a tail.
+  const int64_t n = 512, n_rows = 21;
   for (WeightType t : kQuantTypes) {
     SCOPED_TRACE(WeightTypeName(t));
     const size_t rb = RowBytes(t, n);

@@ -41,6 +41,44 @@ TIERKV_AVX512_FN inline float HsumPs512(__m512 v) {
   return HsumPs256(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
 
+// Software prefetch for the multi-row kernels. They read R rows side by side, block by
+// block: R short interleaved streams that the hardware prefetchers follow poorly (a
+// 32000 x 256 Q8_0 matrix read from memory ran at a quarter of a plain read's speed).
+// Each group of rows, before it is computed, asks for the group kMatPrefetchBytes ahead.
+// Only groups of short rows (under kShortRowBytes): longer rows are streams the hardware
+// follows. The rule is on the row, not the group: a group of 16 Q8_0 rows of 256 columns
+// is 4352 bytes, and while it went unprefetched (the rule was once "groups of at most
+// 4 KiB") the 32000 x 256 output projection read from memory took 190 us instead of 130.
+constexpr size_t kMatPrefetchBytes = 4096;
+constexpr size_t kShortRowBytes = 1024;
+
+inline void PrefetchGroup(const uint8_t* group, int rows, size_t row_bytes) {
+  if (row_bytes < kShortRowBytes) PrefetchLines(group + kMatPrefetchBytes, static_cast<size_t>(rows) * row_bytes);
+}
+
+// HsumPs256 of 16 rows' 8-lane sums at once, with the same adds in the same order (a
+// short row, such as a 64-wide output projection, spends as much on its horizontal sum
+// as on its two blocks). acc[j] holds rows 2j (lanes 0-7) and 2j + 1 (lanes 8-15).
+//   level 1: per row, lanes i + (i + 4)             -> 4 rows per vector, a row per 128-bit lane
+//   level 2: per row, s[0] + s[2] and s[1] + s[3]   -> 8 rows per vector
+//   level 3: per row, the two halves                 -> 16 rows; a permutation puts them in order
+TIERKV_AVX512_FN inline void HsumRows16(const __m512* acc, float* out) {
+  __m512 s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 x = acc[2 * i], y = acc[2 * i + 1];
+    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const __m512 c = s4[2 * i], d = s4[2 * i + 1];
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(c, d, 0x44), _mm512_shuffle_ps(c, d, 0xee));
+  }
+  const __m512 s1 = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xdd));
+  // 128-bit lane j, element k holds row j + 4k.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, s1));
+}
+
 TIERKV_AVX512_FN float DotF32Avx512(const void* row, const void* act, int64_t n) {
   const auto* w = static_cast<const float*>(row);
   const auto* x = static_cast<const float*>(act);
@@ -73,6 +111,44 @@ TIERKV_AVX512_FN float DotF16Avx512(const void* row, const void* act, int64_t n)
   float s = HsumPs512(_mm512_add_ps(a0, a1));
   for (; i < n; ++i) s += F16ToF32(w[i]) * F16ToF32(x[i]);
   return s;
+}
+
+// F16 rows under kShortRowBytes (such as the 64-wide output projection of qwen3moe,
+// 151936 rows of 128 bytes) 16 at a time: one row at a time, such a row costs as much in
+// its horizontal sum as in its products. Per row the products are DotF16Avx512's, and
+// HsumRows16 sums the 16 rows with HsumPs512's adds, so the bits are the same. The
+// activation is converted once per call.
+TIERKV_AVX512_FN void DotF16RowsAvx512(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                      float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  int64_t r = 0;
+  if (n % 16 == 0 && row_bytes < kShortRowBytes && n_rows >= 16) {
+    alignas(64) float xf[kShortRowBytes / 2];
+    const auto* x = static_cast<const uint16_t*>(act);
+    for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(xf + i, LoadF16x16(x + i));
+    for (; r + 16 <= n_rows; r += 16) {
+      PrefetchGroup(base + r * row_bytes, 16, row_bytes);
+      __m512 acc[8];
+      for (int j = 0; j < 8; ++j) {
+        __m512 t[2];
+        for (int k = 0; k < 2; ++k) {
+          const auto* w = reinterpret_cast<const uint16_t*>(base + static_cast<size_t>(r + 2 * j + k) * row_bytes);
+          __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+          int64_t i = 0;
+          for (; i + 32 <= n; i += 32) {
+            a0 = _mm512_fmadd_ps(LoadF16x16(w + i), _mm512_load_ps(xf + i), a0);
+            a1 = _mm512_fmadd_ps(LoadF16x16(w + i + 16), _mm512_load_ps(xf + i + 16), a1);
+          }
+          for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LoadF16x16(w + i), _mm512_load_ps(xf + i), a0);
+          t[k] = _mm512_add_ps(a0, a1);
+        }
+        // Rows 2j and 2j + 1, each as the 8 lanes lo + hi (HsumPs512's first add).
+        acc[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x44), _mm512_shuffle_f32x4(t[0], t[1], 0xee));
+      }
+      HsumRows16(acc, out + r);
+    }
+  }
+  for (; r < n_rows; ++r) out[r] = DotF16Avx512(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 
 TIERKV_AVX512_FN inline __m512 LoadBf16x16(const uint16_t* p) {
@@ -123,21 +199,6 @@ TIERKV_VNNI_FN inline __m512i Load512(const void* p) { return _mm512_loadu_si512
 template <typename Block>
 inline const Block* RowBlocks(const void* rows, size_t row_bytes, int r) {
   return reinterpret_cast<const Block*>(static_cast<const uint8_t*>(rows) + static_cast<size_t>(r) * row_bytes);
-}
-
-// Software prefetch for the multi-row kernels. They read R rows side by side, block by
-// block: R short interleaved streams that the hardware prefetchers follow poorly (a
-// 32000 x 256 Q8_0 matrix read from memory ran at a quarter of a plain read's speed).
-// Each group of rows, before it is computed, asks for the group kMatPrefetchBytes ahead.
-// Only groups of short rows (under kShortRowBytes): longer rows are streams the hardware
-// follows. The rule is on the row, not the group: a group of 16 Q8_0 rows of 256 columns
-// is 4352 bytes, and while it went unprefetched (the rule was once "groups of at most
-// 4 KiB") the 32000 x 256 output projection read from memory took 190 us instead of 130.
-constexpr size_t kMatPrefetchBytes = 4096;
-constexpr size_t kShortRowBytes = 1024;
-
-inline void PrefetchGroup(const uint8_t* group, int rows, size_t row_bytes) {
-  if (row_bytes < kShortRowBytes) PrefetchLines(group + kMatPrefetchBytes, static_cast<size_t>(rows) * row_bytes);
 }
 
 // Sum of w[i] * x[i] over 32 int8 pairs as 8 int32 lanes (lane j: bytes 4j..4j+3, the
@@ -211,29 +272,6 @@ TIERKV_VNNI_FN inline void DotQ8_0Rows4Zmm(const void* rows, size_t row_bytes, c
     out[2 * k] = HsumPs256(_mm512_castps512_ps256(acc[k]));
     out[2 * k + 1] = HsumPs256(_mm512_extractf32x8_ps(acc[k], 1));
   }
-}
-
-// HsumPs256 of 16 rows' 8-lane sums at once, with the same adds in the same order (a
-// short row, such as a 64-wide output projection, spends as much on its horizontal sum
-// as on its two blocks). acc[j] holds rows 2j (lanes 0-7) and 2j + 1 (lanes 8-15).
-//   level 1: per row, lanes i + (i + 4)             -> 4 rows per vector, a row per 128-bit lane
-//   level 2: per row, s[0] + s[2] and s[1] + s[3]   -> 8 rows per vector
-//   level 3: per row, the two halves                 -> 16 rows; a permutation puts them in order
-TIERKV_VNNI_FN inline void HsumRows16(const __m512* acc, float* out) {
-  __m512 s4[4], s2[2];
-  for (int i = 0; i < 4; ++i) {
-    const __m512 x = acc[2 * i], y = acc[2 * i + 1];
-    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  for (int i = 0; i < 2; ++i) {
-    const __m512 c = s4[2 * i], d = s4[2 * i + 1];
-    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(c, d, 0x44), _mm512_shuffle_ps(c, d, 0xee));
-  }
-  const __m512 s1 = _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xdd));
-  // 128-bit lane j, element k holds row j + 4k.
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, s1));
 }
 
 // Sixteen short rows block by block (the rows of a group are read side by side, so only
@@ -553,6 +591,7 @@ DotFn Avx512Dot(WeightType weight) {
 }
 
 DotRowsFn Avx512DotRows(WeightType weight) {
+  if (weight == WeightType::kF16) return DotF16RowsAvx512;
   if (!HasAvx512Vnni()) return nullptr;
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsVnni;

@@ -376,6 +376,33 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   }
 }
 
+// The 16-row F16 kernel (short rows) against the AVX-512 one-row dot, bit for bit: row
+// widths with and without a 16-value remainder of the 32-wide loop, and one that is not
+// a multiple of 16 (the one-row path throughout); row counts around the 16-row groups.
+TEST(QuantTest, F16RowsBitIdenticalToOneRow) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const DotRowsFn many = GetDotRowsFn(WeightType::kF16, SimdLevel::kAvx512);
+  const DotFn one = GetDotFn(WeightType::kF16, SimdLevel::kAvx512);
+  ASSERT_NE(many, nullptr);
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {16, 48, 64, 72, 256, 496, 512, 1024}) {
+    for (int64_t n_rows : {1, 15, 16, 17, 33, 40}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
+      std::vector<uint16_t> w(static_cast<size_t>(n * n_rows)), x(static_cast<size_t>(n));
+      for (uint16_t& h : w) h = F32ToF16(normal(rng));
+      for (uint16_t& h : x) h = F32ToF16(normal(rng));
+      std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
+      many(w.data(), static_cast<size_t>(n) * 2, n_rows, x.data(), n, out.data());
+      EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
+      for (int64_t r = 0; r < n_rows; ++r) {
+        const float want = one(w.data() + r * n, x.data(), n);
+        EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want)) << "row " << r;
+      }
+    }
+  }
+}
+
 TEST(QuantTest, VnniKernelsWorstCaseCodes) {
   if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
   // 21 rows: a 16-row group (Q8_0's short-row kernel), a 4-row group and a tail.

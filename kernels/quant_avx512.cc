@@ -482,15 +482,33 @@ TIERKV_VNNI_FN void DotK4RowsVnni(const void* rows, size_t row_bytes, int64_t n_
 // is one 16-value group, so the scale vector is a word permutation of the 16 scales.
 // The -32 offset goes through the bsums (as in DotQ6_KAvx2). Float part:
 // sum += d_x * d_w * (float)sumi.
+// The eight 16-lane integer sums of acc[0..7] as one vector of 8 (row r in lane r):
+// integer adds, exact in any order, in a shuffle tree instead of eight horizontal sums.
+TIERKV_VNNI_FN inline __m256i ReduceEpi32x16Rows8(const __m512i* acc) {
+  __m512i v[4], w[2];
+  for (int j = 0; j < 4; ++j) {  // rows 2j, 2j + 1: 8 lanes each
+    const __m512i a = acc[2 * j], b = acc[2 * j + 1];
+    v[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
+  }
+  for (int j = 0; j < 2; ++j) {  // rows 4j .. 4j + 3: one 128-bit lane each
+    const __m512i a = v[2 * j], b = v[2 * j + 1];
+    w[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
+  }
+  // 128-bit lane k: [row k, row k, row 4 + k, row 4 + k] after two in-lane levels.
+  __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(w[0], w[1]), _mm512_unpackhi_epi64(w[0], w[1]));
+  t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
+}
+
 template <int R>
 TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                            float* out) {
+  static_assert(R == 1 || R == 8);
   const BlockQ6_K* w[R];
-  float sum[R];
-  for (int r = 0; r < R; ++r) {
-    w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
-    sum[r] = 0.0f;
-  }
+  for (int r = 0; r < R; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
+  float sum1 = 0.0f;                  // R == 1
+  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i m2 = _mm512_set1_epi8(3);
   const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  // [0 | 2]
@@ -510,6 +528,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
     const __m256i bs = Load256(x[i].bsums);
+    __m512i accs[R];
     for (int r = 0; r < R; ++r) {
       const BlockQ6_K& b = w[r][i];
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
@@ -529,11 +548,25 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(qb, xq[2 * h + 1]),
                                   _mm512_permutexvar_epi16(sidx[h][1], scz));
       }
-      const int sumi = ReduceEpi32x16(acc);
-      sum[r] += x[i].d * HalfV(b.d) * static_cast<float>(sumi);
+      accs[r] = acc;
+    }
+    if constexpr (R == 8) {
+      // sum += x.d * d_w * (float)sumi per row, lane-wise: the same f32 operations (the
+      // product contracted into an FMA as GCC contracts the scalar form).
+      alignas(16) uint16_t dh[8];
+      for (int r = 0; r < 8; ++r) dh[r] = w[r][i].d;
+      const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh)));
+      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[i].d), dw);
+      sum8 = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs)), sum8);
+    } else {
+      sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = sum[r];
+  if constexpr (R == 8) {
+    _mm256_storeu_ps(out, sum8);
+  } else {
+    out[0] = sum1;
+  }
 }
 
 TIERKV_VNNI_FN void DotQ6_KRowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,

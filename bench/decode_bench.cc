@@ -30,6 +30,9 @@
 //   flock /tmp/tierkv-build.lock ./build/release/bench/decode_bench
 //       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true  (one line)
 //
+// The KV lives in a Host tier of 1 MiB frames ($TIERKV_BENCH_FRAME_KIB to change it; see
+// BenchFrameBytes), so blocks are 1 MiB: 2048 tokens for ref-llama, 4096 for ref-qwen3moe.
+//
 // Models: $TIERKV_MODELS_DIR/*.gguf (default /work/shared/reference/models), one
 // benchmark per model and depth, named decode/<model>/depth:<tokens>.
 #include <algorithm>
@@ -189,6 +192,17 @@ struct ModelRun {
   int32_t NextToken() { return static_cast<int32_t>(Next(tok_rng) % static_cast<uint64_t>(model->config().n_vocab)); }
 };
 
+// The host tier's frame size, so the KV block size: $TIERKV_BENCH_FRAME_KIB, default
+// 1024 (1 MiB, as `--frame 1MiB`). A KV head's K (or V) is one run of block_tokens
+// vectors per block, and attention streams each run; 1 MiB frames make those runs 128 KiB
+// for ref-llama instead of 32 KiB with the tool's default 256 KiB frames, which the
+// hardware prefetchers follow better (docs/benchmarks.md has both in a paired run).
+uint64_t BenchFrameBytes() {
+  const char* v = std::getenv("TIERKV_BENCH_FRAME_KIB");
+  const long kib = v != nullptr ? std::strtol(v, nullptr, 10) : 1024;
+  return static_cast<uint64_t>(kib > 0 ? kib : 1024) * 1024;
+}
+
 std::unique_ptr<ModelRun>& Current() {
   static std::unique_ptr<ModelRun> run;
   return run;
@@ -211,6 +225,7 @@ Result<ModelRun*> GetRun(const std::string& path) {
   const KvGeometry want = run->model->KvGeometryFor(KvCodec::kF16);
   const uint64_t token_bytes = 2ull * want.n_layers * want.n_kv_heads * want.head_dim * 2;  // f16
   MemoryOptions mem;
+  mem.frame_bytes = BenchFrameBytes();
   mem.host_bytes = token_bytes * (kMaxDepth + 1) * 9 / 8 + 16 * mem.frame_bytes;
   mem.host_bytes = (mem.host_bytes + mem.frame_bytes - 1) / mem.frame_bytes * mem.frame_bytes;
   mem.mlock = MlockMode::kOff;  // ulimit -l is small on the bench machines
@@ -298,6 +313,8 @@ void BM_Decode(benchmark::State& state, std::string path, int depth) {
   state.counters["ratio_dram"] = tok_s / (run.dram_bps / static_cast<double>(bytes));
   state.counters["block_alloc_us"] = append_s[append_s.size() / 2] * 1e6;
   state.counters["threads"] = pool.size();
+  state.counters["frame_KiB"] = static_cast<double>(run.mm->frame_bytes() / 1024);
+  state.counters["block_tokens"] = cache.geometry().block_tokens;
 }
 
 // The DRAM figure on its own: a 1 GiB streaming read on all cores.

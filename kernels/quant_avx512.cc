@@ -367,11 +367,75 @@ TIERKV_VNNI_FN inline float DotQ4_0Row1Vnni(const BlockQ4_0* w, const BlockQ8_0*
   return acc;
 }
 
+// vshufps on 32-bit integer lanes.
+template <int kImm>
+TIERKV_VNNI_FN inline __m512i ShufflePsEpi32(__m512i a, __m512i b) {
+  return _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), kImm));
+}
+
+// The 16 integer sums of 8 vectors that hold rows 2j (lanes 0-7) and 2j + 1 (lanes 8-15),
+// row r in lane r: HsumRows16's shuffles with integer adds (exact in any order).
+TIERKV_VNNI_FN inline __m512i ReduceEpi32Rows16(const __m512i* p) {
+  __m512i s4[4], s2[2];
+  for (int i = 0; i < 4; ++i) {
+    const __m512i x = p[2 * i], y = p[2 * i + 1];
+    s4[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(x, y, 0x88), _mm512_shuffle_i32x4(x, y, 0xdd));
+  }
+  for (int i = 0; i < 2; ++i) {
+    s2[i] = _mm512_add_epi32(ShufflePsEpi32<0x44>(s4[2 * i], s4[2 * i + 1]), ShufflePsEpi32<0xee>(s4[2 * i], s4[2 * i + 1]));
+  }
+  const __m512i s1 = _mm512_add_epi32(ShufflePsEpi32<0x88>(s2[0], s2[1]), ShufflePsEpi32<0xdd>(s2[0], s2[1]));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_epi32(order, s1);
+}
+
+// Sixteen short Q4_0 rows block by block (as AccQ8_0Rows16Short): a zmm holds two rows'
+// 32 values (each row's 16 bytes in two 128-bit lanes, shifted by 0 and 4), taken as
+// unsigned nibbles by vpdpbusd from a start of -8 * (x's four-byte sums), so the -8
+// offset costs nothing per row; the 16 block sums come out of one integer tree, and
+// acc[r] = fma((float)isum_r, d_w * d_x, acc[r]) runs for the 16 rows in one vector:
+// lane r does what DotQ4_0Rows4Vnni's lane does for row r, so the bits are the same.
+TIERKV_VNNI_FN inline void DotQ4_0Rows16Short(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                              float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i eight = _mm512_set1_epi8(8);
+  const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ4_0);
+    const __m512i xx = _mm512_broadcast_i64x4(Load256(x[i].qs));
+    const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xx));
+    alignas(32) uint16_t dh[16];
+    for (int r = 0; r < 16; ++r) std::memcpy(&dh[r], col + static_cast<size_t>(r) * row_bytes, 2);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(dh)));
+    __m512i p[8];
+    for (int k = 0; k < 8; ++k) {
+      const uint8_t* q0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ4_0, qs);
+      const __m256i two = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + row_bytes)), 1);
+      // [row 2k | row 2k | row 2k + 1 | row 2k + 1], then low nibbles in lanes 0 and 2.
+      const __m512i qq = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(two));
+      const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(qq, shift), m4);
+      p[k] = _mm512_dpbusd_epi32(neg, nib, xx);
+    }
+    const __m512 isum = _mm512_cvtepi32_ps(ReduceEpi32Rows16(p));
+    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(HalfV(x[i].d))), acc);
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
 TIERKV_VNNI_FN void DotQ4_0RowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
                                    float* out) {
   const auto* x = static_cast<const BlockQ8_0*>(act);
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
+  if (row_bytes < kShortRowBytes) {
+    for (; r + 16 <= n_rows; r += 16) {
+      PrefetchGroup(base + r * row_bytes, 16, row_bytes);
+      DotQ4_0Rows16Short(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);
+    }
+  }
   for (; r + 4 <= n_rows; r += 4) {
     PrefetchGroup(base + r * row_bytes, 4, row_bytes);
     DotQ4_0Rows4Vnni(base + r * row_bytes, row_bytes, x, n / kQk0, out + r);

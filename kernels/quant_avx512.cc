@@ -98,18 +98,30 @@ TIERKV_AVX512_FN inline __m512 LoadF16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-TIERKV_AVX512_FN float DotF16Avx512(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const uint16_t*>(row);
-  const auto* x = static_cast<const uint16_t*>(act);
+// 16 activation values as f32: converted from f16, or already converted.
+TIERKV_AVX512_FN inline __m512 LoadAct16(const uint16_t* x) { return LoadF16x16(x); }
+TIERKV_AVX512_FN inline __m512 LoadAct16(const float* x) { return _mm512_loadu_ps(x); }
+
+// DotF16Avx512's two accumulators over the first n / 16 * 16 values, added (the vector
+// HsumPs512 reduces). X is the activation as f16, or as f32 converted from it (the same
+// values: the conversion is exact).
+template <typename X>
+TIERKV_AVX512_FN inline __m512 F16ProductSum(const uint16_t* w, const X* x, int64_t n) {
   __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    a0 = _mm512_fmadd_ps(LoadF16x16(w + i), LoadF16x16(x + i), a0);
-    a1 = _mm512_fmadd_ps(LoadF16x16(w + i + 16), LoadF16x16(x + i + 16), a1);
+    a0 = _mm512_fmadd_ps(LoadF16x16(w + i), LoadAct16(x + i), a0);
+    a1 = _mm512_fmadd_ps(LoadF16x16(w + i + 16), LoadAct16(x + i + 16), a1);
   }
-  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LoadF16x16(w + i), LoadF16x16(x + i), a0);
-  float s = HsumPs512(_mm512_add_ps(a0, a1));
-  for (; i < n; ++i) s += F16ToF32(w[i]) * F16ToF32(x[i]);
+  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LoadF16x16(w + i), LoadAct16(x + i), a0);
+  return _mm512_add_ps(a0, a1);
+}
+
+TIERKV_AVX512_FN float DotF16Avx512(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const uint16_t*>(row);
+  const auto* x = static_cast<const uint16_t*>(act);
+  float s = HsumPs512(F16ProductSum(w, x, n));
+  for (int64_t i = n / 16 * 16; i < n; ++i) s += F16ToF32(w[i]) * F16ToF32(x[i]);
   return s;
 }
 
@@ -133,14 +145,7 @@ TIERKV_AVX512_FN void DotF16RowsAvx512(const void* rows, size_t row_bytes, int64
         __m512 t[2];
         for (int k = 0; k < 2; ++k) {
           const auto* w = reinterpret_cast<const uint16_t*>(base + static_cast<size_t>(r + 2 * j + k) * row_bytes);
-          __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-          int64_t i = 0;
-          for (; i + 32 <= n; i += 32) {
-            a0 = _mm512_fmadd_ps(LoadF16x16(w + i), _mm512_load_ps(xf + i), a0);
-            a1 = _mm512_fmadd_ps(LoadF16x16(w + i + 16), _mm512_load_ps(xf + i + 16), a1);
-          }
-          for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LoadF16x16(w + i), _mm512_load_ps(xf + i), a0);
-          t[k] = _mm512_add_ps(a0, a1);
+          t[k] = F16ProductSum(w, xf, n);
         }
         // Rows 2j and 2j + 1, each as the 8 lanes lo + hi (HsumPs512's first add).
         acc[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x44), _mm512_shuffle_f32x4(t[0], t[1], 0xee));

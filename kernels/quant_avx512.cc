@@ -465,6 +465,25 @@ TIERKV_VNNI_FN inline int ReduceEpi32x16(__m512i v) {
   return HsumEpi32x8(s8);
 }
 
+// The eight 16-lane integer sums of acc[0..7] as one vector of 8 (row r in lane r):
+// integer adds, exact in any order, in a shuffle tree instead of eight horizontal sums.
+TIERKV_VNNI_FN inline __m256i ReduceEpi32x16Rows8(const __m512i* acc) {
+  __m512i v[4], w[2];
+  for (int j = 0; j < 4; ++j) {  // rows 2j, 2j + 1: 8 lanes each
+    const __m512i a = acc[2 * j], b = acc[2 * j + 1];
+    v[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
+  }
+  for (int j = 0; j < 2; ++j) {  // rows 4j .. 4j + 3: one 128-bit lane each
+    const __m512i a = v[2 * j], b = v[2 * j + 1];
+    w[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
+  }
+  // 128-bit lane k: [row k, row k, row 4 + k, row 4 + k] after two in-lane levels.
+  __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(w[0], w[1]), _mm512_unpackhi_epi64(w[0], w[1]));
+  t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
+}
+
 // Q4_K (kFive = false) and Q5_K (kFive = true). Per super-block: the activation's 256
 // codes as four 64-byte vectors (sub-blocks 2c and 2c+1 are x[64c .. 64c + 63]) and the
 // pair sums of its bsums are shared by the rows. Per row and chunk c, the 32 bytes of qs
@@ -474,13 +493,12 @@ TIERKV_VNNI_FN inline int ReduceEpi32x16(__m512i v) {
 template <bool kFive, int R>
 TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                          float* out) {
+  static_assert(R == 1 || R == 8);
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
   const Block* w[R];
-  float sum[R];
-  for (int r = 0; r < R; ++r) {
-    w[r] = RowBlocks<Block>(rows, row_bytes, r);
-    sum[r] = 0.0f;
-  }
+  for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  float sum1 = 0.0f;                  // R == 1
+  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   [[maybe_unused]] const __m512i one = _mm512_set1_epi8(1);
   const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // [0 | 4]
@@ -492,6 +510,8 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
     const __m128i bpair = _mm256_castsi256_si128(
         _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)), _mm256_setzero_si256()),
                                  _MM_SHUFFLE(3, 1, 2, 0)));
+    __m512i accs[R];
+    alignas(32) int32_t summs[R];
     for (int r = 0; r < R; ++r) {
       const Block& b = w[r][i];
       alignas(16) uint32_t sm[4];
@@ -502,7 +522,7 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
       const __m128i mprod = _mm_madd_epi16(mn16, bpair);
       __m128i ms = _mm_add_epi32(mprod, _mm_shuffle_epi32(mprod, _MM_SHUFFLE(1, 0, 3, 2)));
       ms = _mm_add_epi32(ms, _mm_shuffle_epi32(ms, _MM_SHUFFLE(2, 3, 0, 1)));
-      const int summ = _mm_cvtsi128_si32(ms);
+      summs[r] = _mm_cvtsi128_si32(ms);
       const __m512i scz = _mm512_castsi128_si512(sc16);
       __m512i acc = _mm512_setzero_si512();
       __m512i qh = _mm512_setzero_si512();
@@ -523,12 +543,34 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
         const __m512i s = _mm512_permutexvar_epi16(idx, scz);
         acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, xq[c]), s);
       }
-      const float d = x[i].d * HalfV(b.d);
-      const float dmin = x[i].d * HalfV(b.dmin);
-      sum[r] += d * static_cast<float>(ReduceEpi32x16(acc)) - dmin * static_cast<float>(summ);
+      accs[r] = acc;
+    }
+    if constexpr (R == 8) {
+      // sum += d * (float)isum - dmin * (float)summ per row, lane-wise, contracted as GCC
+      // contracts the scalar form: fma(isum, d, -(dmin * summ)), then the add (the bit
+      // tests confirm it).
+      alignas(16) uint16_t dh[8], mh[8];
+      for (int r = 0; r < 8; ++r) {
+        dh[r] = w[r][i].d;
+        mh[r] = w[r][i].dmin;
+      }
+      const __m256 xd = _mm256_set1_ps(x[i].d);
+      const __m256 d8 = _mm256_mul_ps(xd, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))));
+      const __m256 m8 = _mm256_mul_ps(xd, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh))));
+      const __m256 isum = _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs));
+      const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
+      sum8 = _mm256_add_ps(_mm256_fmsub_ps(isum, d8, _mm256_mul_ps(m8, summ)), sum8);
+    } else {
+      const float d = x[i].d * HalfV(w[0][i].d);
+      const float dmin = x[i].d * HalfV(w[0][i].dmin);
+      sum1 += d * static_cast<float>(ReduceEpi32x16(accs[0])) - dmin * static_cast<float>(summs[0]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = sum[r];
+  if constexpr (R == 8) {
+    _mm256_storeu_ps(out, sum8);
+  } else {
+    out[0] = sum1;
+  }
 }
 
 template <bool kFive>
@@ -551,25 +593,6 @@ TIERKV_VNNI_FN void DotK4RowsVnni(const void* rows, size_t row_bytes, int64_t n_
 // is one 16-value group, so the scale vector is a word permutation of the 16 scales.
 // The -32 offset goes through the bsums (as in DotQ6_KAvx2). Float part:
 // sum += d_x * d_w * (float)sumi.
-// The eight 16-lane integer sums of acc[0..7] as one vector of 8 (row r in lane r):
-// integer adds, exact in any order, in a shuffle tree instead of eight horizontal sums.
-TIERKV_VNNI_FN inline __m256i ReduceEpi32x16Rows8(const __m512i* acc) {
-  __m512i v[4], w[2];
-  for (int j = 0; j < 4; ++j) {  // rows 2j, 2j + 1: 8 lanes each
-    const __m512i a = acc[2 * j], b = acc[2 * j + 1];
-    v[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x44), _mm512_shuffle_i32x4(a, b, 0xee));
-  }
-  for (int j = 0; j < 2; ++j) {  // rows 4j .. 4j + 3: one 128-bit lane each
-    const __m512i a = v[2 * j], b = v[2 * j + 1];
-    w[j] = _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xdd));
-  }
-  // 128-bit lane k: [row k, row k, row 4 + k, row 4 + k] after two in-lane levels.
-  __m512i t = _mm512_add_epi32(_mm512_unpacklo_epi64(w[0], w[1]), _mm512_unpackhi_epi64(w[0], w[1]));
-  t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
-}
-
 template <int R>
 TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                            float* out) {

@@ -403,11 +403,11 @@ void AttentionBlocks(const Codec& codec, const AttentionParams& p, const PagedKv
   attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
     const int h0 = static_cast<int>(g) * group;
     float* scratch = st->scratch.data() + per_head * static_cast<size_t>(h0);
+    const size_t head_run = static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
     for (int b = 0; b < kv.n_blocks; ++b) {
       const int64_t start = static_cast<int64_t>(kv.first_block + b) * kv.block_tokens;
       const int64_t n = std::min<int64_t>(kv.block_tokens, limit - start);
       if (n <= 0) continue;
-      const size_t head_run = static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
       const std::byte* k = kv.blocks[b] + head_run;
       if (b + 1 < kv.n_blocks) {
         PrefetchLines(kv.blocks[b + 1] + head_run, attention_internal::kRunPrefetchBytes);

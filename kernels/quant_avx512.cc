@@ -236,10 +236,25 @@ TIERKV_VNNI_FN inline float DotQ8_0Row1Vnni(const BlockQ8_0* w, const BlockQ8_0*
 // output projection, are mostly per-block overhead). vpdpbusd multiplies unsigned by
 // signed bytes, so w is biased to w + 128 (an xor with 0x80) and each lane starts from
 // -128 times its four x bytes' sum (NegBiasSums): the same integer, exactly.
-// Per 32-bit lane, -128 * (the sum of its four signed x bytes): the start value that
-// turns vpdpbusd(w ^ 0x80, x) = sum (w + 128) * x into sum w * x.
+// Per 32-bit lane, -b * (the sum of its four signed x bytes), b the unsigned byte in
+// every byte of `bias`: the start value that turns vpdpbusd(w + b, x) = sum (w + b) * x
+// into sum w * x (b = 128 for Q8_0's w ^ 0x80, 8 for Q4_0's raw nibbles).
 TIERKV_VNNI_FN inline __m512i NegBiasSums(__m512i xx, __m512i bias) {
   return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, xx));
+}
+
+// The f16 at p, p + stride, ... (16 or 8 rows' block scales) as f32. Scalar loads: as
+// fast as a gather here, and gathers are slow on CPUs with the GDS microcode mitigation.
+TIERKV_VNNI_FN inline __m512 StridedHalves16(const uint8_t* p, size_t stride) {
+  alignas(32) uint16_t h[16];
+  for (int r = 0; r < 16; ++r) std::memcpy(&h[r], p + static_cast<size_t>(r) * stride, 2);
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
+TIERKV_VNNI_FN inline __m256 StridedHalves8(const void* p, size_t stride) {
+  alignas(16) uint16_t h[8];
+  for (int r = 0; r < 8; ++r) std::memcpy(&h[r], static_cast<const uint8_t*>(p) + static_cast<size_t>(r) * stride, 2);
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
 TIERKV_VNNI_FN inline void AccQ8_0Rows4Zmm(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
@@ -292,11 +307,7 @@ TIERKV_VNNI_FN inline void AccQ8_0Rows16Short(const uint8_t* rows, size_t row_by
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
     const __m512i xx = _mm512_broadcast_i64x4(Load256(x[i].qs));
     const __m512i neg = NegBiasSums(xx, bias);
-    // The 16 rows' d (scalar loads: as fast as a gather here, and gathers are slow
-    // on CPUs with the GDS microcode mitigation).
-    alignas(32) uint16_t dh[16];
-    for (int r = 0; r < 16; ++r) std::memcpy(&dh[r], col + static_cast<size_t>(r) * row_bytes, 2);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(dh)));
+    const __m512 dw = StridedHalves16(col, row_bytes);  // the 16 rows' d
     const __m512 d16 = _mm512_mul_ps(dw, _mm512_set1_ps(HalfV(x[i].d)));
     for (int k = 0; k < 8; ++k) {
       const uint8_t* w0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ8_0, qs);
@@ -409,10 +420,8 @@ TIERKV_VNNI_FN inline void DotQ4_0Rows16Short(const uint8_t* rows, size_t row_by
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ4_0);
     const __m512i xx = _mm512_broadcast_i64x4(Load256(x[i].qs));
-    const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, xx));
-    alignas(32) uint16_t dh[16];
-    for (int r = 0; r < 16; ++r) std::memcpy(&dh[r], col + static_cast<size_t>(r) * row_bytes, 2);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(dh)));
+    const __m512i neg = NegBiasSums(xx, eight);
+    const __m512 dw = StridedHalves16(col, row_bytes);
     __m512i p[8];
     for (int k = 0; k < 8; ++k) {
       const uint8_t* q0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ4_0, qs);
@@ -549,14 +558,9 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
       // sum += d * (float)isum - dmin * (float)summ per row, lane-wise, contracted as GCC
       // contracts the scalar form: fma(isum, d, -(dmin * summ)), then the add (the bit
       // tests confirm it).
-      alignas(16) uint16_t dh[8], mh[8];
-      for (int r = 0; r < 8; ++r) {
-        dh[r] = w[r][i].d;
-        mh[r] = w[r][i].dmin;
-      }
       const __m256 xd = _mm256_set1_ps(x[i].d);
-      const __m256 d8 = _mm256_mul_ps(xd, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))));
-      const __m256 m8 = _mm256_mul_ps(xd, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh))));
+      const __m256 d8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].d, row_bytes));
+      const __m256 m8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].dmin, row_bytes));
       const __m256 isum = _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs));
       const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
       sum8 = _mm256_add_ps(_mm256_fmsub_ps(isum, d8, _mm256_mul_ps(m8, summ)), sum8);
@@ -645,10 +649,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
     if constexpr (R == 8) {
       // sum += x.d * d_w * (float)sumi per row, lane-wise: the same f32 operations (the
       // product contracted into an FMA as GCC contracts the scalar form).
-      alignas(16) uint16_t dh[8];
-      for (int r = 0; r < 8; ++r) dh[r] = w[r][i].d;
-      const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh)));
-      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[i].d), dw);
+      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[i].d), StridedHalves8(&w[0][i].d, row_bytes));
       sum8 = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs)), sum8);
     } else {
       sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));

@@ -4,8 +4,11 @@
 // rounding, the form the decoder uses), kernel by kernel, without the rest of the model:
 //
 //   attention/<shape>/<phase>/tokens:N/threads:T
-//     shape   llama    8 query heads, 4 KV heads, head_dim 32, 512-token blocks (ref-llama)
-//             qwen3moe 4 query heads, 2 KV heads, head_dim 32, 1024-token blocks (ref-qwen3moe)
+//     shape   llama    8 query heads, 4 KV heads, head_dim 32 (ref-llama)
+//             qwen3moe 4 query heads, 2 KV heads, head_dim 32 (ref-qwen3moe)
+//             blocks of one frame, as kvcache sizes them: $TIERKV_BENCH_FRAME_KIB, default
+//             1024 as in decode_bench (2048-token blocks for llama, 4096 for qwen3moe;
+//             256 gives the tool's default frames: 512 and 1024 tokens)
 //     phase   scores   AttentionScores (pass 1, reads K)
 //             softmax  AttentionSoftmax (no KV read; GB/s is still per KV byte of the step)
 //             values   AttentionValues (pass 2, reads V)
@@ -29,6 +32,7 @@
 #include <cstddef>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -50,9 +54,15 @@ using Clock = std::chrono::steady_clock;
 
 struct Shape {
   const char* name;
-  int n_heads, n_kv_heads, head_dim, block_tokens;
+  int n_heads, n_kv_heads, head_dim;
 };
-constexpr Shape kShapes[] = {{"llama", 8, 4, 32, 512}, {"qwen3moe", 4, 2, 32, 1024}};
+constexpr Shape kShapes[] = {{"llama", 8, 4, 32}, {"qwen3moe", 4, 2, 32}};
+
+size_t FrameBytes() {
+  const char* v = std::getenv("TIERKV_BENCH_FRAME_KIB");
+  const long kib = v != nullptr ? std::strtol(v, nullptr, 10) : 1024;
+  return static_cast<size_t>(kib > 0 ? kib : 1024) * 1024;
+}
 enum Phase { kScores, kSoftmax, kValues, kThree, kFused, kRead };
 constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "three", "fused", "read"};
 constexpr int kLayers = 2;
@@ -66,6 +76,7 @@ struct Cache {
   std::vector<std::vector<const std::byte*>> ptrs;  // [layer][block]
   std::vector<float> q;
   uint64_t kv_bytes = 0;
+  int block_tokens = 0;
 
   Cache() = default;
   Cache(const Cache&) = delete;
@@ -79,8 +90,10 @@ struct Cache {
     if (!c.ok()) return false;
     codec = std::move(c).value();
     const size_t vb = codec->vector_bytes();
-    const int n_blocks = (tokens + s.block_tokens - 1) / s.block_tokens;
-    const size_t block_bytes = 2 * static_cast<size_t>(s.n_kv_heads) * s.block_tokens * vb;
+    block_tokens = static_cast<int>(FrameBytes() / (2 * static_cast<size_t>(s.n_kv_heads) * vb));
+    if (block_tokens < 1) return false;
+    const int n_blocks = (tokens + block_tokens - 1) / block_tokens;
+    const size_t block_bytes = 2 * static_cast<size_t>(s.n_kv_heads) * block_tokens * vb;
     arena_bytes = block_bytes * static_cast<size_t>(n_blocks) * kLayers;
     void* m = mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return false;
@@ -110,8 +123,9 @@ struct Cache {
 };
 
 // The read phase of one layer: per KV head, its K runs in block order, then its V runs.
-uint64_t ReadLayer(const Shape& s, const std::vector<const std::byte*>& blocks, size_t vb, kernels::ThreadPool& pool) {
-  const size_t run = static_cast<size_t>(s.block_tokens) * vb;
+uint64_t ReadLayer(const Shape& s, int block_tokens, const std::vector<const std::byte*>& blocks, size_t vb,
+                   kernels::ThreadPool& pool) {
+  const size_t run = static_cast<size_t>(block_tokens) * vb;
   const size_t half = run * static_cast<size_t>(s.n_kv_heads);
   std::vector<uint64_t> sums(static_cast<size_t>(s.n_kv_heads));
   pool.ParallelFor(s.n_kv_heads, [&](int64_t g) {
@@ -152,7 +166,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
       v.blocks = cache.ptrs[static_cast<size_t>(l)].data();
       v.n_blocks = static_cast<int>(cache.ptrs[static_cast<size_t>(l)].size());
       v.n_tokens = tokens;
-      v.block_tokens = shape.block_tokens;
+      v.block_tokens = cache.block_tokens;
       v.n_kv_heads = shape.n_kv_heads;
       v.vector_bytes = codec.vector_bytes();
       kernels::AttentionBegin(codec, p, cache.q.data(), &st);
@@ -181,7 +195,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
           kernels::AttentionTwoPass(codec, p, v, &st, &pool);
           break;
         case kRead:
-          benchmark::DoNotOptimize(ReadLayer(shape, cache.ptrs[static_cast<size_t>(l)], codec.vector_bytes(), pool));
+          benchmark::DoNotOptimize(ReadLayer(shape, cache.block_tokens, cache.ptrs[static_cast<size_t>(l)], codec.vector_bytes(), pool));
           break;
       }
       t += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -195,6 +209,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
     state.counters["GBps"] = static_cast<double>(state.iterations()) * static_cast<double>(cache.kv_bytes) / total / 1e9;
   }
   state.counters["kv_MB"] = static_cast<double>(cache.kv_bytes) / 1e6;
+  state.counters["block_tokens"] = cache.block_tokens;
 }
 
 void Register() {

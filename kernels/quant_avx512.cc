@@ -257,6 +257,22 @@ TIERKV_VNNI_FN inline __m256 StridedHalves8(const void* p, size_t stride) {
   return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
+// Blocks per row under kShortRowBytes, at most (Q4_0's 18-byte blocks are the smallest).
+constexpr int64_t kShortRowMaxBlocks = kShortRowBytes / sizeof(BlockQ4_0) + 1;
+
+// d_w * d_x of 16 short rows for every block of theirs, block i's 16 products at
+// out + 16 * i (the one mul each that the block loops did). Formed before the group's
+// integer work: the 16 scalar loads of a block's scales are a latency that the block
+// loop otherwise waits on (151936 x 64 Q8_0 in cache: 118 -> 107 us on two threads).
+template <typename Block>
+TIERKV_VNNI_FN inline void GroupScales16(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                         float* out) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m512 dw = StridedHalves16(rows + static_cast<size_t>(i) * sizeof(Block), row_bytes);
+    _mm512_store_ps(out + 16 * i, _mm512_mul_ps(dw, _mm512_set1_ps(HalfV(x[i].d))));
+  }
+}
+
 TIERKV_VNNI_FN inline void AccQ8_0Rows4Zmm(const void* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                            __m512* acc) {
   const BlockQ8_0* w[4];
@@ -302,13 +318,14 @@ TIERKV_VNNI_FN inline void DotQ8_0Rows4Zmm(const void* rows, size_t row_bytes, c
 TIERKV_VNNI_FN inline void AccQ8_0Rows16Short(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                               __m512* acc) {
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  alignas(64) float scales[16 * kShortRowMaxBlocks];
+  GroupScales16<BlockQ8_0>(rows, row_bytes, x, nb, scales);
   for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
     const __m512i xx = _mm512_broadcast_i64x4(Load256(x[i].qs));
     const __m512i neg = NegBiasSums(xx, bias);
-    const __m512 dw = StridedHalves16(col, row_bytes);  // the 16 rows' d
-    const __m512 d16 = _mm512_mul_ps(dw, _mm512_set1_ps(HalfV(x[i].d)));
+    const __m512 d16 = _mm512_load_ps(scales + 16 * i);
     for (int k = 0; k < 8; ++k) {
       const uint8_t* w0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ8_0, qs);
       const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(Load256(w0)), Load256(w0 + row_bytes), 1);
@@ -416,12 +433,13 @@ TIERKV_VNNI_FN inline void DotQ4_0Rows16Short(const uint8_t* rows, size_t row_by
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i eight = _mm512_set1_epi8(8);
   const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  alignas(64) float scales[16 * kShortRowMaxBlocks];
+  GroupScales16<BlockQ4_0>(rows, row_bytes, x, nb, scales);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ4_0);
     const __m512i xx = _mm512_broadcast_i64x4(Load256(x[i].qs));
     const __m512i neg = NegBiasSums(xx, eight);
-    const __m512 dw = StridedHalves16(col, row_bytes);
     __m512i p[8];
     for (int k = 0; k < 8; ++k) {
       const uint8_t* q0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ4_0, qs);
@@ -434,7 +452,7 @@ TIERKV_VNNI_FN inline void DotQ4_0Rows16Short(const uint8_t* rows, size_t row_by
       p[k] = _mm512_dpbusd_epi32(neg, nib, xx);
     }
     const __m512 isum = _mm512_cvtepi32_ps(ReduceEpi32Rows16(p));
-    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(HalfV(x[i].d))), acc);
+    acc = _mm512_fmadd_ps(isum, _mm512_load_ps(scales + 16 * i), acc);
   }
   _mm512_storeu_ps(out, acc);
 }

@@ -355,7 +355,9 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (WeightType t : kQuantTypes) {
-    for (int64_t n : {64, 256, 512, 1024, 4096}) {
+    // 960 and 1792: the widest short rows (under 1 KiB) of Q8_0 and Q4_0, whose 16-row
+    // kernels keep every block's scales of a group on the stack.
+    for (int64_t n : {64, 256, 512, 960, 1024, 1792, 4096}) {
       if (n % GetWeightTypeInfo(t).block_size != 0) continue;
       for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 21, 35}) {
         SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));

@@ -242,16 +242,61 @@ TIERKV_ATTENTION_AVX2 inline float ChunkSum(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
 }
 
-// The two-pass softmax of one row, as the scalar AttentionSoftmax does it: the max; e_j;
-// their sum in SumLikeGgml's order; e_j * (float)(1 / sum), optionally f16-rounded.
-TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, bool round_f16) {
+// row[j] *= scale for n values; returns their max (NaN values skipped, -inf for none), as
+// std::max(m, x) over the scaled row finds it: the scores pass of the two-pass form
+// scales each block's scores and finds the max while they are in cache, so the softmax
+// need not read the row for it again.
+TIERKV_ATTENTION_AVX512 inline float ScaleRowMaxAvx512(float* row, int64_t n, float scale) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const __m512 vs = _mm512_set1_ps(scale);
   __m512 vmax = _mm512_set1_ps(neg_inf);
   for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = TailMask(n - j);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + j), vs);
+    _mm512_mask_storeu_ps(row + j, m, x);
     // max(x, m) keeps m when x is NaN, as std::max(m, x) does.
-    vmax = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(neg_inf), TailMask(n - j), row + j), vmax);
+    vmax = _mm512_mask_max_ps(vmax, m, x, vmax);
   }
-  const float max = _mm512_reduce_max_ps(vmax);
+  return _mm512_reduce_max_ps(vmax);
+}
+
+TIERKV_ATTENTION_AVX2 inline float ScaleRowMaxAvx2(float* row, int64_t n, float scale) {
+  const __m256 vs = _mm256_set1_ps(scale);
+  __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(row + j), vs);
+    _mm256_storeu_ps(row + j, x);
+    vmax = _mm256_max_ps(x, vmax);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float max = lanes[0];
+  for (int i = 1; i < 8; ++i) max = std::max(max, lanes[i]);
+  for (; j < n; ++j) {
+    row[j] *= scale;
+    max = std::max(max, row[j]);
+  }
+  return max;
+}
+
+// The two-pass softmax of one row, as the scalar AttentionSoftmax does it: the max (or
+// *known_max, the row's max found earlier); e_j; their sum in SumLikeGgml's order;
+// e_j * (float)(1 / sum), optionally f16-rounded.
+TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, bool round_f16,
+                                                      const float* known_max = nullptr) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  float max = neg_inf;
+  if (known_max != nullptr) {
+    max = *known_max;
+  } else {
+    __m512 vmax = _mm512_set1_ps(neg_inf);
+    for (int64_t j = 0; j < n; j += 16) {
+      // max(x, m) keeps m when x is NaN, as std::max(m, x) does.
+      vmax = _mm512_max_ps(_mm512_mask_loadu_ps(_mm512_set1_ps(neg_inf), TailMask(n - j), row + j), vmax);
+    }
+    max = _mm512_reduce_max_ps(vmax);
+  }
   const __m512 vm = _mm512_set1_ps(max);
   double sum = 0.0;
   int64_t j = 0;
@@ -292,9 +337,14 @@ TIERKV_ATTENTION_AVX512 inline float SoftmaxRowAvx512(float* row, int64_t n, boo
 }
 
 // The same row with 8-lane vectors (AVX2 + FMA + F16C).
-TIERKV_ATTENTION_AVX2 inline float SoftmaxRowAvx2(float* row, int64_t n, bool round_f16) {
+TIERKV_ATTENTION_AVX2 inline float SoftmaxRowAvx2(float* row, int64_t n, bool round_f16,
+                                                  const float* known_max = nullptr) {
   float max = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  if (known_max != nullptr) {
+    max = *known_max;
+  } else {
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  }
   const __m256 vm = _mm256_set1_ps(max);
   double sum = 0.0;
   int64_t j = 0;
@@ -446,9 +496,13 @@ inline int64_t BlockKeys(const AttentionParams& p, const PagedKvView& kv, int b,
 }
 
 // The scalar softmax of one row (the reference for SoftmaxRowAvx512); returns the max.
-inline float SoftmaxRowScalar(float* row, int64_t n, bool round_f16) {
+inline float SoftmaxRowScalar(float* row, int64_t n, bool round_f16, const float* known_max = nullptr) {
   float max = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  if (known_max != nullptr) {
+    max = *known_max;
+  } else {
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+  }
   for (int64_t j = 0; j < n; ++j) row[j] = ExpGgml(row[j] - max);
   const double sum = SumLikeGgml(row, n);
   const float inv = n > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
@@ -457,13 +511,29 @@ inline float SoftmaxRowScalar(float* row, int64_t n, bool round_f16) {
   return max;
 }
 
-// The softmax of one row, vectorised for the active level (the same bits).
-inline float SoftmaxRow(float* row, int64_t n, bool round_f16) {
+// The softmax of one row, vectorised for the active level (the same bits); known_max as
+// in SoftmaxRowAvx512.
+inline float SoftmaxRow(float* row, int64_t n, bool round_f16, const float* known_max = nullptr) {
 #if defined(TIERKV_ATTENTION_X86)
-  if (ActiveSimdLevel() >= SimdLevel::kAvx512) return SoftmaxRowAvx512(row, n, round_f16);
-  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return SoftmaxRowAvx2(row, n, round_f16);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx512) return SoftmaxRowAvx512(row, n, round_f16, known_max);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return SoftmaxRowAvx2(row, n, round_f16, known_max);
 #endif
-  return SoftmaxRowScalar(row, n, round_f16);
+  return SoftmaxRowScalar(row, n, round_f16, known_max);
+}
+
+// row[j] *= scale; returns the max of the scaled row (ScaleRowMaxAvx512's rule), at the
+// widest level available (the same bits: one rounding per product, an exact max).
+inline float ScaleRowMax(float* row, int64_t n, float scale) {
+#if defined(TIERKV_ATTENTION_X86)
+  if (ActiveSimdLevel() >= SimdLevel::kAvx512) return ScaleRowMaxAvx512(row, n, scale);
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) return ScaleRowMaxAvx2(row, n, scale);
+#endif
+  float max = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    row[j] *= scale;
+    max = std::max(max, row[j]);
+  }
+  return max;
 }
 
 }  // namespace attention_internal
@@ -494,10 +564,11 @@ inline int64_t GrowScoreRows(const AttentionParams& p, const PagedKvView& kv, At
 }
 
 // Pass 1 of KV head g over blocks [b0, b1) of the batch: scaled scores into its query
-// heads' rows.
+// heads' rows. With track_max, st->m of those heads becomes the max of their scores so
+// far (only for a task that owns the heads' whole rows).
 template <AttentionCodec Codec>
 void ScoreBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int g,
-                 int b0, int b1) {
+                 int b0, int b1, bool track_max = false) {
   const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
   const size_t hd = static_cast<size_t>(p.head_dim);
   const int group = p.n_heads / p.n_kv_heads;
@@ -515,18 +586,21 @@ void ScoreBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView
     if (b + 1 < b1) PrefetchLines(kv.blocks[b + 1] + head_run, kRunPrefetchBytes);
     DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride);
     for (int i = 0; i < group; ++i) {
-      float* row = rows + static_cast<size_t>(i) * stride;
-      for (int64_t j = start; j < start + n; ++j) row[j] *= scale;
+      const float block_max = ScaleRowMax(rows + static_cast<size_t>(i) * stride + start, n, scale);
+      float& m = st->m[static_cast<size_t>(h0 + i)];
+      if (track_max) m = std::max(m, block_max);
     }
   }
 }
 
-// The softmax of query heads [h0, h1): scores -> weights over the st->n_keys keys.
-inline void SoftmaxHeads(const AttentionParams& p, AttentionState* st, int h0, int h1) {
+// The softmax of query heads [h0, h1): scores -> weights over the st->n_keys keys. With
+// known_max, st->m holds each row's max already (ScoreBlocks' track_max).
+inline void SoftmaxHeads(const AttentionParams& p, AttentionState* st, int h0, int h1, bool known_max = false) {
   const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
   for (int h = h0; h < h1; ++h) {
     float* row = st->probs.data() + static_cast<size_t>(h) * stride;
-    st->m[static_cast<size_t>(h)] = SoftmaxRow(row, st->n_keys, p.round_weights_f16);
+    float* m = &st->m[static_cast<size_t>(h)];
+    *m = SoftmaxRow(row, st->n_keys, p.round_weights_f16, known_max ? m : nullptr);
     st->l[static_cast<size_t>(h)] = 1.0;  // the weights are normalised already
   }
 }
@@ -615,8 +689,8 @@ void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedK
     st->n_keys = end;  // the rows' length, for SoftmaxHeads; filled before they are read
     attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t task) {
       const int g = static_cast<int>(task);
-      attention_internal::ScoreBlocks(codec, p, kv, st, g, 0, kv.n_blocks);
-      attention_internal::SoftmaxHeads(p, st, g * group, (g + 1) * group);
+      attention_internal::ScoreBlocks(codec, p, kv, st, g, 0, kv.n_blocks, /*track_max=*/true);
+      attention_internal::SoftmaxHeads(p, st, g * group, (g + 1) * group, /*known_max=*/true);
       attention_internal::ValueBlocks(codec, p, kv, st, g);
     });
     return;

@@ -446,6 +446,46 @@ TEST(AttentionTest, VectorSoftmaxRowIsScalarBitForBit) {
   }
 }
 
+// The scores pass's scale-and-max (ScaleRowMax) at every level: the scaled values and the
+// max are the scalar ones, bit for bit, NaN scores are skipped by the max, and the
+// softmax given that max is the softmax that finds it itself.
+TEST(AttentionTest, ScaleRowMaxIsScalarBitForBit) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const float scale = 1.0f / std::sqrt(32.0f);
+  std::vector<int64_t> lengths;
+  for (int64_t n = 0; n <= 40; ++n) lengths.push_back(n);
+  for (int64_t n : {1000, 4097}) lengths.push_back(n);
+  for (int64_t n : lengths) {
+    for (bool with_nan : {false, true}) {
+      std::vector<float> row(static_cast<size_t>(n));
+      for (float& v : row) v = normal(rng);
+      if (with_nan && n > 0) row[static_cast<size_t>(n) / 2] = std::numeric_limits<float>::quiet_NaN();
+      float want_max = -std::numeric_limits<float>::infinity();
+      std::vector<float> want = row;
+      for (float& v : want) {
+        v *= scale;
+        want_max = std::max(want_max, v);
+      }
+      std::vector<float> a = row, b = row;
+      const float ma = attention_internal::ScaleRowMaxAvx512(a.data(), n, scale);
+      const float mb = attention_internal::ScaleRowMaxAvx2(b.data(), n, scale);
+      ASSERT_EQ(std::bit_cast<uint32_t>(ma), std::bit_cast<uint32_t>(want_max)) << n;
+      ASSERT_EQ(std::bit_cast<uint32_t>(mb), std::bit_cast<uint32_t>(want_max)) << n;
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(a[j]), std::bit_cast<uint32_t>(want[j])) << n << " " << j;
+        ASSERT_EQ(std::bit_cast<uint32_t>(b[j]), std::bit_cast<uint32_t>(want[j])) << n << " " << j;
+      }
+      if (with_nan) continue;
+      std::vector<float> c = want, d = want;
+      attention_internal::SoftmaxRowAvx512(c.data(), n, true, &ma);
+      attention_internal::SoftmaxRowAvx512(d.data(), n, true);
+      for (int64_t j = 0; j < n; ++j) ASSERT_EQ(std::bit_cast<uint32_t>(c[j]), std::bit_cast<uint32_t>(d[j])) << n;
+    }
+  }
+}
+
 // Whole attention with the AVX-512 softmax and exp against the AVX2 ones (level capped).
 TEST(AttentionTest, SimdLevelDoesNotChangeBits) {
   if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512";

@@ -169,6 +169,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
       v.block_tokens = cache.block_tokens;
       v.n_kv_heads = shape.n_kv_heads;
       v.vector_bytes = codec.vector_bytes();
+      v.key_tiles = codec.KeyTiles(cache.block_tokens);  // as kvcache lays K out
       kernels::AttentionBegin(codec, p, cache.q.data(), &st);
       Clock::time_point t0 = Clock::now();
       switch (phase) {

@@ -30,7 +30,9 @@
 // relative to the running max instead: the same relative rounding, not the same bits.
 //
 // Block layout (kvcache/kv_cache.h, HND): K [n_kv_heads][block_tokens][vector_bytes],
-// then V [n_kv_heads][block_tokens][vector_bytes].
+// then V [n_kv_heads][block_tokens][vector_bytes]; with key_tiles in the view, each K run
+// is tiles of 16 keys stored dimension by dimension, read by the codec's
+// DotManyGroupTiled (TiledKeyCodec).
 //
 // The codec type is a template parameter so that kernels/ does not depend on kvcache/:
 // anything with the members of AttentionCodec works (kvcache's VectorCodec does). A codec
@@ -49,6 +51,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -91,6 +94,13 @@ concept GroupedAttentionCodec =
       c.AccumulateManyGroup(f, n, heads, enc, n, out);
     };
 
+// Optional: scores of keys stored as tiles (kvcache's key tiles), per (head, key)
+// bit-identical to DotManyGroup over the same keys stored vector by vector.
+template <typename C>
+concept TiledKeyCodec = requires(const C& c, const float* f, float* out, const void* enc, size_t n, int heads) {
+  c.DotManyGroupTiled(f, heads, enc, n, out, n);
+};
+
 // One layer's blocks of one sequence (a batch of consecutive blocks of it).
 struct PagedKvView {
   const std::byte* const* blocks = nullptr;  // [n_blocks] block base addresses
@@ -101,6 +111,7 @@ struct PagedKvView {
   int block_tokens = 0;
   int n_kv_heads = 0;
   size_t vector_bytes = 0;
+  bool key_tiles = false;  // K runs are key tiles (REQUIRES: a TiledKeyCodec)
 };
 
 struct AttentionParams {
@@ -170,10 +181,15 @@ void ForHeads(const AttentionParams& p, int64_t work, ThreadPool* pool, F&& fn) 
   ForTasks(p.n_heads, work, pool, std::forward<F>(fn));
 }
 
-// scores[h * stride + j] = Dot(q[h], k_j) for the `heads` query heads of one KV head.
+// scores[h * stride + j] = Dot(q[h], k_j) for the `heads` query heads of one KV head;
+// k is a K run, of key tiles when `tiled`.
 template <AttentionCodec Codec>
 void DotGroup(const Codec& codec, const float* q, int heads, size_t hd, const std::byte* k, size_t n,
-              float* scores, size_t stride) {
+              float* scores, size_t stride, bool tiled) {
+  if constexpr (TiledKeyCodec<Codec>) {
+    if (tiled) return codec.DotManyGroupTiled(q, heads, k, n, scores, stride);
+  }
+  assert(!tiled && "key tiles need a TiledKeyCodec");
   if constexpr (GroupedAttentionCodec<Codec>) {
     codec.DotManyGroup(q, heads, k, n, scores, stride);
   } else {
@@ -395,10 +411,10 @@ inline void ExpShifted(const float* x, float sub, int64_t n, float* out) {
 template <AttentionCodec Codec>
 void GroupBlock(const Codec& codec, const AttentionParams& p, AttentionState* st, int h0, int heads,
                 const std::byte* k, const std::byte* v, int64_t n, float* scratch, size_t per_head,
-                size_t block_tokens) {
+                size_t block_tokens, bool tiled) {
   const size_t hd = static_cast<size_t>(p.head_dim);
   DotGroup(codec, st->q.data() + static_cast<size_t>(h0) * hd, heads, hd, k, static_cast<size_t>(n), scratch,
-           per_head);
+           per_head, tiled);
   for (int i = 0; i < heads; ++i) {
     const size_t h = static_cast<size_t>(h0 + i);
     float* scores = scratch + per_head * static_cast<size_t>(i);
@@ -464,7 +480,7 @@ void AttentionBlocks(const Codec& codec, const AttentionParams& p, const PagedKv
         PrefetchLines(kv.blocks[b + 1] + half + head_run, attention_internal::kRunPrefetchBytes);
       }
       attention_internal::GroupBlock(codec, p, st, h0, group, k, k + half, n, scratch, per_head,
-                                     static_cast<size_t>(kv.block_tokens));
+                                     static_cast<size_t>(kv.block_tokens), kv.key_tiles);
     }
   });
 }
@@ -584,7 +600,7 @@ void ScoreBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView
     if (n <= 0) continue;
     const std::byte* k = kv.blocks[b] + head_run;
     if (b + 1 < b1) PrefetchLines(kv.blocks[b + 1] + head_run, kRunPrefetchBytes);
-    DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride);
+    DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride, kv.key_tiles);
     for (int i = 0; i < group; ++i) {
       const float block_max = ScaleRowMax(rows + static_cast<size_t>(i) * stride + start, n, scale);
       float& m = st->m[static_cast<size_t>(h0 + i)];

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -77,6 +78,14 @@ void VectorCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads
     AccumulateMany(w + static_cast<size_t>(h) * w_stride, v_enc, n,
                    acc + static_cast<size_t>(h) * head_dim_);
   }
+}
+
+// Codecs without key tiles never get these calls (KeyTiles is false for them); they
+// leave their outputs untouched.
+void VectorCodec::EncodeKeyInTile(const float*, void*, int) const { assert(false && "no key tiles"); }
+void VectorCodec::DecodeKeyInTile(const void*, int, float*) const { assert(false && "no key tiles"); }
+void VectorCodec::DotManyGroupTiled(const float*, int, const void*, size_t, float*, size_t) const {
+  assert(false && "no key tiles");
 }
 
 void VectorCodec::EncodeMany(const float* x, size_t n, void* out) const {
@@ -178,6 +187,94 @@ TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc)
   for (; i < n; ++i) acc[i] += w * LoadHalf(v + 2 * i);
 }
 
+// Software prefetch distance in the token loops. A layer's K (or V) of one KV head is a
+// run of block_tokens vectors, and runs are a block apart: the hardware prefetchers
+// restart at each run and each 4 KiB page, the prefetch keeps loads in flight.
+constexpr size_t kPrefetchBytes = 4096;
+
+// ---- f16 key tiles ----------------------------------------------------------------------
+// A tile holds kTile keys dimension by dimension: dimension d of key `lane` at byte
+// 2 * (d * kTile + lane). Per (head, key) the tiled kernels do DotF16Avx2's arithmetic
+// (head_dim % 8 == 0): a0[j] and a1[j] are its two 8-lane chains, here each one vector
+// over keys (dimension 16c + j into a0[j], 16c + 8 + j into a1[j], a last 8 into a0),
+// l[j] = a0[j] + a1[j], then HorizontalSum's adds across j instead of across lanes:
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). No horizontal sums, no shuffles.
+
+constexpr int kTile = VectorCodec::kKeyTileTokens;
+
+// A tiled kernel's heads, at most kTileGroup at a time (their chains stay in registers).
+constexpr int kTileGroup = 4;
+
+// l[h] = a0[j] + a1[j] of head h for the 8 keys at `keys` (a tile, or its second half).
+template <int kG>
+TIERKV_AVX2 __attribute__((always_inline)) inline void TileLaneSums8(const float* q, size_t hd, const uint8_t* keys,
+                                                                     size_t j, __m256* l) {
+  __m256 a0[kG], a1[kG];
+  for (int h = 0; h < kG; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
+  size_t i = 0;
+  for (; i + 16 <= hd; i += 16) {
+    const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + 2 * kTile * (i + j))));
+    const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + 2 * kTile * (i + 8 + j))));
+    for (int h = 0; h < kG; ++h) {
+      a0[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + j]), k0, a0[h]);
+      a1[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + 8 + j]), k1, a1[h]);
+    }
+  }
+  if (i < hd) {
+    const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + 2 * kTile * (i + j))));
+    for (int h = 0; h < kG; ++h) a0[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + j]), k0, a0[h]);
+  }
+  for (int h = 0; h < kG; ++h) l[h] = _mm256_add_ps(a0[h], a1[h]);
+}
+
+template <int kG>
+TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd, const uint8_t* k, size_t n, float* scores,
+                                      size_t stride) {
+  const size_t tile_bytes = 2 * kTile * hd;
+  for (size_t t0 = 0; t0 < n; t0 += 8) {
+    const uint8_t* keys = k + t0 / kTile * tile_bytes + 2 * (t0 % kTile);
+    if (t0 % kTile == 0) PrefetchLines(keys + kPrefetchBytes, tile_bytes);
+    __m256 x[kG], y[kG], u02[kG], u13[kG];
+    TileLaneSums8<kG>(q, hd, keys, 0, x);
+    TileLaneSums8<kG>(q, hd, keys, 4, y);
+    for (int h = 0; h < kG; ++h) u02[h] = _mm256_add_ps(x[h], y[h]);
+    TileLaneSums8<kG>(q, hd, keys, 2, x);
+    TileLaneSums8<kG>(q, hd, keys, 6, y);
+    for (int h = 0; h < kG; ++h) u02[h] = _mm256_add_ps(u02[h], _mm256_add_ps(x[h], y[h]));
+    TileLaneSums8<kG>(q, hd, keys, 1, x);
+    TileLaneSums8<kG>(q, hd, keys, 5, y);
+    for (int h = 0; h < kG; ++h) u13[h] = _mm256_add_ps(x[h], y[h]);
+    TileLaneSums8<kG>(q, hd, keys, 3, x);
+    TileLaneSums8<kG>(q, hd, keys, 7, y);
+    const size_t tn = std::min<size_t>(8, n - t0);
+    for (int h = 0; h < kG; ++h) {
+      const __m256 r = _mm256_add_ps(u02[h], _mm256_add_ps(u13[h], _mm256_add_ps(x[h], y[h])));
+      float* out = scores + static_cast<size_t>(h) * stride + t0;
+      if (tn == 8) {
+        _mm256_storeu_ps(out, r);
+      } else {
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, r);
+        std::memcpy(out, tmp, sizeof(float) * tn);
+      }
+    }
+  }
+}
+
+void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
+                     size_t stride) {
+  for (int h = 0; h < heads; h += kTileGroup) {
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    float* sh = scores + static_cast<size_t>(h) * stride;
+    switch (std::min(kTileGroup, heads - h)) {
+      case 1: DotF16TiledAvx2Heads<1>(qh, hd, k, n, sh, stride); break;
+      case 2: DotF16TiledAvx2Heads<2>(qh, hd, k, n, sh, stride); break;
+      case 3: DotF16TiledAvx2Heads<3>(qh, hd, k, n, sh, stride); break;
+      default: DotF16TiledAvx2Heads<4>(qh, hd, k, n, sh, stride); break;
+    }
+  }
+}
+
 // ---- f16, AVX-512: many tokens and heads per call ------------------------------------
 // The same arithmetic per (head, token) as DotF16Avx2 / AccumulateF16Avx2 for
 // head_dim % 16 == 0, so the bits are the same: a 512-bit product sum holds DotF16Avx2's
@@ -194,11 +291,6 @@ TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-
-// Software prefetch distance in the token loops. A layer's K (or V) of one KV head is a
-// run of block_tokens vectors, and runs are a block apart: the hardware prefetchers
-// restart at each run and each 4 KiB page, the prefetch keeps loads in flight.
-constexpr size_t kPrefetchBytes = 4096;
 
 TIERKV_AVX512 inline void PrefetchVector(const uint8_t* p, size_t vb) { PrefetchLines(p + kPrefetchBytes, vb); }
 
@@ -454,6 +546,83 @@ void AccumulateF16GroupAvx512(const float* w, size_t w_stride, int heads, const 
     }
   }
 }
+// The tiled kernels with 16-key vectors: one tile per step (TileLaneSums8's arithmetic).
+// kHd > 0: head_dim known at compile time (the loops unroll), else hd.
+template <int kG, int kHd>
+TIERKV_AVX512_INLINE void TileLaneSums16(const float* q, size_t hd_arg, const uint8_t* tile, size_t j, __m512* l) {
+  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
+  __m512 a0[kG], a1[kG];
+  for (int h = 0; h < kG; ++h) a0[h] = a1[h] = _mm512_setzero_ps();
+  size_t i = 0;
+#pragma GCC unroll 16
+  for (; i + 16 <= hd; i += 16) {
+    const __m512 k0 = LoadHalf16(tile + 2 * kTile * (i + j));
+    const __m512 k1 = LoadHalf16(tile + 2 * kTile * (i + 8 + j));
+    for (int h = 0; h < kG; ++h) {
+      a0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + i + j]), k0, a0[h]);
+      a1[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + i + 8 + j]), k1, a1[h]);
+    }
+  }
+  if (i < hd) {
+    const __m512 k0 = LoadHalf16(tile + 2 * kTile * (i + j));
+    for (int h = 0; h < kG; ++h) a0[h] = _mm512_fmadd_ps(_mm512_set1_ps(q[h * hd + i + j]), k0, a0[h]);
+  }
+  for (int h = 0; h < kG; ++h) l[h] = _mm512_add_ps(a0[h], a1[h]);
+}
+
+template <int kG, int kHd>
+TIERKV_AVX512 void DotF16TiledAvx512Heads(const float* q, size_t hd_arg, const uint8_t* k, size_t n, float* scores,
+                                          size_t stride) {
+  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
+  const size_t tile_bytes = 2 * kTile * hd;
+  for (size_t t0 = 0; t0 < n; t0 += kTile) {
+    const uint8_t* tile = k + t0 / kTile * tile_bytes;
+    PrefetchLines(tile + kPrefetchBytes, tile_bytes);
+    __m512 x[kG], y[kG], u02[kG], u13[kG];
+    TileLaneSums16<kG, kHd>(q, hd, tile, 0, x);
+    TileLaneSums16<kG, kHd>(q, hd, tile, 4, y);
+    for (int h = 0; h < kG; ++h) u02[h] = _mm512_add_ps(x[h], y[h]);
+    TileLaneSums16<kG, kHd>(q, hd, tile, 2, x);
+    TileLaneSums16<kG, kHd>(q, hd, tile, 6, y);
+    for (int h = 0; h < kG; ++h) u02[h] = _mm512_add_ps(u02[h], _mm512_add_ps(x[h], y[h]));
+    TileLaneSums16<kG, kHd>(q, hd, tile, 1, x);
+    TileLaneSums16<kG, kHd>(q, hd, tile, 5, y);
+    for (int h = 0; h < kG; ++h) u13[h] = _mm512_add_ps(x[h], y[h]);
+    TileLaneSums16<kG, kHd>(q, hd, tile, 3, x);
+    TileLaneSums16<kG, kHd>(q, hd, tile, 7, y);
+    const __mmask16 keep = static_cast<__mmask16>(n - t0 >= kTile ? 0xffffu : (1u << (n - t0)) - 1u);
+    for (int h = 0; h < kG; ++h) {
+      const __m512 r = _mm512_add_ps(u02[h], _mm512_add_ps(u13[h], _mm512_add_ps(x[h], y[h])));
+      _mm512_mask_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, keep, r);
+    }
+  }
+}
+
+template <int kHd>
+void DotF16TiledAvx512Dim(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
+                          size_t stride) {
+  for (int h = 0; h < heads; h += kTileGroup) {
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    float* sh = scores + static_cast<size_t>(h) * stride;
+    switch (std::min(kTileGroup, heads - h)) {
+      case 1: DotF16TiledAvx512Heads<1, kHd>(qh, hd, k, n, sh, stride); break;
+      case 2: DotF16TiledAvx512Heads<2, kHd>(qh, hd, k, n, sh, stride); break;
+      case 3: DotF16TiledAvx512Heads<3, kHd>(qh, hd, k, n, sh, stride); break;
+      default: DotF16TiledAvx512Heads<4, kHd>(qh, hd, k, n, sh, stride); break;
+    }
+  }
+}
+
+void DotF16TiledAvx512(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
+                       size_t stride) {
+  switch (hd) {
+    case 32: return DotF16TiledAvx512Dim<32>(q, heads, k, n, hd, scores, stride);
+    case 64: return DotF16TiledAvx512Dim<64>(q, heads, k, n, hd, scores, stride);
+    case 128: return DotF16TiledAvx512Dim<128>(q, heads, k, n, hd, scores, stride);
+    default: return DotF16TiledAvx512Dim<0>(q, heads, k, n, hd, scores, stride);
+  }
+}
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -606,7 +775,8 @@ class F16Codec final : public VectorCodec {
     if (UseAvx2Kernels()) {
       k_ = {DotF16Avx2, AccumulateF16Avx2};
       avx2_ = true;
-      avx512_ = codec_internal::UseAvx512Kernels() && head_dim % 16 == 0;
+      tiles_avx512_ = codec_internal::UseAvx512Kernels();
+      avx512_ = tiles_avx512_ && head_dim % 16 == 0;
       return;
     }
 #endif
@@ -669,12 +839,53 @@ class F16Codec final : public VectorCodec {
       for (size_t i = 0; i < n; ++i) k_.accumulate(wh[i], p + i * vector_bytes(), head_dim(), acc + h * hd);
     }
   }
+  bool KeyTiles(int block_tokens) const override {
+    return head_dim() % 8 == 0 && block_tokens > 0 && block_tokens % kKeyTileTokens == 0;
+  }
+  void EncodeKeyInTile(const float* x, void* tile, int lane) const override {
+    uint16_t h[kMaxCodecHeadDim];
+    FloatToHalfArray(x, h, head_dim());
+    auto* p = static_cast<uint8_t*>(tile) + 2 * static_cast<size_t>(lane);
+    for (int d = 0; d < head_dim(); ++d) std::memcpy(p + 2 * static_cast<size_t>(kKeyTileTokens) * d, &h[d], 2);
+  }
+  void DecodeKeyInTile(const void* tile, int lane, float* out) const override {
+    uint16_t h[kMaxCodecHeadDim];
+    GatherTileKey(static_cast<const uint8_t*>(tile), lane, h);
+    HalfToFloatArray(h, out, head_dim());
+  }
+  void DotManyGroupTiled(const float* q_prep, int heads, const void* k_tiles, size_t n, float* scores,
+                         size_t scores_stride) const override {
+    const auto* p = static_cast<const uint8_t*>(k_tiles);
+    const size_t hd = static_cast<size_t>(head_dim());
+#if defined(TIERKV_CODEC_X86)
+    if (avx2_) {
+      if (tiles_avx512_) return DotF16TiledAvx512(q_prep, heads, p, n, hd, scores, scores_stride);
+      return DotF16TiledAvx2(q_prep, heads, p, n, hd, scores, scores_stride);
+    }
+#endif
+    // Generic: each key gathered into a vector, then the one-vector dot.
+    const size_t tile_bytes = 2 * static_cast<size_t>(kKeyTileTokens) * hd;
+    uint16_t key[kMaxCodecHeadDim];
+    for (size_t t = 0; t < n; ++t) {
+      GatherTileKey(p + t / kKeyTileTokens * tile_bytes, static_cast<int>(t % kKeyTileTokens), key);
+      for (int h = 0; h < heads; ++h) {
+        scores[static_cast<size_t>(h) * scores_stride + t] =
+            k_.dot(q_prep + static_cast<size_t>(h) * hd, reinterpret_cast<const uint8_t*>(key), head_dim());
+      }
+    }
+  }
   const char* kernel_name() const override { return avx512_ ? "avx512" : avx2_ ? "avx2" : "generic"; }
 
  private:
+  void GatherTileKey(const uint8_t* tile, int lane, uint16_t* h) const {
+    const uint8_t* p = tile + 2 * static_cast<size_t>(lane);
+    for (int d = 0; d < head_dim(); ++d) std::memcpy(&h[d], p + 2 * static_cast<size_t>(kKeyTileTokens) * d, 2);
+  }
+
   F16Kernels k_;
   bool avx2_ = false;
-  bool avx512_ = false;  // batched and grouped forms (head_dim % 16 == 0)
+  bool avx512_ = false;        // batched and grouped forms (head_dim % 16 == 0)
+  bool tiles_avx512_ = false;  // the key-tile scores (any head_dim the tiles take)
 };
 
 // ---- q8_0 -----------------------------------------------------------------------------

@@ -108,6 +108,24 @@ class VectorCodec {
   virtual void AccumulateManyGroup(const float* w, size_t w_stride, int heads,
                                    const void* v_enc, size_t n, float* acc) const;
 
+  // Key tiles. A cache whose blocks hold a multiple of kKeyTileTokens tokens may store
+  // each KV head's keys as tiles of kKeyTileTokens consecutive keys, dimension by
+  // dimension ([head_dim][kKeyTileTokens] values, the same bytes as kKeyTileTokens
+  // vectors): the scores of a tile's keys are then kKeyTileTokens-lane vectors with no
+  // horizontal sums. Only codecs that say so here (f16, head_dim % 8 == 0); the values
+  // stay vector by vector.
+  static constexpr int kKeyTileTokens = 16;
+  virtual bool KeyTiles(int block_tokens) const { return false; }
+  // x: [head_dim] -> key `lane` (0 .. kKeyTileTokens - 1) of the tile at `tile`, and
+  // back. REQUIRES: KeyTiles (of the cache's block_tokens).
+  virtual void EncodeKeyInTile(const float* x, void* tile, int lane) const;
+  virtual void DecodeKeyInTile(const void* tile, int lane, float* out) const;
+  // DotManyGroup over n keys stored as consecutive tiles from `k_tiles` (the last tile
+  // may be partly filled; its other lanes are read but not reported), bit-identical per
+  // (head, key) to DotManyGroup over the same keys stored vector by vector.
+  virtual void DotManyGroupTiled(const float* q_prep, int heads, const void* k_tiles, size_t n,
+                                 float* scores, size_t scores_stride) const;
+
   // Which inner loops run: "avx512" (f16 only: its batched and grouped forms use
   // AVX-512F, the single-vector calls AVX2), "avx2" (AVX2+FMA+F16C, chosen at run time)
   // or "generic".

@@ -32,6 +32,7 @@ Result<std::unique_ptr<KvCache>> KvCache::Create(MemoryManager* mm, KvGeometry g
 KvCache::KvCache(MemoryManager* mm, KvGeometry g, std::unique_ptr<VectorCodec> codec, uint32_t tag)
     : mm_(mm), g_(g), codec_(std::move(codec)), tag_(tag) {
   block_bytes_ = 2ull * g_.n_kv_heads * g_.block_tokens * codec_->vector_bytes();
+  key_tiles_ = codec_->KeyTiles(g_.block_tokens);
   summary_floats_ = static_cast<size_t>(g_.n_kv_heads) * g_.head_dim;
 }
 
@@ -234,6 +235,12 @@ Status KvCache::MakeExclusive(Sequence& seq, int layer, int block) {
   return Status::Ok();
 }
 
+namespace {
+// A key's lane in its tile: the tile starts TileLane(slot) vectors before the slot
+// (a run's tiles are 16 vectors' bytes each).
+int TileLane(int slot) { return slot % VectorCodec::kKeyTileTokens; }
+}  // namespace
+
 Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* v) {
   Sequence* seq = Seq(s);
   if (!seq) return Status::NotFound("write to unknown sequence " + std::to_string(s.value));
@@ -249,7 +256,12 @@ Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* 
   const size_t half = static_cast<size_t>(g_.n_kv_heads) * g_.block_tokens * vb;
   for (int h = 0; h < g_.n_kv_heads; ++h) {
     const size_t off = (static_cast<size_t>(h) * g_.block_tokens + slot) * vb;
-    codec_->Encode(k + static_cast<size_t>(h) * g_.head_dim, pin.data() + off);
+    const float* kh = k + static_cast<size_t>(h) * g_.head_dim;
+    if (key_tiles_) {
+      codec_->EncodeKeyInTile(kh, pin.data() + off - TileLane(slot) * vb, TileLane(slot));
+    } else {
+      codec_->Encode(kh, pin.data() + off);
+    }
     codec_->Encode(v + static_cast<size_t>(h) * g_.head_dim, pin.data() + half + off);
   }
   if (b.summary != kNoSummary) {
@@ -277,7 +289,12 @@ Status KvCache::Read(SeqId s, int layer, int pos, float* k, float* v) {
   const size_t half = static_cast<size_t>(g_.n_kv_heads) * g_.block_tokens * vb;
   for (int h = 0; h < g_.n_kv_heads; ++h) {
     const size_t off = (static_cast<size_t>(h) * g_.block_tokens + slot) * vb;
-    codec_->Decode(pin.data() + off, k + static_cast<size_t>(h) * g_.head_dim);
+    float* kh = k + static_cast<size_t>(h) * g_.head_dim;
+    if (key_tiles_) {
+      codec_->DecodeKeyInTile(pin.data() + off - TileLane(slot) * vb, TileLane(slot), kh);
+    } else {
+      codec_->Decode(pin.data() + off, kh);
+    }
     codec_->Decode(pin.data() + half + off, v + static_cast<size_t>(h) * g_.head_dim);
   }
   return Status::Ok();

@@ -7,6 +7,11 @@
 //
 // Block layout (one page, HND; vb = codec vector bytes):
 //   K: [n_kv_heads][block_tokens][vb]  then  V: [n_kv_heads][block_tokens][vb]
+// except that when the codec takes key tiles for this block size (f16 with head_dim % 8
+// == 0 and block_tokens % 16 == 0: VectorCodec::KeyTiles, key_tiles() here) each KV
+// head's K run is block_tokens / 16 tiles of 16 keys stored dimension by dimension
+// ([head_dim][16] halves, the same bytes per run): attention's scores then need no
+// horizontal sums (docs/kernels.md). V is always vector by vector.
 // Sequences own per-layer block tables; Fork shares every block copy-on-write (reference
 // counts); the first write into a shared block copies it. Each block also has a key
 // summary (per-channel min and max of its keys, in host memory beside the block table)
@@ -70,6 +75,8 @@ class KvCache {
   const VectorCodec& codec() const { return *codec_; }
   size_t vector_bytes() const { return codec_->vector_bytes(); }
   uint64_t block_bytes() const { return block_bytes_; }
+  // K runs are key tiles (the layout above); attention views pass this on.
+  bool key_tiles() const { return key_tiles_; }
   // Bytes of one token's K and V over all layers.
   uint64_t token_bytes() const { return 2ull * g_.n_layers * g_.n_kv_heads * vector_bytes(); }
   MemoryManager& memory() { return *mm_; }
@@ -143,6 +150,7 @@ class KvCache {
   std::unique_ptr<VectorCodec> codec_;
   uint32_t tag_;
   uint64_t block_bytes_;
+  bool key_tiles_;
   std::vector<BlockMeta> blocks_;      // [block ids]
   std::vector<uint32_t> free_blocks_;
   size_t summary_floats_;              // n_kv_heads * head_dim

@@ -33,7 +33,9 @@
 
 namespace tierkv {
 
-inline constexpr uint32_t kSessionFormatVersion = 1;
+// 2: f16 keys in key tiles where the block size takes them (kv_cache.h); a version-1
+// file's f16 keys are vector by vector, so it is refused rather than misread.
+inline constexpr uint32_t kSessionFormatVersion = 2;
 
 // Identifies the model a KV cache belongs to: a hash of the architecture, tensor
 // names/shapes/types and rope parameters (computed by the runtime), and a readable

@@ -309,6 +309,7 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
     view.block_tokens = g.block_tokens;
     view.n_kv_heads = g.n_kv_heads;
     view.vector_bytes = codec.vector_bytes();
+    view.key_tiles = cache.key_tiles();
     if (!two_pass) {
       kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
     } else if (fused) {

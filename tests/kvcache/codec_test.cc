@@ -581,6 +581,62 @@ TEST(CodecGroupTest, F16Avx512AndAvx2KernelsAgree) {
   }
 }
 
+// f16 key tiles: a key written into a tile reads back as Encode/Decode would give it, and
+// the tiled scores equal the single-vector Dot of the same keys bit for bit, at every
+// kernel level (generic, AVX2, AVX-512): head_dims that are and are not multiples of 16,
+// head counts around the 4-head groups, key counts that end inside a tile or a half tile.
+TEST(CodecGroupTest, F16KeyTilesMatchVectorLayout) {
+  constexpr int kTile = VectorCodec::kKeyTileTokens;
+  for (int level = 0; level < 3; ++level) {  // 0 generic, 1 AVX2, 2 as detected
+    ForceGenericKernels(level == 0);
+    codec_internal::ForceNoAvx512Kernels(level == 1);
+    for (int d : {8, 24, 32, 40, 64, 128, 256}) {
+      std::unique_ptr<VectorCodec> c = MakeCodec(KvCodec::kF16, d);
+      ASSERT_NE(c, nullptr);
+      ASSERT_TRUE(c->KeyTiles(2 * kTile));
+      ASSERT_FALSE(c->KeyTiles(kTile + 8));
+      const size_t vb = c->vector_bytes();
+      constexpr int kMaxTokens = 3 * kTile + 5;
+      const std::vector<float> kv = RandomRows(kMaxTokens, d, 81 + d, true);
+      std::vector<uint8_t> vectors(kMaxTokens * vb), tiles((kMaxTokens + kTile - 1) / kTile * kTile * vb, 0xff);
+      c->EncodeMany(kv.data(), kMaxTokens, vectors.data());
+      for (int t = 0; t < kMaxTokens; ++t) {
+        c->EncodeKeyInTile(&kv[static_cast<size_t>(t) * d], tiles.data() + t / kTile * kTile * vb, t % kTile);
+      }
+      for (int t = 0; t < kMaxTokens; ++t) {
+        std::vector<float> a(d), b(d);
+        c->Decode(vectors.data() + t * vb, a.data());
+        c->DecodeKeyInTile(tiles.data() + t / kTile * kTile * vb, t % kTile, b.data());
+        ASSERT_EQ(a, b) << d << " " << t;
+      }
+      for (int heads : {1, 2, 3, 4, 5, 8}) {
+        const std::vector<float> q = RandomRows(heads, d, 91 + heads, false);
+        std::vector<float> qp(q.size());
+        for (int h = 0; h < heads; ++h) c->PrepareQuery(&q[h * d], &qp[h * d]);
+        for (int n : {1, 7, 8, 9, 16, 17, 24, 32, kMaxTokens}) {
+          SCOPED_TRACE("d " + std::to_string(d) + " heads " + std::to_string(heads) + " n " + std::to_string(n) +
+                       " " + c->kernel_name());
+          const size_t stride = static_cast<size_t>(n) + 3;
+          std::vector<float> scores(heads * stride, -7.0f);
+          c->DotManyGroupTiled(qp.data(), heads, tiles.data(), n, scores.data(), stride);
+          for (int h = 0; h < heads; ++h) {
+            for (int t = 0; t < n; ++t) {
+              const float want = c->Dot(&qp[h * d], vectors.data() + t * vb);
+              ASSERT_EQ(std::bit_cast<uint32_t>(scores[h * stride + t]), std::bit_cast<uint32_t>(want)) << h << " " << t;
+            }
+            ASSERT_EQ(scores[h * stride + n], -7.0f) << "wrote past the row";
+          }
+        }
+      }
+    }
+  }
+  ForceGenericKernels(false);
+  codec_internal::ForceNoAvx512Kernels(false);
+  for (KvCodec other : {KvCodec::kQ8_0, KvCodec::kQ4_0, KvCodec::kTq4, KvCodec::kTq3}) {
+    EXPECT_FALSE(MakeCodec(other, 64)->KeyTiles(64)) << KvCodecName(other);
+  }
+}
+
 // q8_0 has its own AVX2 encoder: rounding ties, values one ulp either side of them,
 // NaN, inf and signed zeros must give the bytes the scalar (llama.cpp) code gives.
 TEST(CodecFusedTest, Q8_0EncodersAgreeOnTiesAndSpecials) {

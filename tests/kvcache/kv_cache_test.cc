@@ -2,9 +2,11 @@
 #include "kvcache/kv_cache.h"
 
 #include <cmath>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
+#include "memory/half.h"
 #include "tests/kvcache/kv_test_util.h"
 
 namespace tierkv {
@@ -74,6 +76,63 @@ TEST(KvCacheTest, AppendReadRoundTripEveryCodec) {
     std::string why;
     EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
   }
+}
+
+// f16 with 16-token blocks stores keys in key tiles: dimension d of the key in slot t of
+// a KV head's run at byte 2 * (d * 16 + t % 16) of its tile, values vector by vector;
+// Read gives back exactly the halves written, also after a fork and a copy-on-write
+// into a partly filled tiled block. Blocks of 8 tokens, and q8_0, keep vectors.
+TEST(KvCacheTest, F16KeyTilesLayoutAndRoundTrip) {
+  TempDir dir;
+  auto mm = Memory(dir.path());  // 4 KiB frames: 16 f16 tokens of SmallGeometry
+  KvGeometry g = SmallGeometry();
+  g.block_tokens = 16;
+  auto cache = KvCache::Create(mm.get(), g).value();
+  ASSERT_TRUE(cache->key_tiles());
+  const SeqId s = cache->NewSequence();
+  AppendTokens(*cache, s, 0, 21, 9);
+  const size_t vb = cache->vector_bytes(), run = 16 * vb;
+  const std::vector<std::vector<std::byte>> bytes = BlockBytes(*cache, s);
+  ASSERT_EQ(bytes.size(), 4u);  // 2 layers x 2 blocks
+  for (int pos = 0; pos < 21; ++pos) {
+    for (int l = 0; l < g.n_layers; ++l) {
+      const auto wk = TokenKv(g, 9, pos, l, false), wv = TokenKv(g, 9, pos, l, true);
+      const std::vector<std::byte>& blk = bytes[static_cast<size_t>(l * 2 + pos / 16)];
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        for (int d = 0; d < g.head_dim; ++d) {
+          uint16_t key, value;
+          std::memcpy(&key, blk.data() + h * run + 2 * (d * 16 + pos % 16), 2);
+          std::memcpy(&value, blk.data() + g.n_kv_heads * run + h * run + (pos % 16) * vb + 2 * d, 2);
+          ASSERT_EQ(key, FloatToHalf(wk[h * g.head_dim + d])) << pos << " " << h << " " << d;
+          ASSERT_EQ(value, FloatToHalf(wv[h * g.head_dim + d])) << pos << " " << h << " " << d;
+        }
+      }
+      std::vector<float> k(wk.size()), v(wv.size());
+      ASSERT_TRUE(cache->Read(s, l, pos, k.data(), v.data()).ok());
+      for (size_t i = 0; i < k.size(); ++i) {
+        ASSERT_EQ(FloatToHalf(k[i]), FloatToHalf(wk[i])) << pos;
+        ASSERT_EQ(FloatToHalf(v[i]), FloatToHalf(wv[i])) << pos;
+      }
+    }
+  }
+  // A fork shares the partly filled tiled block; writing token 21 into the fork copies it.
+  const SeqId f = cache->Fork(s).value();
+  AppendTokens(*cache, f, 21, 23, 10);
+  for (int pos = 0; pos < 23; ++pos) {
+    std::vector<float> k(64), v(64);
+    ASSERT_TRUE(cache->Read(f, 1, pos, k.data(), v.data()).ok());
+    const auto wk = TokenKv(g, pos < 21 ? 9 : 10, pos, 1, false);
+    for (size_t i = 0; i < k.size(); ++i) ASSERT_EQ(FloatToHalf(k[i]), FloatToHalf(wk[i])) << pos;
+  }
+  EXPECT_EQ(BlockBytes(*cache, s), bytes) << "the fork's writes reached the original";
+  std::string why;
+  EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+
+  g.block_tokens = 8;
+  EXPECT_FALSE(KvCache::Create(mm.get(), g).value()->key_tiles());
+  g.block_tokens = 16;
+  g.codec = KvCodec::kQ8_0;
+  EXPECT_FALSE(KvCache::Create(mm.get(), g).value()->key_tiles());
 }
 
 TEST(KvCacheTest, DerivedBlockTokensFillAFrame) {

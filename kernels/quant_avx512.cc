@@ -611,8 +611,10 @@ TIERKV_VNNI_FN void DotK4RowsVnni(const void* rows, size_t row_bytes, int64_t n_
 // Q6_K. Per half h of a super-block: ql[64h .. 64h + 63] as one zmm holds the low
 // nibbles of chunks 0 and 1 (values 0-63 of the half) and, shifted, the high nibbles of
 // chunks 2 and 3 (values 64-127), each matching 64 contiguous activation codes; qh is
-// broadcast to both halves and shifted per half (0 | 2 and 4 | 6). Each 128-bit lane
-// is one 16-value group, so the scale vector is a word permutation of the 16 scales.
+// broadcast to both halves, its bits masked per half and moved to bits 4,5 (left 4 | 2
+// for chunks 0 | 1, right 0 | 2 for chunks 2 | 3), then merged with the nibbles by one
+// bitwise select. Each 128-bit lane is one 16-value group, so the scale vector is a
+// word broadcast per lane of the 16 scales.
 // The -32 offset goes through the bsums (as in DotQ6_KAvx2). Float part:
 // sum += d_x * d_w * (float)sumi.
 template <int R>
@@ -624,20 +626,24 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
   float sum1 = 0.0f;                  // R == 1
   __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i m2 = _mm512_set1_epi8(3);
-  const __m512i shift_a = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  // [0 | 2]
-  const __m512i shift_b =
-      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(4)), _mm256_set1_epi16(6), 1);  // [4 | 6]
-  // Word k of the scale vector of (half h, part p) is scale 8h + 4p + k / 8.
-  __m512i sidx[2][2];
-  for (int h = 0; h < 2; ++h) {
-    for (int p = 0; p < 2; ++p) {
-      const short g = static_cast<short>(8 * h + 4 * p);
-      sidx[h][p] = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_set_m128i(_mm_set1_epi16(static_cast<short>(g + 1)), _mm_set1_epi16(g))),
-          _mm256_set_m128i(_mm_set1_epi16(static_cast<short>(g + 3)), _mm_set1_epi16(static_cast<short>(g + 2))), 1);
-    }
-  }
+  // Half h's qh bits: 0,1 (chunk 0) and 4,5 (chunk 2) for h = 0 in the low 256 bits, 2,3
+  // and 6,7 for h = 1 in the high ones (each half's qh is broadcast to both).
+  const __m512i qh_keep =
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8(0x33)), _mm256_set1_epi8(static_cast<char>(0xcc)), 1);
+  const __m512i shift_a =
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(4)), _mm256_set1_epi16(2), 1);  // left [4 | 2]
+  const __m512i shift_b = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);   // right [0 | 2]
+  // Word k of the scale vector of (half h, part p) is scale 8h + 4p + k / 8 = 4m + k / 8
+  // (m = 2h + p). One word permutation per row puts scales L, 4 + L, 8 + L, 12 + L in
+  // 128-bit lane L; an in-lane byte shuffle then broadcasts word m of every lane (one
+  // vpermw and four vpshufb per row instead of four vpermw). With the high-bit select
+  // below and two integer chains per row: 32000 x 256 in cache, two threads, medians of
+  // 7 alternated runs, 93.4 -> 84.8 us (72 with no scales at all: the per-row
+  // dependency chain is the limit).
+  const __m512i lane_idx = _mm512_set_epi16(15, 11, 7, 3, 15, 11, 7, 3, 14, 10, 6, 2, 14, 10, 6, 2,  //
+                                            13, 9, 5, 1, 13, 9, 5, 1, 12, 8, 4, 0, 12, 8, 4, 0);
+  __m512i pick[4];
+  for (int m = 0; m < 4; ++m) pick[m] = _mm512_set1_epi16(static_cast<short>(((2 * m + 1) << 8) | (2 * m)));
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
@@ -648,21 +654,24 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
       // -32 * sum_g sc_g * bsums_g, folded into the integer accumulator.
       const __m256i corr32 = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
-      __m512i acc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_zextsi256_si512(corr32));
-      const __m512i scz = _mm512_castsi256_si512(sc16);
+      const __m512i s4 = _mm512_permutexvar_epi16(lane_idx, _mm512_castsi256_si512(sc16));
+      // Two integer chains (chunks a and b; exact in any order) and the correction
+      // last: the row's dependency chain is what bounds this loop, not its width.
+      __m512i acc_a = _mm512_setzero_si512(), acc_b = _mm512_setzero_si512();
       for (int h = 0; h < 2; ++h) {
         const __m512i ql = Load512(b.ql + 64 * h);
-        const __m512i qh = _mm512_broadcast_i64x4(Load256(b.qh + 32 * h));
-        const __m512i qa = _mm512_or_si512(
-            _mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_a), m2), 4));
-        const __m512i qb =
-            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_b), m2), 4));
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(qa, xq[2 * h]), _mm512_permutexvar_epi16(sidx[h][0], scz));
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(qb, xq[2 * h + 1]),
-                                  _mm512_permutexvar_epi16(sidx[h][1], scz));
+        // The two high bits of every value moved to bits 4,5 of its byte; the other bits
+        // that land in bits 4-7 are the zeros qh_keep left (bits a 16-bit shift carries
+        // across bytes fall in bits 0-3, which the select below takes from ql).
+        const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(Load256(b.qh + 32 * h)), qh_keep);
+        // m4 ? low nibbles : high bits (vpternlog 0xe4 is "c ? a : b").
+        const __m512i qa = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shift_a), m4, 0xe4);
+        const __m512i qb = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shift_b), m4, 0xe4);
+        acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(qa, xq[2 * h]), _mm512_shuffle_epi8(s4, pick[2 * h]));
+        acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(qb, xq[2 * h + 1]),
+                                    _mm512_shuffle_epi8(s4, pick[2 * h + 1]));
       }
-      accs[r] = acc;
+      accs[r] = _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), _mm512_zextsi256_si512(corr32));
     }
     if constexpr (R == 8) {
       // sum += x.d * d_w * (float)sumi per row, lane-wise: the same f32 operations (the

@@ -96,6 +96,7 @@ nlohmann::json RunReport::ToJson() const {
                   {"expert_prediction_recall", ratio(d.experts_chosen_in_prediction, d.experts_chosen_predicted)},
                   {"prefetched_pages", d.prefetched_pages}};
   j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
+  j["frame_bytes"] = frame_bytes;
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
                   {"reused_prefix_tokens", reused_prefix_tokens},
@@ -110,6 +111,25 @@ nlohmann::json RunReport::ToJson() const {
   return j;
 }
 
+uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& m, uint64_t weights_256k, uint64_t weights_1m,
+                        uint64_t session_block_bytes) {
+  constexpr uint64_t kSmall = 256 * kKiB, kLarge = kMiB;
+  if (session_block_bytes > 0) {
+    uint64_t f = 64 * kKiB;
+    while (f < session_block_bytes && f < 4 * kMiB) f *= 2;
+    return f;
+  }
+  if (n_ctx < kAutoFrameLongContext) return kSmall;
+  // The smallest budget of a tier that exists.
+  uint64_t smallest = m.host_bytes;
+  if (m.device != DeviceKind::kNone) smallest = std::min(smallest, m.device_bytes);
+  if (m.disk_bytes > 0) smallest = std::min(smallest, m.disk_bytes);
+  if (smallest < kAutoFrameMinFrames * kLarge) return kSmall;
+  const uint64_t extra = weights_1m > weights_256k ? weights_1m - weights_256k : 0;
+  if (extra > smallest / 16) return kSmall;
+  return kLarge;
+}
+
 Result<RunReport> RunSession(const RunOptions& o) {
   RunReport r;
   TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, OpenModelFile(o.model));
@@ -121,16 +141,30 @@ Result<RunReport> RunSession(const RunOptions& o) {
     return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
                                    std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
   }
-  const auto t_warm = std::chrono::steady_clock::now();
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<MemoryManager> mm, MemoryManager::Create(o.memory));
-  r.warmup_s = Since(t_warm);
   ModelOptions mo;
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
   mo.kv_batch_blocks = o.kv_batch_blocks;
-  // Declared after mm: destroyed first, while the pages it placed there still exist.
+  // mm is declared before the model so that the model is destroyed first, while the
+  // pages it placed there still exist; it is created once the frame size is known.
+  std::unique_ptr<MemoryManager> mm;
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
+  MemoryOptions memory = o.memory;
+  if (o.auto_frame) {
+    uint64_t session_block_bytes = 0;
+    if (!o.session.empty() && std::filesystem::exists(o.session)) {
+      // A file that cannot be read is left to the restore below, which names the problem.
+      if (auto summary = SessionFile::Inspect(o.session); summary.ok()) session_block_bytes = summary->block_bytes;
+    }
+    const uint64_t w_small = o.page_weights ? model->WeightPageBytes(256 * kKiB) : 0;
+    const uint64_t w_large = o.page_weights ? model->WeightPageBytes(kMiB) : 0;
+    memory.frame_bytes = AutoFrameBytes(n_ctx, memory, w_small, w_large, session_block_bytes);
+  }
+  r.frame_bytes = memory.frame_bytes;
+  const auto t_warm = std::chrono::steady_clock::now();
+  TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
+  r.warmup_s = Since(t_warm);
   if (o.page_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), model->KvGeometryFor(o.kv_type)));
   r.kv_type = KvCodecName(o.kv_type);

@@ -31,6 +31,7 @@ struct RunOptions {
   int n_ctx = 0;               // 0 = prompt + n_predict
   SamplerOptions sampler;
   MemoryOptions memory;        // tiers and budgets
+  bool auto_frame = false;     // --frame auto: RunSession picks memory.frame_bytes (AutoFrameBytes)
   KvCodec kv_type = KvCodec::kF16;
   std::string session;         // "" = no session file
   int threads = 0;             // 0 = all cores
@@ -57,6 +58,7 @@ struct RunReport {
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
   int kv_tokens = 0;
+  uint64_t frame_bytes = 0;  // the frame size the run used
   uint64_t kv_bytes = 0;
   std::string session_path;
   int restored_tokens = 0;
@@ -71,6 +73,20 @@ struct RunReport {
 // The model identity stored in session files: architecture, every tensor's name,
 // type and shape, and the RoPE parameters.
 ModelFingerprint FingerprintOf(const GgufFile& file);
+
+// --frame auto (docs/cli.md): 1 MiB frames, whose KV blocks attention streams faster,
+// when the context is long (n_ctx >= kAutoFrameLongContext), every tier with a budget
+// holds at least kAutoFrameMinFrames of them, and the weight pages lose little to the
+// larger grain (what their rounding to 1 MiB frames adds over 256 KiB is at most 1/16 of
+// the smallest budget: many small experts keep 256 KiB); 256 KiB otherwise. A session file to restore decides
+// instead: the frame its blocks were made for (the power of two at or above its block
+// bytes), so that restoring never meets a different block size.
+// weights_256k / weights_1m: Model::WeightPageBytes at each size (0 when the weights are
+// read in place); session_block_bytes: 0 when there is no session file to restore.
+inline constexpr int kAutoFrameLongContext = 16384;
+inline constexpr uint64_t kAutoFrameMinFrames = 64;
+uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& memory, uint64_t weights_256k, uint64_t weights_1m,
+                        uint64_t session_block_bytes);
 
 Result<RunReport> RunSession(const RunOptions& options);
 

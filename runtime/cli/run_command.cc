@@ -18,7 +18,7 @@ namespace {
 struct RunFlags {
   std::string model, prompt, prompt_file, session;
   std::string device = "none", vram = "0", host = "1GiB", disk = "0", disk_dir = "/tmp";
-  std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "256KiB";
+  std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
   int n = 32, ctx = 0, top_k = 40, threads = 0, dump_logits = 0;
   float temp = 0.0f, top_p = 0.95f;
   uint64_t seed = 0;
@@ -59,7 +59,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   TIERKV_ASSIGN_OR_RETURN(m.device_bytes, ParseSize(f.vram));
   TIERKV_ASSIGN_OR_RETURN(m.host_bytes, ParseSize(f.host));
   TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, ParseSize(f.disk));
-  TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, ParseSize(f.frame));
+  o.auto_frame = f.frame == "auto";
+  if (!o.auto_frame) {
+    TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, ParseSize(f.frame));
+  }
   TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock));
   TIERKV_ASSIGN_OR_RETURN(m.policy, ParsePolicyKind(f.policy));
   m.disk_dir = f.disk_dir;
@@ -103,7 +106,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--disk", f->disk, "Disk tier budget (default 0: no disk tier)");
   run->add_option("--disk-dir", f->disk_dir, "Disk tier directory (default /tmp)");
   run->add_option("--sim-gbps", f->sim_gbps, "--device sim copy bandwidth in GB/s (0: unthrottled)");
-  run->add_option("--frame", f->frame, "frame size, 64KiB..4MiB (default 256KiB)");
+  run->add_option("--frame", f->frame, "frame size, 64KiB..4MiB, or auto (default: 1MiB for long contexts on big budgets, else 256KiB)");
   run->add_option("--policy", f->policy, "residency policy: lfu (default), lru, 2q");
   run->add_option("--kv-type", f->kv_type, "KV codec: f16 q8_0 q4_0 tq4 tq3 (default f16)");
   run->add_option("--cache-type-k", f->kv_type_k, "llama.cpp's -ctk (same as --kv-type)");

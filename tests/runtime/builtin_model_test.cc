@@ -153,6 +153,65 @@ TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
   EXPECT_EQ(r2->generated_tokens, r->generated_tokens);
 }
 
+// --frame auto: the rule (long contexts on big budgets with little rounding loss in the
+// weight pages get 1 MiB frames; everything else 256 KiB; a session file's block size
+// wins), and a session made with 1 MiB frames restored by a short auto-framed run.
+TEST(BuiltinModelTest, AutoFrameRule) {
+  constexpr uint64_t kKiB = 1024, kMiB = 1024 * 1024;
+  MemoryOptions m;  // no Device, no Disk
+  m.host_bytes = 1024 * kMiB;
+  EXPECT_EQ(AutoFrameBytes(4096, m, 0, 0, 0), 256 * kKiB) << "short context";
+  EXPECT_EQ(AutoFrameBytes(kAutoFrameLongContext, m, 0, 0, 0), kMiB);
+  EXPECT_EQ(AutoFrameBytes(200000, m, 100 * kMiB, 164 * kMiB, 0), kMiB) << "rounding adds 1/16 of 1 GiB";
+  EXPECT_EQ(AutoFrameBytes(200000, m, 100 * kMiB, 165 * kMiB, 0), 256 * kKiB) << "more: small pages";
+  MemoryOptions dev = m;
+  dev.device = DeviceKind::kSim;
+  dev.device_bytes = 4 * kMiB;
+  EXPECT_EQ(AutoFrameBytes(190000, dev, 0, 0, 0), 256 * kKiB) << "a 4 MiB device";
+  dev.device_bytes = 64 * kMiB;
+  EXPECT_EQ(AutoFrameBytes(190000, dev, 0, 0, 0), kMiB);
+  EXPECT_EQ(AutoFrameBytes(190000, dev, 10 * kMiB, 15 * kMiB, 0), 256 * kKiB) << "5 MiB more > 64 MiB / 16";
+  MemoryOptions disk = m;
+  disk.disk_bytes = 32 * kMiB;
+  EXPECT_EQ(AutoFrameBytes(190000, disk, 0, 0, 0), 256 * kKiB) << "a small disk tier";
+  MemoryOptions host = m;
+  host.host_bytes = 48 * kMiB;
+  EXPECT_EQ(AutoFrameBytes(190000, host, 0, 0, 0), 256 * kKiB) << "a small host tier";
+  // A session's blocks decide, whatever the context.
+  EXPECT_EQ(AutoFrameBytes(10, m, 0, 0, kMiB), kMiB);
+  EXPECT_EQ(AutoFrameBytes(200000, m, 0, 0, 300 * kKiB), 512 * kKiB);
+  EXPECT_EQ(AutoFrameBytes(200000, m, 0, 0, 8 * kKiB), 64 * kKiB);
+  EXPECT_EQ(AutoFrameBytes(10, m, 0, 0, 5 * kMiB), 4 * kMiB);
+
+  testing::TempDir dir;
+  RunOptions o;
+  o.model = "builtin:tiny-moe";
+  o.prompt = "Once upon a time, in a tiered memory,";
+  o.n_predict = 4;
+  o.threads = 2;
+  o.memory.mlock = MlockMode::kOff;
+  o.memory.host_bytes = 128 * kMiB;
+  o.memory.frame_bytes = kMiB;
+  o.session = dir.path() + "/s.tkv";
+  auto first = RunSession(o);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->frame_bytes, kMiB);
+  RunOptions again = o;
+  again.auto_frame = true;  // a short context alone would pick 256 KiB
+  again.memory.frame_bytes = 256 * kKiB;
+  auto second = RunSession(again);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(second->frame_bytes, kMiB) << "the session's frame";
+  EXPECT_GT(second->reused_prefix_tokens, 0);
+  EXPECT_EQ(second->ToJson()["frame_bytes"], kMiB);
+  RunOptions fresh = again;
+  fresh.session.clear();
+  auto third = RunSession(fresh);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  EXPECT_EQ(third->frame_bytes, 256 * kKiB) << "no session, short context";
+  EXPECT_EQ(third->generated_tokens, first->generated_tokens) << "the frame changes no token";
+}
+
 TEST(BuiltinModelTest, AWeightPageLargerThanTheComputeTierIsRefused) {
   std::shared_ptr<const GgufFile> file = BuildBuiltinModel("tiny-moe").value();
   auto model = Model::Load(file, {});

@@ -12,11 +12,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cassert>
 #include <bit>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -261,18 +262,27 @@ TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd, const uint8_t* 
   }
 }
 
-void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
-                     size_t stride) {
+// fn(group size as an integral_constant, its queries, its score rows) for the heads in
+// groups of up to kTileGroup.
+template <typename F>
+void ForTileHeadGroups(const float* q, int heads, size_t hd, float* scores, size_t stride, F&& fn) {
   for (int h = 0; h < heads; h += kTileGroup) {
     const float* qh = q + static_cast<size_t>(h) * hd;
     float* sh = scores + static_cast<size_t>(h) * stride;
     switch (std::min(kTileGroup, heads - h)) {
-      case 1: DotF16TiledAvx2Heads<1>(qh, hd, k, n, sh, stride); break;
-      case 2: DotF16TiledAvx2Heads<2>(qh, hd, k, n, sh, stride); break;
-      case 3: DotF16TiledAvx2Heads<3>(qh, hd, k, n, sh, stride); break;
-      default: DotF16TiledAvx2Heads<4>(qh, hd, k, n, sh, stride); break;
+      case 1: fn(std::integral_constant<int, 1>{}, qh, sh); break;
+      case 2: fn(std::integral_constant<int, 2>{}, qh, sh); break;
+      case 3: fn(std::integral_constant<int, 3>{}, qh, sh); break;
+      default: fn(std::integral_constant<int, 4>{}, qh, sh); break;
     }
   }
+}
+
+void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
+                     size_t stride) {
+  ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
+    DotF16TiledAvx2Heads<decltype(group)::value>(qh, hd, k, n, sh, stride);
+  });
 }
 
 // ---- f16, AVX-512: many tokens and heads per call ------------------------------------
@@ -601,16 +611,9 @@ TIERKV_AVX512 void DotF16TiledAvx512Heads(const float* q, size_t hd_arg, const u
 template <int kHd>
 void DotF16TiledAvx512Dim(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
                           size_t stride) {
-  for (int h = 0; h < heads; h += kTileGroup) {
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    float* sh = scores + static_cast<size_t>(h) * stride;
-    switch (std::min(kTileGroup, heads - h)) {
-      case 1: DotF16TiledAvx512Heads<1, kHd>(qh, hd, k, n, sh, stride); break;
-      case 2: DotF16TiledAvx512Heads<2, kHd>(qh, hd, k, n, sh, stride); break;
-      case 3: DotF16TiledAvx512Heads<3, kHd>(qh, hd, k, n, sh, stride); break;
-      default: DotF16TiledAvx512Heads<4, kHd>(qh, hd, k, n, sh, stride); break;
-    }
-  }
+  ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
+    DotF16TiledAvx512Heads<decltype(group)::value, kHd>(qh, hd, k, n, sh, stride);
+  });
 }
 
 void DotF16TiledAvx512(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,

@@ -121,19 +121,25 @@ TEST(BuiltinModelTest, ExpertPopularityIsSkewed) {
   EXPECT_GT(low, 2 * high) << "experts 0-7 chosen " << low << " times, 24-31 " << high;
 }
 
-TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
-  testing::TempDir dir;
+// A short tiny-moe run with a session file in dir (mlock off, two threads).
+RunOptions TinyMoeSession(const testing::TempDir& dir, int n_predict) {
   RunOptions o;
   o.model = "builtin:tiny-moe";
   o.prompt = "Once upon a time, in a tiered memory,";
-  o.n_predict = 16;
+  o.n_predict = n_predict;
   o.threads = 2;
   o.memory.mlock = MlockMode::kOff;
+  o.session = dir.path() + "/s.tkv";
+  return o;
+}
+
+TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
+  testing::TempDir dir;
+  RunOptions o = TinyMoeSession(dir, 16);
   o.memory.frame_bytes = 64 * 1024;
   o.memory.device = DeviceKind::kSim;
   o.memory.device_bytes = 8 << 20;
   o.memory.host_bytes = 64 << 20;
-  o.session = dir.path() + "/s.tkv";
   auto r = RunSession(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->generated_tokens.size(), 16u);
@@ -184,15 +190,9 @@ TEST(BuiltinModelTest, AutoFrameRule) {
   EXPECT_EQ(AutoFrameBytes(10, m, 0, 0, 5 * kMiB), 4 * kMiB);
 
   testing::TempDir dir;
-  RunOptions o;
-  o.model = "builtin:tiny-moe";
-  o.prompt = "Once upon a time, in a tiered memory,";
-  o.n_predict = 4;
-  o.threads = 2;
-  o.memory.mlock = MlockMode::kOff;
+  RunOptions o = TinyMoeSession(dir, 4);
   o.memory.host_bytes = 128 * kMiB;
   o.memory.frame_bytes = kMiB;
-  o.session = dir.path() + "/s.tkv";
   auto first = RunSession(o);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(first->frame_bytes, kMiB);

@@ -688,11 +688,13 @@ void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKv
 // The whole two-pass form over one batch that holds every block of the sequence (the
 // usual case: the layer's KV fits the compute tier), with the arithmetic of
 // AttentionScores + AttentionSoftmax + AttentionValues, bit for bit, in fewer fork-joins:
-// a KV head's softmax and values follow its scores in the same task, while its rows are
-// still in that thread's cache. With at least two KV heads per thread the whole head is
-// one task; with at least one, pass 1 stays split into block ranges (one more join);
-// with fewer KV heads than threads (a wide pool), the three calls, whose softmax runs
-// in parallel over query heads.
+// a KV head's scores, softmax and values are one task, its rows still in that thread's
+// cache and their max kept by the scores pass, when there are at least as many KV heads
+// as threads (ref-qwen3moe's two on two threads included: splitting its pass 1 into
+// block ranges instead, as until the fourth session of 2026-12-01, left each thread the
+// other's score rows to read; attention_bench qwen3moe fused at 16K 131 / 130 / 137 ->
+// 113 / 110 / 118 us, alternated); with fewer KV heads than threads (a wide pool), the
+// three calls, whose pass 1 splits into block ranges and softmax into query heads.
 // REQUIRES: AttentionBegin; kv covers the sequence's first block onwards.
 template <AttentionCodec Codec>
 void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
@@ -700,7 +702,7 @@ void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedK
   const int threads = pool != nullptr ? pool->size() : 1;
   const int group = p.n_heads / p.n_kv_heads;
   const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim * 2;
-  if (p.n_kv_heads >= 2 * threads) {
+  if (p.n_kv_heads >= threads) {
     const int64_t end = attention_internal::GrowScoreRows(p, kv, st);
     st->n_keys = end;  // the rows' length, for SoftmaxHeads; filled before they are read
     attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t task) {
@@ -712,15 +714,8 @@ void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedK
     return;
   }
   AttentionScores(codec, p, kv, st, pool);
-  if (p.n_kv_heads < threads) {
-    AttentionSoftmax(p, st, pool);
-    AttentionValues(codec, p, kv, st, pool);
-    return;
-  }
-  attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
-    attention_internal::SoftmaxHeads(p, st, static_cast<int>(g) * group, static_cast<int>(g + 1) * group);
-    attention_internal::ValueBlocks(codec, p, kv, st, static_cast<int>(g));
-  });
+  AttentionSoftmax(p, st, pool);
+  AttentionValues(codec, p, kv, st, pool);
 }
 
 // out[n_heads * head_dim]: the attention output of every head (either form). A head

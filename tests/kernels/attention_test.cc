@@ -362,8 +362,8 @@ TEST(AttentionTest, LargeBatchingAndThreadsAreBitIdentical) {
 }
 
 // AttentionTwoPass (one batch, the passes fused per KV head) is the three separate calls,
-// bit for bit: with at least two KV heads per thread (one task per head) and with fewer
-// (pass 1 split into block ranges), with and without a pool, and with a causal cut.
+// bit for bit: with at least as many KV heads as threads (one task per head) and with
+// fewer (the three calls), with and without a pool, and with a causal cut.
 TEST(AttentionTest, FusedTwoPassIsTheThreeCalls) {
   for (int n_kv : {8, 4, 2, 1}) {
     F32Codec codec(32);

@@ -10,7 +10,7 @@
 // Weight bytes: every tensor's n_bytes, except that the token embedding lookup reads
 // one row (a tied output projection then reads the whole token_embd as well) and MoE
 // expert tensors (*_exps) count n_expert_used / n_expert of their bytes. KV bytes: the
-// step attends over depth + 1 tokens (its own included), (depth + 1) * token_bytes.
+// step attends over depth + 2 tokens (its own included), (depth + 2) * token_bytes.
 //
 // The read bandwidth is a streaming read (a sum of 64-bit words) over a buffer of the
 // same size as bytes/token, on the model's own thread pool (same threads), so cache
@@ -20,12 +20,14 @@
 // times' quotient. `dram_GBps` is a 1 GiB read measured once per model (reported
 // beside, with `ratio_dram`), and `read_bandwidth/1GiB` measures it on its own.
 //
-// The KV cache is filled to the depth directly (deterministic random K/V written with
-// KvCache::Write, no forward passes); every step runs Forward(token, pos = depth) with
-// logits and is truncated back to the depth afterwards (not timed). The depths are
-// multiples of the block size, so each timed step also allocates the new token's block
-// on every layer (as a real decode does once per block_tokens steps); `block_alloc_us`
-// says what that costs (AppendToken + Truncate alone).
+// The KV cache is filled to depth + 1 tokens directly (deterministic random K/V written
+// with KvCache::Write, no forward passes); every step runs Forward(token, pos = depth +
+// 1) with logits and is truncated back afterwards (not timed). The depths are multiples
+// of the block size, so the step's token lands in a block that already exists, as in
+// block_tokens - 1 of every block_tokens steps of a real decode. Until 2026-12-02 the
+// step ran at pos = depth and so allocated (and zeroed) a new block on every layer in
+// every timed step; `block_alloc_us` still says what that costs (AppendToken at the
+// block boundary + Truncate, measured apart).
 //
 //   flock /tmp/tierkv-build.lock ./build/release/bench/decode_bench
 //       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true  (one line)
@@ -147,7 +149,7 @@ uint64_t WeightBytesPerToken(const GgufFile& file, const ModelConfig& cfg) {
 
 // ---- one model ------------------------------------------------------------------------
 
-// A loaded model with a KV cache big enough for kMaxDepth + 1 tokens on the Host tier.
+// A loaded model with a KV cache big enough for kMaxDepth + 2 tokens on the Host tier.
 // Only one is alive at a time (they run one after the other).
 struct ModelRun {
   std::string path;
@@ -220,13 +222,13 @@ Result<ModelRun*> GetRun(const std::string& path) {
   mo.threads = 0;  // every core
   TIERKV_ASSIGN_OR_RETURN(run->model, Model::Load(file, mo));
 
-  // Host tier: the KV of kMaxDepth + 1 tokens plus an eighth and a few frames for the
+  // Host tier: the KV of kMaxDepth + 2 tokens plus an eighth and a few frames for the
   // partly filled last blocks.
   const KvGeometry want = run->model->KvGeometryFor(KvCodec::kF16);
   const uint64_t token_bytes = 2ull * want.n_layers * want.n_kv_heads * want.head_dim * 2;  // f16
   MemoryOptions mem;
   mem.frame_bytes = BenchFrameBytes();
-  mem.host_bytes = token_bytes * (kMaxDepth + 1) * 9 / 8 + 16 * mem.frame_bytes;
+  mem.host_bytes = token_bytes * (kMaxDepth + 2) * 9 / 8 + 16 * mem.frame_bytes;
   mem.host_bytes = (mem.host_bytes + mem.frame_bytes - 1) / mem.frame_bytes * mem.frame_bytes;
   mem.mlock = MlockMode::kOff;  // ulimit -l is small on the bench machines
   TIERKV_ASSIGN_OR_RETURN(run->mm, MemoryManager::Create(mem));
@@ -254,42 +256,41 @@ void BM_Decode(benchmark::State& state, std::string path, int depth) {
   Model& model = *run.model;
   KvCache& cache = *run.cache;
   kernels::ThreadPool& pool = model.pool();
-  const uint64_t kv_bytes = static_cast<uint64_t>(depth + 1) * cache.token_bytes();
+  const uint64_t kv_bytes = static_cast<uint64_t>(depth + 2) * cache.token_bytes();
   const uint64_t bytes = run.weight_bytes + kv_bytes;
   run.buffer.Resize(bytes);
 
-  // Warm-up (first touch of the weights' file pages, the scratch buffers).
-  st = model.Forward(cache, run.seq, run.NextToken(), depth, run.logits);
-  if (st.ok()) st = cache.Truncate(run.seq, depth);
+  // What a new block costs: AppendToken at the block boundary (a block per layer,
+  // allocated and zeroed) and Truncate back, median of 9. Not part of the timed steps.
+  std::vector<double> append_s;
+  for (int i = 0; i < 9 && st.ok(); ++i) {
+    const auto t0 = Clock::now();
+    auto at = cache.AppendToken(run.seq);
+    st = at.ok() ? cache.Truncate(run.seq, depth) : at.status();
+    append_s.push_back(Seconds(t0, Clock::now()));
+  }
+  std::sort(append_s.begin(), append_s.end());
+
+  // The step's block exists. Warm-up: first touch of the weights' file pages and the
+  // scratch buffers.
+  const int pos = depth + 1;
+  if (st.ok()) st = run.FillTo(pos);
+  if (st.ok()) st = model.Forward(cache, run.seq, run.NextToken(), pos, run.logits);
+  if (st.ok()) st = cache.Truncate(run.seq, pos);
   if (!st.ok()) {
     state.SkipWithError(st.ToString().c_str());
     return;
   }
   (void)run.buffer.Read(pool);
 
-  // What the new block costs: AppendToken (a block per layer, allocated on the copy
-  // stream) and Truncate back, median of 9. Part of every timed step here.
-  std::vector<double> append_s;
-  for (int i = 0; i < 9 && st.ok(); ++i) {
-    const auto t0 = Clock::now();
-    auto pos = cache.AppendToken(run.seq);
-    st = pos.ok() ? cache.Truncate(run.seq, depth) : pos.status();
-    append_s.push_back(Seconds(t0, Clock::now()));
-  }
-  if (!st.ok()) {
-    state.SkipWithError(st.ToString().c_str());
-    return;
-  }
-  std::sort(append_s.begin(), append_s.end());
-
   double decode_s = 0, read_s = 0;
   for (auto _ : state) {
     read_s += run.buffer.Read(pool);
     const int32_t token = run.NextToken();
     const auto t0 = Clock::now();
-    st = model.Forward(cache, run.seq, token, depth, run.logits);
+    st = model.Forward(cache, run.seq, token, pos, run.logits);
     const auto t1 = Clock::now();
-    if (st.ok()) st = cache.Truncate(run.seq, depth);
+    if (st.ok()) st = cache.Truncate(run.seq, pos);
     if (!st.ok()) {
       state.SkipWithError(st.ToString().c_str());
       break;

@@ -41,8 +41,9 @@
 // AccumulateMany on its own (the same bits either way: the grouped forms must equal the
 // per-head ones).
 //
-// Parallel tasks are KV heads (each with all its query heads), and in pass 1 also ranges
-// of blocks (scores are independent of each other). Every head's arithmetic runs in the
+// Parallel tasks are KV heads (each with all its query heads; pairs of KV heads in pass 2
+// when there are two per thread, through a RunsValueCodec), and in pass 1 also ranges of
+// blocks (scores are independent of each other). Every head's arithmetic runs in the
 // same order as with one thread and one batch; no sum crosses a task boundary.
 //
 // Thread-safety: an AttentionState belongs to one caller; tasks run in parallel on the
@@ -93,6 +94,13 @@ concept GroupedAttentionCodec =
       c.DotManyGroup(f, heads, enc, n, out, n);
       c.AccumulateManyGroup(f, n, heads, enc, n, out);
     };
+
+// Optional: AccumulateManyGroup over `runs` KV heads at once (run r's vectors at enc + r
+// * run_stride bytes, its query heads' rows after run r - 1's), per head bit-identical.
+template <typename C>
+concept RunsValueCodec = requires(const C& c, const float* f, float* out, const void* enc, size_t n, int heads) {
+  c.AccumulateManyGroupRuns(f, n, heads, heads, enc, n, n, out);
+};
 
 // Optional: scores of keys stored as tiles (kvcache's key tiles), per (head, key)
 // bit-identical to DotManyGroup over the same keys stored vector by vector.
@@ -621,26 +629,49 @@ inline void SoftmaxHeads(const AttentionParams& p, AttentionState* st, int h0, i
   }
 }
 
-// Pass 2 of KV head g over every block of the batch, in order.
+// Pass 2 of KV heads [g, g + runs) over every block of the batch, in order. A block's V
+// runs of consecutive KV heads are run_bytes apart, so a RunsValueCodec takes them in one
+// call (more independent sums in flight); the bits are those of one KV head at a time.
 template <AttentionCodec Codec>
-void ValueBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int g) {
+void ValueBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st, int g,
+                 int runs = 1) {
   const size_t stride = st->probs.size() / static_cast<size_t>(p.n_heads);
   const size_t hd = static_cast<size_t>(p.head_dim);
   const int group = p.n_heads / p.n_kv_heads;
   const size_t vb = kv.vector_bytes;
-  const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
+  const size_t run_bytes = static_cast<size_t>(kv.block_tokens) * vb;
+  const size_t half = static_cast<size_t>(kv.n_kv_heads) * run_bytes;
   const size_t h0 = static_cast<size_t>(g) * static_cast<size_t>(group);
   const float* rows = st->probs.data() + h0 * stride;
   float* acc = st->acc.data() + h0 * hd;
-  const size_t head_run = static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
+  const size_t head_run = static_cast<size_t>(g) * run_bytes;
   for (int b = 0; b < kv.n_blocks; ++b) {
     int64_t start;
     const int64_t n = BlockKeys(p, kv, b, &start);
     if (n <= 0) continue;
     const std::byte* v = kv.blocks[b] + half + head_run;
-    if (b + 1 < kv.n_blocks) PrefetchLines(kv.blocks[b + 1] + half + head_run, kRunPrefetchBytes);
-    AccumulateGroup(codec, rows + start, stride, group, hd, v, static_cast<size_t>(n), acc);
+    if (b + 1 < kv.n_blocks) {
+      const std::byte* next = kv.blocks[b + 1] + half + head_run;
+      for (int r = 0; r < runs; ++r) PrefetchLines(next + r * run_bytes, kRunPrefetchBytes);
+    }
+    if constexpr (RunsValueCodec<Codec>) {
+      if (runs > 1) {
+        codec.AccumulateManyGroupRuns(rows + start, stride, group, runs, v, run_bytes, static_cast<size_t>(n), acc);
+        continue;
+      }
+    }
+    for (int r = 0; r < runs; ++r) {
+      const size_t hr = static_cast<size_t>(r) * static_cast<size_t>(group);
+      AccumulateGroup(codec, rows + start + hr * stride, stride, group, hd, v + r * run_bytes,
+                      static_cast<size_t>(n), acc + hr * hd);
+    }
   }
+}
+
+// KV heads per pass-2 task: two when there are at least two per thread (an even count),
+// so each task has twice the independent sums; else one.
+inline int ValueRuns(const AttentionParams& p, int threads) {
+  return p.n_kv_heads % 2 == 0 && p.n_kv_heads >= 2 * threads ? 2 : 1;
 }
 
 }  // namespace attention_internal
@@ -679,9 +710,10 @@ template <AttentionCodec Codec>
 void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
                      ThreadPool* pool) {
   const int64_t work = static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * p.n_heads * p.head_dim;
-  // One task per KV head: each accumulator sums its tokens in order.
-  attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t g) {
-    attention_internal::ValueBlocks(codec, p, kv, st, static_cast<int>(g));
+  // A task per KV head (or pair of them): each accumulator sums its tokens in order.
+  const int runs = attention_internal::ValueRuns(p, pool != nullptr ? pool->size() : 1);
+  attention_internal::ForTasks(p.n_kv_heads / runs, work, pool, [&](int64_t task) {
+    attention_internal::ValueBlocks(codec, p, kv, st, static_cast<int>(task) * runs, runs);
   });
 }
 
@@ -705,11 +737,14 @@ void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedK
   if (p.n_kv_heads >= threads) {
     const int64_t end = attention_internal::GrowScoreRows(p, kv, st);
     st->n_keys = end;  // the rows' length, for SoftmaxHeads; filled before they are read
-    attention_internal::ForTasks(p.n_kv_heads, work, pool, [&](int64_t task) {
-      const int g = static_cast<int>(task);
-      attention_internal::ScoreBlocks(codec, p, kv, st, g, 0, kv.n_blocks, /*track_max=*/true);
-      attention_internal::SoftmaxHeads(p, st, g * group, (g + 1) * group, /*known_max=*/true);
-      attention_internal::ValueBlocks(codec, p, kv, st, g);
+    const int runs = attention_internal::ValueRuns(p, threads);
+    attention_internal::ForTasks(p.n_kv_heads / runs, work, pool, [&](int64_t task) {
+      const int g0 = static_cast<int>(task) * runs;
+      for (int g = g0; g < g0 + runs; ++g) {
+        attention_internal::ScoreBlocks(codec, p, kv, st, g, 0, kv.n_blocks, /*track_max=*/true);
+        attention_internal::SoftmaxHeads(p, st, g * group, (g + 1) * group, /*known_max=*/true);
+      }
+      attention_internal::ValueBlocks(codec, p, kv, st, g0, runs);
     });
     return;
   }

@@ -81,6 +81,17 @@ void VectorCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads
   }
 }
 
+void VectorCodec::AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs,
+                                          const void* v_enc, size_t run_stride, size_t n,
+                                          float* acc) const {
+  for (int r = 0; r < runs; ++r) {
+    const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+    AccumulateManyGroup(w + h0 * w_stride, w_stride, heads,
+                        static_cast<const uint8_t*>(v_enc) + static_cast<size_t>(r) * run_stride, n,
+                        acc + h0 * static_cast<size_t>(head_dim_));
+  }
+}
+
 // Codecs without key tiles never get these calls (KeyTiles is false for them); they
 // leave their outputs untouched.
 void VectorCodec::EncodeKeyInTile(const float*, void*, int) const { assert(false && "no key tiles"); }
@@ -496,22 +507,100 @@ void DotF16GroupAvx512Any(const float* q, int heads, const uint8_t* k, size_t n,
 template <int kV, int kH>
 TIERKV_AVX512 void AccumulateF16TileAvx512(const float* w, size_t w_stride, const uint8_t* v, size_t n, size_t vb,
                                            float* acc, size_t hd) {
+  // Every loop over h and i unrolled: otherwise GCC 12 (-O3) keeps a[][] in memory once
+  // kH * kV >= 4 and stores all of it on every token (16 stores a token for head_dim 128).
   __m512 a[kH][kV];
+#pragma GCC unroll 16
   for (int h = 0; h < kH; ++h) {
+#pragma GCC unroll 16
     for (int i = 0; i < kV; ++i) a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
   }
   for (size_t t = 0; t < n; ++t) {
     const uint8_t* vt = v + t * vb;
     PrefetchVector(vt, 32 * kV);
     __m512 x[kV];
+#pragma GCC unroll 16
     for (int i = 0; i < kV; ++i) x[i] = LoadHalf16(vt + 32 * i);
+#pragma GCC unroll 16
     for (int h = 0; h < kH; ++h) {
       const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
+#pragma GCC unroll 16
       for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, x[i], a[h][i]);
     }
   }
+#pragma GCC unroll 16
   for (int h = 0; h < kH; ++h) {
+#pragma GCC unroll 16
     for (int i = 0; i < kV; ++i) _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
+  }
+}
+
+// AccumulateF16TileAvx512 for two runs of V (v and v + run_stride), kH heads each (rows
+// [0, kH) of w and acc for the first, [kH, 2 kH) for the second): twice the chains in
+// flight, each head's multiply-adds unchanged.
+template <int kV, int kH>
+TIERKV_AVX512 void AccumulateF16Tile2Avx512(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride,
+                                            size_t n, size_t vb, float* acc, size_t hd) {
+  __m512 a[kH][kV], b[kH][kV];
+  const float* w1 = w + static_cast<size_t>(kH) * w_stride;
+  float* acc1 = acc + static_cast<size_t>(kH) * hd;
+#pragma GCC unroll 16
+  for (int h = 0; h < kH; ++h) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) {
+      a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
+      b[h][i] = _mm512_loadu_ps(acc1 + static_cast<size_t>(h) * hd + 16 * i);
+    }
+  }
+  const uint8_t* v1 = v + run_stride;
+  for (size_t t = 0; t < n; ++t) {
+    const uint8_t* vt = v + t * vb;
+    const uint8_t* ut = v1 + t * vb;
+    PrefetchVector(vt, 32 * kV);
+    PrefetchVector(ut, 32 * kV);
+    __m512 x[kV], y[kV];
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) x[i] = LoadHalf16(vt + 32 * i);
+#pragma GCC unroll 16
+    for (int h = 0; h < kH; ++h) {
+      const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
+#pragma GCC unroll 16
+      for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, x[i], a[h][i]);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) y[i] = LoadHalf16(ut + 32 * i);
+#pragma GCC unroll 16
+    for (int h = 0; h < kH; ++h) {
+      const __m512 wv = _mm512_set1_ps(w1[static_cast<size_t>(h) * w_stride + t]);
+#pragma GCC unroll 16
+      for (int i = 0; i < kV; ++i) b[h][i] = _mm512_fmadd_ps(wv, y[i], b[h][i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < kH; ++h) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) {
+      _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
+      _mm512_storeu_ps(acc1 + static_cast<size_t>(h) * hd + 16 * i, b[h][i]);
+    }
+  }
+}
+
+// Two runs whose heads' chains fit 16 accumulators: true if it ran (heads of head_dim
+// 16 or 32, at most 16 / kV per pair of runs).
+bool AccumulateF16PairAvx512(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t run_stride,
+                             size_t n, size_t vb, int nv, float* acc) {
+  const size_t hd = 16 * static_cast<size_t>(nv);
+  switch (nv * 8 + heads) {
+    case 1 * 8 + 1: AccumulateF16Tile2Avx512<1, 1>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 1 * 8 + 2: AccumulateF16Tile2Avx512<1, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 1 * 8 + 4: AccumulateF16Tile2Avx512<1, 4>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 2 * 8 + 1: AccumulateF16Tile2Avx512<2, 1>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 2 * 8 + 2: AccumulateF16Tile2Avx512<2, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 2 * 8 + 4: AccumulateF16Tile2Avx512<2, 4>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 4 * 8 + 1: AccumulateF16Tile2Avx512<4, 1>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 4 * 8 + 2: AccumulateF16Tile2Avx512<4, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    default: return false;
   }
 }
 
@@ -841,6 +930,32 @@ class F16Codec final : public VectorCodec {
       const float* wh = w + static_cast<size_t>(h) * w_stride;
       for (size_t i = 0; i < n; ++i) k_.accumulate(wh[i], p + i * vector_bytes(), head_dim(), acc + h * hd);
     }
+  }
+  void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
+                               size_t run_stride, size_t n, float* acc) const override {
+    const auto* p = static_cast<const uint8_t*>(v_enc);
+#if defined(TIERKV_CODEC_X86)
+    // Pairs of runs while the pair's chains fit the registers (at most 16 accumulators:
+    // heads of head_dim 16, 32 or 64 in small groups, where one run alone is latency-bound).
+    const size_t hd = static_cast<size_t>(head_dim());
+    int r = 0;
+    if (avx512_) {
+      for (; r + 2 <= runs; r += 2) {
+        const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+        if (!AccumulateF16PairAvx512(w + h0 * w_stride, w_stride, heads, p + static_cast<size_t>(r) * run_stride,
+                                     run_stride, n, vector_bytes(), head_dim() / 16, acc + h0 * hd)) {
+          break;
+        }
+      }
+    }
+    if (r > 0) {
+      const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+      return VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
+                                                  p + static_cast<size_t>(r) * run_stride, run_stride, n,
+                                                  acc + h0 * hd);
+    }
+#endif
+    VectorCodec::AccumulateManyGroupRuns(w, w_stride, heads, runs, p, run_stride, n, acc);
   }
   bool KeyTiles(int block_tokens) const override {
     return head_dim() % 8 == 0 && block_tokens > 0 && block_tokens % kKeyTileTokens == 0;

@@ -107,6 +107,14 @@ class VectorCodec {
   // w: [heads][w_stride], the first n of each row; acc: [heads][head_dim].
   virtual void AccumulateManyGroup(const float* w, size_t w_stride, int heads,
                                    const void* v_enc, size_t n, float* acc) const;
+  // AccumulateManyGroup for `runs` KV heads at once: run r's n vectors start at v_enc +
+  // r * run_stride bytes and feed query heads [r * heads, (r + 1) * heads) of w and acc.
+  // Each head's sum is a chain of dependent multiply-adds in token order, so a few heads
+  // of head_dim 32 leave the FMA units waiting on latency; two runs side by side give
+  // them twice the independent chains. Per head bit-identical to AccumulateMany.
+  virtual void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs,
+                                       const void* v_enc, size_t run_stride, size_t n,
+                                       float* acc) const;
 
   // Key tiles. A cache whose blocks hold a multiple of kKeyTileTokens tokens may store
   // each KV head's keys as tiles of kKeyTileTokens consecutive keys, dimension by

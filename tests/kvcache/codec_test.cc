@@ -544,6 +544,54 @@ void CheckGroupedAgainstSingle(KvCodec codec, int d) {
   }
 }
 
+// AccumulateManyGroupRuns (several KV heads' runs at once, as two-pass attention's pass 2
+// does with two KV heads per thread) gives every head the single-vector calls' bits: run
+// counts that pair and leave one over, head counts inside and outside the paired kernels.
+void CheckRunsAgainstSingle(KvCodec codec, int d) {
+  std::unique_ptr<VectorCodec> c = MakeCodec(codec, d);
+  ASSERT_NE(c, nullptr);
+  const size_t vb = c->vector_bytes();
+  constexpr int kTokens = 23;
+  const size_t run_stride = kTokens * vb + 3;  // runs apart by more than their bytes, unaligned
+  for (int runs : {1, 2, 3, 4}) {
+    const std::vector<float> kv = RandomRows(runs * kTokens, d, 71 + d + runs, true);
+    std::vector<uint8_t> enc(runs * run_stride + 1);
+    uint8_t* base = enc.data() + 1;
+    for (int r = 0; r < runs; ++r) {
+      c->EncodeMany(&kv[static_cast<size_t>(r) * kTokens * d], kTokens, base + r * run_stride);
+    }
+    for (int heads : {1, 2, 3, 4}) {
+      for (int n : {1, 16, kTokens}) {
+        SCOPED_TRACE(Name({codec, d}) + " runs " + std::to_string(runs) + " heads " + std::to_string(heads) +
+                     " tokens " + std::to_string(n) + " " + c->kernel_name());
+        const size_t stride = static_cast<size_t>(n) + 5;
+        const int rows = runs * heads;
+        std::vector<float> w(rows * stride);
+        for (size_t i = 0; i < w.size(); ++i) w[i] = 0.01f + std::fabs(std::sin(static_cast<float>(i) * 0.7f));
+        std::vector<float> acc(static_cast<size_t>(rows) * d), want(acc.size());
+        for (size_t i = 0; i < acc.size(); ++i) acc[i] = want[i] = 0.5f * std::cos(static_cast<float>(i));
+        c->AccumulateManyGroupRuns(w.data(), stride, heads, runs, base, run_stride, n, acc.data());
+        for (int h = 0; h < rows; ++h) {
+          const uint8_t* run = base + (h / heads) * run_stride;
+          for (int t = 0; t < n; ++t) c->Accumulate(w[h * stride + t], run + t * vb, &want[h * d]);
+        }
+        for (size_t i = 0; i < acc.size(); ++i) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(acc[i]), std::bit_cast<uint32_t>(want[i])) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(CodecGroupTest, RunsMatchSingleVectorCalls) {
+  for (bool generic : {false, true}) {
+    ForceGenericKernels(generic);
+    for (int d : {16, 32, 64, 128}) CheckRunsAgainstSingle(KvCodec::kF16, d);
+    for (const CodecDim& cd : kAllCodecDims) CheckRunsAgainstSingle(cd.codec, cd.head_dim);
+  }
+  ForceGenericKernels(false);
+}
+
 TEST(CodecGroupTest, GroupedAndBatchedFormsMatchSingleVectorCalls) {
   for (bool generic : {false, true}) {
     ForceGenericKernels(generic);

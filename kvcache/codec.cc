@@ -502,104 +502,59 @@ void DotF16GroupAvx512Any(const float* q, int heads, const uint8_t* k, size_t n,
   }
 }
 
-// acc[h][16 * i ...] += w[h * w_stride + t] * v_t for kH heads, kV 16-float vectors of
-// each accumulator (held in registers over all n tokens), tokens in order.
-template <int kV, int kH>
-TIERKV_AVX512 void AccumulateF16TileAvx512(const float* w, size_t w_stride, const uint8_t* v, size_t n, size_t vb,
-                                           float* acc, size_t hd) {
-  // Every loop over h and i unrolled: otherwise GCC 12 (-O3) keeps a[][] in memory once
-  // kH * kV >= 4 and stores all of it on every token (16 stores a token for head_dim 128).
-  __m512 a[kH][kV];
+// acc[h][16 * i ...] += w[h * w_stride + t] * v_t for kH heads of each of kR runs of V
+// (run r at v + r * run_stride, its heads rows r * kH .. of w and acc), kV 16-float
+// vectors per accumulator (held in registers over all n tokens), tokens in order. More
+// runs, more independent chains in flight; each head's multiply-adds are the same.
+template <int kV, int kH, int kR = 1>
+TIERKV_AVX512 void AccumulateF16TileAvx512(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride,
+                                           size_t n, size_t vb, float* acc, size_t hd) {
+  // Every loop over heads and vectors unrolled: otherwise GCC 12 (-O3) keeps a[][] in
+  // memory once there are four or more vectors and stores all of it on every token (16
+  // stores a token for head_dim 128).
+  __m512 a[kR * kH][kV];
 #pragma GCC unroll 16
-  for (int h = 0; h < kH; ++h) {
+  for (int h = 0; h < kR * kH; ++h) {
 #pragma GCC unroll 16
     for (int i = 0; i < kV; ++i) a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
   }
   for (size_t t = 0; t < n; ++t) {
-    const uint8_t* vt = v + t * vb;
-    PrefetchVector(vt, 32 * kV);
-    __m512 x[kV];
+#pragma GCC unroll 4
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* vt = v + static_cast<size_t>(r) * run_stride + t * vb;
+      PrefetchVector(vt, 32 * kV);
+      __m512 x[kV];
 #pragma GCC unroll 16
-    for (int i = 0; i < kV; ++i) x[i] = LoadHalf16(vt + 32 * i);
+      for (int i = 0; i < kV; ++i) x[i] = LoadHalf16(vt + 32 * i);
 #pragma GCC unroll 16
-    for (int h = 0; h < kH; ++h) {
-      const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
+      for (int h = r * kH; h < (r + 1) * kH; ++h) {
+        const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
 #pragma GCC unroll 16
-      for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, x[i], a[h][i]);
+        for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, x[i], a[h][i]);
+      }
     }
   }
 #pragma GCC unroll 16
-  for (int h = 0; h < kH; ++h) {
+  for (int h = 0; h < kR * kH; ++h) {
 #pragma GCC unroll 16
     for (int i = 0; i < kV; ++i) _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
   }
 }
 
-// AccumulateF16TileAvx512 for two runs of V (v and v + run_stride), kH heads each (rows
-// [0, kH) of w and acc for the first, [kH, 2 kH) for the second): twice the chains in
-// flight, each head's multiply-adds unchanged.
-template <int kV, int kH>
-TIERKV_AVX512 void AccumulateF16Tile2Avx512(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride,
-                                            size_t n, size_t vb, float* acc, size_t hd) {
-  __m512 a[kH][kV], b[kH][kV];
-  const float* w1 = w + static_cast<size_t>(kH) * w_stride;
-  float* acc1 = acc + static_cast<size_t>(kH) * hd;
-#pragma GCC unroll 16
-  for (int h = 0; h < kH; ++h) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kV; ++i) {
-      a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
-      b[h][i] = _mm512_loadu_ps(acc1 + static_cast<size_t>(h) * hd + 16 * i);
-    }
-  }
-  const uint8_t* v1 = v + run_stride;
-  for (size_t t = 0; t < n; ++t) {
-    const uint8_t* vt = v + t * vb;
-    const uint8_t* ut = v1 + t * vb;
-    PrefetchVector(vt, 32 * kV);
-    PrefetchVector(ut, 32 * kV);
-    __m512 x[kV], y[kV];
-#pragma GCC unroll 16
-    for (int i = 0; i < kV; ++i) x[i] = LoadHalf16(vt + 32 * i);
-#pragma GCC unroll 16
-    for (int h = 0; h < kH; ++h) {
-      const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
-#pragma GCC unroll 16
-      for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, x[i], a[h][i]);
-    }
-#pragma GCC unroll 16
-    for (int i = 0; i < kV; ++i) y[i] = LoadHalf16(ut + 32 * i);
-#pragma GCC unroll 16
-    for (int h = 0; h < kH; ++h) {
-      const __m512 wv = _mm512_set1_ps(w1[static_cast<size_t>(h) * w_stride + t]);
-#pragma GCC unroll 16
-      for (int i = 0; i < kV; ++i) b[h][i] = _mm512_fmadd_ps(wv, y[i], b[h][i]);
-    }
-  }
-#pragma GCC unroll 16
-  for (int h = 0; h < kH; ++h) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kV; ++i) {
-      _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
-      _mm512_storeu_ps(acc1 + static_cast<size_t>(h) * hd + 16 * i, b[h][i]);
-    }
-  }
-}
-
-// Two runs whose heads' chains fit 16 accumulators: true if it ran (heads of head_dim
-// 16 or 32, at most 16 / kV per pair of runs).
+// Two runs at once when their accumulators fit 16 registers (2 x heads x head_dim / 16
+// <= 16, for 1, 2 or 4 heads a run); false if it did not run.
 bool AccumulateF16PairAvx512(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t run_stride,
                              size_t n, size_t vb, int nv, float* acc) {
   const size_t hd = 16 * static_cast<size_t>(nv);
   switch (nv * 8 + heads) {
-    case 1 * 8 + 1: AccumulateF16Tile2Avx512<1, 1>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 1 * 8 + 2: AccumulateF16Tile2Avx512<1, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 1 * 8 + 4: AccumulateF16Tile2Avx512<1, 4>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 2 * 8 + 1: AccumulateF16Tile2Avx512<2, 1>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 2 * 8 + 2: AccumulateF16Tile2Avx512<2, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 2 * 8 + 4: AccumulateF16Tile2Avx512<2, 4>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 4 * 8 + 1: AccumulateF16Tile2Avx512<4, 1>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
-    case 4 * 8 + 2: AccumulateF16Tile2Avx512<4, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 1 * 8 + 1: AccumulateF16TileAvx512<1, 1, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 1 * 8 + 2: AccumulateF16TileAvx512<1, 2, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 1 * 8 + 4: AccumulateF16TileAvx512<1, 4, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 2 * 8 + 1: AccumulateF16TileAvx512<2, 1, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 2 * 8 + 2: AccumulateF16TileAvx512<2, 2, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 2 * 8 + 4: AccumulateF16TileAvx512<2, 4, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 4 * 8 + 1: AccumulateF16TileAvx512<4, 1, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
+    case 4 * 8 + 2: AccumulateF16TileAvx512<4, 2, 2>(w, w_stride, v, run_stride, n, vb, acc, hd); return true;
     default: return false;
   }
 }
@@ -612,16 +567,16 @@ void AccumulateF16ChunkAvx512(const float* w, size_t w_stride, int heads, const 
   int h = 0;
   if constexpr (kMaxHeads >= 4) {
     for (; h + 4 <= heads; h += 4) {
-      AccumulateF16TileAvx512<kV, 4>(w + static_cast<size_t>(h) * w_stride, w_stride, v, n, vb,
+      AccumulateF16TileAvx512<kV, 4>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n, vb,
                                      acc + static_cast<size_t>(h) * hd, hd);
     }
   }
   for (; h + 2 <= heads; h += 2) {
-    AccumulateF16TileAvx512<kV, 2>(w + static_cast<size_t>(h) * w_stride, w_stride, v, n, vb,
+    AccumulateF16TileAvx512<kV, 2>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n, vb,
                                    acc + static_cast<size_t>(h) * hd, hd);
   }
   for (; h < heads; ++h) {
-    AccumulateF16TileAvx512<kV, 1>(w + static_cast<size_t>(h) * w_stride, w_stride, v, n, vb,
+    AccumulateF16TileAvx512<kV, 1>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n, vb,
                                    acc + static_cast<size_t>(h) * hd, hd);
   }
 }

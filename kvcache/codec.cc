@@ -889,28 +889,23 @@ class F16Codec final : public VectorCodec {
   void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
                                size_t run_stride, size_t n, float* acc) const override {
     const auto* p = static_cast<const uint8_t*>(v_enc);
-#if defined(TIERKV_CODEC_X86)
-    // Pairs of runs while the pair's chains fit the registers (at most 16 accumulators:
-    // heads of head_dim 16, 32 or 64 in small groups, where one run alone is latency-bound).
-    const size_t hd = static_cast<size_t>(head_dim());
     int r = 0;
-    if (avx512_) {
-      for (; r + 2 <= runs; r += 2) {
-        const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
-        if (!AccumulateF16PairAvx512(w + h0 * w_stride, w_stride, heads, p + static_cast<size_t>(r) * run_stride,
-                                     run_stride, n, vector_bytes(), head_dim() / 16, acc + h0 * hd)) {
-          break;
-        }
+#if defined(TIERKV_CODEC_X86)
+    // Pairs of runs while a pair's accumulators fit the registers (small groups of heads
+    // of head_dim 16 to 64, where one run alone waits on FMA latency); the rest one by one.
+    const size_t hd = static_cast<size_t>(head_dim());
+    for (; avx512_ && r + 2 <= runs; r += 2) {
+      const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+      if (!AccumulateF16PairAvx512(w + h0 * w_stride, w_stride, heads, p + static_cast<size_t>(r) * run_stride,
+                                   run_stride, n, vector_bytes(), head_dim() / 16, acc + h0 * hd)) {
+        break;
       }
     }
-    if (r > 0) {
-      const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
-      return VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
-                                                  p + static_cast<size_t>(r) * run_stride, run_stride, n,
-                                                  acc + h0 * hd);
-    }
 #endif
-    VectorCodec::AccumulateManyGroupRuns(w, w_stride, heads, runs, p, run_stride, n, acc);
+    const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+    VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
+                                         p + static_cast<size_t>(r) * run_stride, run_stride, n,
+                                         acc + h0 * static_cast<size_t>(head_dim()));
   }
   bool KeyTiles(int block_tokens) const override {
     return head_dim() % 8 == 0 && block_tokens > 0 && block_tokens % kKeyTileTokens == 0;

@@ -666,7 +666,8 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
         const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(Load256(b.qh + 32 * h)), qh_keep);
         // m4 ? low nibbles : high bits (vpternlog 0xe4 is "c ? a : b").
         const __m512i qa = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shift_a), m4, 0xe4);
-        const __m512i qb = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shift_b), m4, 0xe4);
+        const __m512i qb =
+            _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shift_b), m4, 0xe4);
         acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(qa, xq[2 * h]), _mm512_shuffle_epi8(s4, pick[2 * h]));
         acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(qb, xq[2 * h + 1]),
                                     _mm512_shuffle_epi8(s4, pick[2 * h + 1]));

@@ -167,6 +167,11 @@ TIERKV_AVX2 inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s1);
 }
 
+// Eight f16 values at p as f32.
+TIERKV_AVX2 inline __m256 LoadHalf8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 TIERKV_AVX2 inline __m256 LoadI8AsF32(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
@@ -175,14 +180,11 @@ TIERKV_AVX2 float DotF16Avx2(const float* q, const uint8_t* k, int n) {
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 2 * i))), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 2 * i + 16))), a1);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadHalf8(k + 2 * i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), LoadHalf8(k + 2 * i + 16), a1);
   }
   for (; i + 8 <= n; i += 8) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 2 * i))), a0);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), LoadHalf8(k + 2 * i), a0);
   }
   float s = HorizontalSum(_mm256_add_ps(a0, a1));
   for (; i < n; ++i) s += q[i] * LoadHalf(k + 2 * i);
@@ -193,7 +195,7 @@ TIERKV_AVX2 void AccumulateF16Avx2(float w, const uint8_t* v, int n, float* acc)
   const __m256 wv = _mm256_set1_ps(w);
   int i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + 2 * i)));
+    const __m256 x = LoadHalf8(v + 2 * i);
     _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, x, _mm256_loadu_ps(acc + i)));
   }
   for (; i < n; ++i) acc[i] += w * LoadHalf(v + 2 * i);
@@ -225,15 +227,15 @@ TIERKV_AVX2 __attribute__((always_inline)) inline void TileLaneSums8(const float
   for (int h = 0; h < kG; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 16 <= hd; i += 16) {
-    const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + 2 * kTile * (i + j))));
-    const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + 2 * kTile * (i + 8 + j))));
+    const __m256 k0 = LoadHalf8(keys + 2 * kTile * (i + j));
+    const __m256 k1 = LoadHalf8(keys + 2 * kTile * (i + 8 + j));
     for (int h = 0; h < kG; ++h) {
       a0[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + j]), k0, a0[h]);
       a1[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + 8 + j]), k1, a1[h]);
     }
   }
   if (i < hd) {
-    const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(keys + 2 * kTile * (i + j))));
+    const __m256 k0 = LoadHalf8(keys + 2 * kTile * (i + j));
     for (int h = 0; h < kG; ++h) a0[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + j]), k0, a0[h]);
   }
   for (int h = 0; h < kG; ++h) l[h] = _mm256_add_ps(a0[h], a1[h]);

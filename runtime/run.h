@@ -78,9 +78,9 @@ ModelFingerprint FingerprintOf(const GgufFile& file);
 // when the context is long (n_ctx >= kAutoFrameLongContext), every tier with a budget
 // holds at least kAutoFrameMinFrames of them, and the weight pages lose little to the
 // larger grain (what their rounding to 1 MiB frames adds over 256 KiB is at most 1/16 of
-// the smallest budget: many small experts keep 256 KiB); 256 KiB otherwise. A session file to restore decides
-// instead: the frame its blocks were made for (the power of two at or above its block
-// bytes), so that restoring never meets a different block size.
+// the smallest budget: many small experts keep 256 KiB); 256 KiB otherwise. A session
+// file to restore decides instead: the frame its blocks were made for (the power of two
+// at or above its block bytes), so that restoring never meets a different block size.
 // weights_256k / weights_1m: Model::WeightPageBytes at each size (0 when the weights are
 // read in place); session_block_bytes: 0 when there is no session file to restore.
 inline constexpr int kAutoFrameLongContext = 16384;

@@ -106,7 +106,8 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--disk", f->disk, "Disk tier budget (default 0: no disk tier)");
   run->add_option("--disk-dir", f->disk_dir, "Disk tier directory (default /tmp)");
   run->add_option("--sim-gbps", f->sim_gbps, "--device sim copy bandwidth in GB/s (0: unthrottled)");
-  run->add_option("--frame", f->frame, "frame size, 64KiB..4MiB, or auto (default: 1MiB for long contexts on big budgets, else 256KiB)");
+  run->add_option("--frame", f->frame,
+                  "frame size, 64KiB..4MiB, or auto (default: 1MiB for long contexts on big budgets, else 256KiB)");
   run->add_option("--policy", f->policy, "residency policy: lfu (default), lru, 2q");
   run->add_option("--kv-type", f->kv_type, "KV codec: f16 q8_0 q4_0 tq4 tq3 (default f16)");
   run->add_option("--cache-type-k", f->kv_type_k, "llama.cpp's -ctk (same as --kv-type)");

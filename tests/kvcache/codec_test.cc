@@ -670,7 +670,8 @@ TEST(CodecGroupTest, F16KeyTilesMatchVectorLayout) {
           for (int h = 0; h < heads; ++h) {
             for (int t = 0; t < n; ++t) {
               const float want = c->Dot(&qp[h * d], vectors.data() + t * vb);
-              ASSERT_EQ(std::bit_cast<uint32_t>(scores[h * stride + t]), std::bit_cast<uint32_t>(want)) << h << " " << t;
+              ASSERT_EQ(std::bit_cast<uint32_t>(scores[h * stride + t]), std::bit_cast<uint32_t>(want))
+                  << h << " " << t;
             }
             ASSERT_EQ(scores[h * stride + n], -7.0f) << "wrote past the row";
           }

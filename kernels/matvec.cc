@@ -15,6 +15,7 @@ int SlotOf(WeightType act) {
     case WeightType::kBF16: return 2;
     case WeightType::kQ8_0: return 3;
     case WeightType::kQ8_K: return 4;
+    case WeightType::kQ8_1: return 5;
     default: break;
   }
   assert(false && "not an activation type");

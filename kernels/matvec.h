@@ -46,7 +46,7 @@ class ActivationRow {
   const float* values() const { return x_.data(); }
 
  private:
-  static constexpr int kSlots = 5;  // F32, F16, BF16, Q8_0, Q8_K
+  static constexpr int kSlots = 6;  // F32, F16, BF16, Q8_0, Q8_K, Q8_1
   std::vector<float> x_;
   int64_t n_ = 0;
   std::array<std::vector<uint8_t>, kSlots> buf_;

@@ -18,11 +18,16 @@ constexpr WeightTypeInfo kTypes[] = {
     {WeightType::kF32, "F32", 1, 4, WeightType::kF32},
     {WeightType::kF16, "F16", 1, 2, WeightType::kF16},
     {WeightType::kQ4_0, "Q4_0", kQk0, sizeof(BlockQ4_0), WeightType::kQ8_0},
+    {WeightType::kQ4_1, "Q4_1", kQk0, sizeof(BlockQ4_1), WeightType::kQ8_1},
+    {WeightType::kQ5_0, "Q5_0", kQk0, sizeof(BlockQ5_0), WeightType::kQ8_0},
+    {WeightType::kQ5_1, "Q5_1", kQk0, sizeof(BlockQ5_1), WeightType::kQ8_1},
     {WeightType::kQ8_0, "Q8_0", kQk0, sizeof(BlockQ8_0), WeightType::kQ8_0},
+    {WeightType::kQ8_1, "Q8_1", kQk0, sizeof(BlockQ8_1), WeightType::kQ8_1},
     {WeightType::kQ4_K, "Q4_K", kQkK, sizeof(BlockQ4_K), WeightType::kQ8_K},
     {WeightType::kQ5_K, "Q5_K", kQkK, sizeof(BlockQ5_K), WeightType::kQ8_K},
     {WeightType::kQ6_K, "Q6_K", kQkK, sizeof(BlockQ6_K), WeightType::kQ8_K},
     {WeightType::kQ8_K, "Q8_K", kQkK, sizeof(BlockQ8_K), WeightType::kQ8_K},
+    {WeightType::kIQ4_NL, "IQ4_NL", kQk0, sizeof(BlockIq4Nl), WeightType::kQ8_0},
     {WeightType::kBF16, "BF16", 1, 2, WeightType::kBF16},
 };
 
@@ -46,6 +51,63 @@ void DequantQ4_0(const BlockQ4_0* b, float* y, int64_t nb) {
       y[j] = static_cast<float>((b[i].qs[j] & 0xf) - 8) * d;
       y[j + kQk0 / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
     }
+  }
+}
+
+// The 5th bits of a Q5_0 / Q5_1 block: bit i of the little-endian 32-bit qh is value i's.
+inline uint32_t HighBits(const uint8_t* qh) {
+  uint32_t h;
+  std::memcpy(&h, qh, sizeof(h));
+  return h;
+}
+
+// Value j (0..31) of a Q5_0 / Q5_1 block: nibble plus the 5th bit, 0..31.
+inline int Q5Code(const uint8_t* qs, uint32_t qh, int j) {
+  const int nib = j < kQk0 / 2 ? (qs[j] & 0xf) : (qs[j - kQk0 / 2] >> 4);
+  return nib | static_cast<int>(((qh >> j) & 1) << 4);
+}
+
+// d * q + m: llama.cpp's compilers contract it to one fused multiply-add.
+void DequantQ4_1(const BlockQ4_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d), m = F16ToF32(b[i].m);
+    for (int j = 0; j < kQk0 / 2; ++j) {
+      y[j] = std::fma(static_cast<float>(b[i].qs[j] & 0xf), d, m);
+      y[j + kQk0 / 2] = std::fma(static_cast<float>(b[i].qs[j] >> 4), d, m);
+    }
+  }
+}
+
+void DequantQ5_0(const BlockQ5_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d);
+    const uint32_t qh = HighBits(b[i].qh);
+    for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(Q5Code(b[i].qs, qh, j) - 16) * d;
+  }
+}
+
+void DequantQ5_1(const BlockQ5_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d), m = F16ToF32(b[i].m);
+    const uint32_t qh = HighBits(b[i].qh);
+    for (int j = 0; j < kQk0; ++j) y[j] = std::fma(static_cast<float>(Q5Code(b[i].qs, qh, j)), d, m);
+  }
+}
+
+void DequantIq4Nl(const BlockIq4Nl* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQk0 / 2; ++j) {
+      y[j] = d * static_cast<float>(kIq4nlValues[b[i].qs[j] & 0xf]);
+      y[j + kQk0 / 2] = d * static_cast<float>(kIq4nlValues[b[i].qs[j] >> 4]);
+    }
+  }
+}
+
+void DequantQ8_1(const BlockQ8_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(b[i].qs[j]) * d;
   }
 }
 
@@ -124,6 +186,23 @@ void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t nb) {
     y[i].d = F32ToF16(d);
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     for (int j = 0; j < kQk0; ++j) y[i].qs[j] = static_cast<int8_t>(RoundHalfEven(x[j] * id));
+  }
+}
+
+// Q8_0 plus s = fp16(d * sum of the codes), with d the f32 scale before rounding to fp16.
+void QuantizeQ8_1(const float* x, BlockQ8_1* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQk0) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQk0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    y[i].d = F32ToF16(d);
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < kQk0; ++j) {
+      y[i].qs[j] = static_cast<int8_t>(RoundHalfEven(x[j] * id));
+      sum += y[i].qs[j];
+    }
+    y[i].s = F32ToF16(d * static_cast<float>(sum));
   }
 }
 
@@ -212,6 +291,67 @@ float DotQ4_0Scalar(const void* row, const void* act, int64_t n) {
       sumi += ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + kQk0 / 2];
     }
     // One fused running sum, as llama.cpp's repacked Q4_0 kernels (quant_avx2.cc).
+    sum = std::fma(static_cast<float>(sumi), F16ToF32(w[i].d) * F16ToF32(x[i].d), sum);
+  }
+  return sum;
+}
+
+// Q4_1 / Q5_1 x Q8_1: sum of (d_w * d_x) * isum over the blocks, plus the sum of
+// m_w * s_x kept apart and added at the end, as ggml's vec_dot does.
+float DotQ4_1Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ4_1*>(row);
+  const auto* x = static_cast<const BlockQ8_1*>(act);
+  float sum = 0.0f, summs = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < kQk0 / 2; ++j) {
+      sumi += (w[i].qs[j] & 0xf) * x[i].qs[j];
+      sumi += (w[i].qs[j] >> 4) * x[i].qs[j + kQk0 / 2];
+    }
+    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
+    summs += F16ToF32(w[i].m) * F16ToF32(x[i].s);
+  }
+  return sum + summs;
+}
+
+float DotQ5_1Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ5_1*>(row);
+  const auto* x = static_cast<const BlockQ8_1*>(act);
+  float sum = 0.0f, summs = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    const uint32_t qh = HighBits(w[i].qh);
+    int sumi = 0;
+    for (int j = 0; j < kQk0; ++j) sumi += Q5Code(w[i].qs, qh, j) * x[i].qs[j];
+    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
+    summs += F16ToF32(w[i].m) * F16ToF32(x[i].s);
+  }
+  return sum + summs;
+}
+
+float DotQ5_0Scalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ5_0*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    const uint32_t qh = HighBits(w[i].qh);
+    int sumi = 0;
+    for (int j = 0; j < kQk0; ++j) sumi += (Q5Code(w[i].qs, qh, j) - 16) * x[i].qs[j];
+    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
+  }
+  return sum;
+}
+
+// One fused running sum, as Q4_0: llama.cpp repacks IQ4_NL rows for AVX2 the same way.
+float DotIq4NlScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockIq4Nl*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < kQk0 / 2; ++j) {
+      sumi += kIq4nlValues[w[i].qs[j] & 0xf] * x[i].qs[j];
+      sumi += kIq4nlValues[w[i].qs[j] >> 4] * x[i].qs[j + kQk0 / 2];
+    }
     sum = std::fma(static_cast<float>(sumi), F16ToF32(w[i].d) * F16ToF32(x[i].d), sum);
   }
   return sum;
@@ -326,6 +466,11 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
     case WeightType::kBF16: Bf16ToF32Array(static_cast<const uint16_t*>(row), out, static_cast<size_t>(n)); return;
     case WeightType::kQ8_0: DequantQ8_0(static_cast<const BlockQ8_0*>(row), out, n / kQk0); return;
     case WeightType::kQ4_0: DequantQ4_0(static_cast<const BlockQ4_0*>(row), out, n / kQk0); return;
+    case WeightType::kQ4_1: DequantQ4_1(static_cast<const BlockQ4_1*>(row), out, n / kQk0); return;
+    case WeightType::kQ5_0: DequantQ5_0(static_cast<const BlockQ5_0*>(row), out, n / kQk0); return;
+    case WeightType::kQ5_1: DequantQ5_1(static_cast<const BlockQ5_1*>(row), out, n / kQk0); return;
+    case WeightType::kIQ4_NL: DequantIq4Nl(static_cast<const BlockIq4Nl*>(row), out, n / kQk0); return;
+    case WeightType::kQ8_1: DequantQ8_1(static_cast<const BlockQ8_1*>(row), out, n / kQk0); return;
     case WeightType::kQ4_K: DequantQ4_K(static_cast<const BlockQ4_K*>(row), out, n / kQkK); return;
     case WeightType::kQ5_K: DequantQ5_K(static_cast<const BlockQ5_K*>(row), out, n / kQkK); return;
     case WeightType::kQ6_K: DequantQ6_K(static_cast<const BlockQ6_K*>(row), out, n / kQkK); return;
@@ -340,6 +485,7 @@ void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n) {
     case WeightType::kF16: F32ToF16Array(x, static_cast<uint16_t*>(out), static_cast<size_t>(n)); return;
     case WeightType::kBF16: F32ToBf16Array(x, static_cast<uint16_t*>(out), static_cast<size_t>(n)); return;
     case WeightType::kQ8_0: QuantizeQ8_0(x, static_cast<BlockQ8_0*>(out), n / kQk0); return;
+    case WeightType::kQ8_1: QuantizeQ8_1(x, static_cast<BlockQ8_1*>(out), n / kQk0); return;
     case WeightType::kQ8_K: QuantizeQ8_K(x, static_cast<BlockQ8_K*>(out), n / kQkK); return;
     default: break;
   }
@@ -354,9 +500,14 @@ DotFn ScalarDot(WeightType weight) {
     case WeightType::kBF16: return DotBf16Scalar;
     case WeightType::kQ8_0: return DotQ8_0Scalar;
     case WeightType::kQ4_0: return DotQ4_0Scalar;
+    case WeightType::kQ4_1: return DotQ4_1Scalar;
+    case WeightType::kQ5_0: return DotQ5_0Scalar;
+    case WeightType::kQ5_1: return DotQ5_1Scalar;
+    case WeightType::kIQ4_NL: return DotIq4NlScalar;
     case WeightType::kQ4_K: return DotQ4_KScalar;
     case WeightType::kQ5_K: return DotQ5_KScalar;
     case WeightType::kQ6_K: return DotQ6_KScalar;
+    case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
   }
   return nullptr;

@@ -8,7 +8,9 @@
 //   F32           F32                           f32 products, f32 accumulation
 //   F16           F16 (round to nearest even)   f16 x f16 products in f32, f32 accumulation
 //   BF16          BF16 (round to nearest even)  as F16
-//   Q8_0, Q4_0    Q8_0 (32-value blocks)        integer block sums scaled by d_w * d_x in f32
+//   Q8_0, Q4_0,   Q8_0 (32-value blocks)        integer block sums scaled by d_w * d_x in f32
+//   Q5_0, IQ4_NL
+//   Q4_1, Q5_1    Q8_1 (Q8_0 plus s = d * sum)  as Q8_0, plus m_w * s_x per block
 //   Q4_K, Q5_K,   Q8_K (256-value blocks,       integer sums with the 6/8-bit sub-block
 //   Q6_K          f32 scale, 16-value sums)     scales, scaled by d_x * d_w in f32
 //
@@ -20,6 +22,13 @@
 //   Q8_0  {d; int8 qs[32]}                       x[i] = d * qs[i]
 //   Q4_0  {d; uint8 qs[16]}                      x[i] = d * ((qs[i] & 15) - 8),
 //                                                x[i+16] = d * ((qs[i] >> 4) - 8)
+//   Q4_1  {d; m; uint8 qs[16]}                   x[i] = d * (qs[i] & 15) + m, x[i+16] = d * (qs[i] >> 4) + m
+//   Q5_0  {d; uint8 qh[4]; uint8 qs[16]}         as Q4_0 with bit i of the 32-bit qh as 5th bit of
+//                                                value i: x = d * (q5 - 16)
+//   Q5_1  {d; m; uint8 qh[4]; uint8 qs[16]}      x = d * q5 + m
+//   IQ4_NL {d; uint8 qs[16]}                     as Q4_0, x = d * kIq4nlValues[nibble] (a fixed
+//                                                non-uniform table of 16 int8 levels)
+//   Q8_1  {d; s; int8 qs[32]} (activations only): s = fp16(d * sum of qs), d the f32 scale
 //   Q4_K  {d; dmin; uint8 scales[12]; uint8 qs[128]}: 8 sub-blocks of 32 with 6-bit
 //         scale sc_j and min m_j (packed, see ScaleMinK4); chunk c (64 values) holds
 //         sub-block 2c in the low nibbles of qs[32c..32c+31] and 2c+1 in the high ones;
@@ -48,15 +57,20 @@ enum class WeightType : uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ8_1 = 9,  // activations only
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
   kQ8_K = 15,  // activations only
+  kIQ4_NL = 20,
   kBF16 = 30,
 };
 
-inline constexpr int kQk0 = 32;    // values per Q8_0 / Q4_0 block
+inline constexpr int kQk0 = 32;    // values per Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL block
 inline constexpr int kQkK = 256;   // values per K-quant super-block
 
 struct BlockQ8_0 {
@@ -67,6 +81,33 @@ struct BlockQ4_0 {
   uint16_t d;
   uint8_t qs[kQk0 / 2];
 };
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[kQk0 / 2];
+};
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[kQk0 / 2];
+};
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[kQk0 / 2];
+};
+struct BlockQ8_1 {
+  uint16_t d;
+  uint16_t s;
+  int8_t qs[kQk0];
+};
+struct BlockIq4Nl {
+  uint16_t d;
+  uint8_t qs[kQk0 / 2];
+};
+// The 16 levels of IQ4_NL (ggml's kvalues_iq4nl).
+inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 struct BlockQ4_K {
   uint16_t d;
   uint16_t dmin;
@@ -93,6 +134,11 @@ struct BlockQ8_K {
 };
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_1) == 36);
+static_assert(sizeof(BlockIq4Nl) == 18);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
@@ -111,6 +157,8 @@ const WeightTypeInfo* FindWeightType(uint32_t ggml_id);
 const WeightTypeInfo& GetWeightTypeInfo(WeightType type);  // REQUIRES: supported
 inline const char* WeightTypeName(WeightType type) { return GetWeightTypeInfo(type).name; }
 inline WeightType ActivationType(WeightType weight) { return GetWeightTypeInfo(weight).vec_dot_type; }
+// Q8_1 and Q8_K exist only as converted activations: no dot product takes them as weights.
+inline bool IsActivationOnly(WeightType type) { return type == WeightType::kQ8_1 || type == WeightType::kQ8_K; }
 // Bytes of a row of n values. REQUIRES: n % block_size == 0.
 size_t RowBytes(WeightType type, int64_t n);
 
@@ -125,12 +173,14 @@ inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   }
 }
 
-// out[n] = the values of one row. REQUIRES: n % block_size == 0. Q8_K is accepted too.
+// out[n] = the values of one row. REQUIRES: n % block_size == 0. Q8_1 and Q8_K are
+// accepted too.
 void DequantizeRow(WeightType type, const void* row, float* out, int64_t n);
 
-// Converts x[n] to the activation type `act` (F32, F16, BF16, Q8_0 or Q8_K) as
+// Converts x[n] to the activation type `act` (F32, F16, BF16, Q8_0, Q8_1 or Q8_K) as
 // llama.cpp's CPU backend does:
 //   Q8_0: amax = max |x|, d = fp16(amax / 127), q = round_half_even(x * (127 / amax))
+//   Q8_1: as Q8_0, and s = fp16((amax / 127) * sum of the block's q)
 //   Q8_K: max = the value of largest magnitude (first one on ties), s = -127 / max,
 //         q = min(127, round_half_even(s * x)), d = 1 / s (f32), bsums.
 // out: RowBytes(act, n) bytes. REQUIRES: n % block_size(act) == 0.
@@ -139,7 +189,7 @@ void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n);
 // One row of a weight matrix times an activation row already in ActivationType(weight).
 using DotFn = float (*)(const void* row, const void* act, int64_t n);
 // The kernel for `weight` at SIMD level `level` (falls back to lower levels where no
-// faster one exists). REQUIRES: supported type other than Q8_K.
+// faster one exists). REQUIRES: supported type other than Q8_1 and Q8_K.
 DotFn GetDotFn(WeightType weight, SimdLevel level);
 inline float DotRow(WeightType weight, const void* row, const void* act, int64_t n) {
   return GetDotFn(weight, ActiveSimdLevel())(row, act, n);

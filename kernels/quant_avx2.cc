@@ -114,13 +114,92 @@ TIERKV_AVX2_FN float DotQ8_0Avx2(const void* row, const void* act, int64_t n) {
   return HsumPs(acc);
 }
 
-// The 32 values of a Q4_0 block minus 8, in element order.
-TIERKV_AVX2_FN inline __m256i UnpackQ4_0(const uint8_t* qs) {
+// The 32 nibbles of a 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), 0..15, in
+// element order: low nibbles are values 0..15, high nibbles 16..31.
+TIERKV_AVX2_FN inline __m256i Nibbles32(const uint8_t* qs) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i mask = _mm_set1_epi8(0x0f);
   const __m128i lo = _mm_and_si128(b, mask);
   const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  return _mm256_set_m128i(hi, lo);
+}
+
+// The 32 values of a Q4_0 block minus 8, in element order.
+TIERKV_AVX2_FN inline __m256i UnpackQ4_0(const uint8_t* qs) {
+  return _mm256_sub_epi8(Nibbles32(qs), _mm256_set1_epi8(8));
+}
+
+// 0x10 in byte i where bit i of the little-endian 32-bit qh is set (the 5th bit of value
+// i of a Q5_0 / Q5_1 block), else 0.
+TIERKV_AVX2_FN inline __m256i FifthBits(const uint8_t* qh) {
+  uint32_t h;
+  __builtin_memcpy(&h, qh, sizeof(h));
+  // Byte i takes qh byte i / 8, then keeps only its bit i % 8.
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(h)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,  //
+                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Sum of u[i] * x[i] over 32 pairs, u unsigned (< 128), x signed, as 8 int32 lanes.
+TIERKV_AVX2_FN inline __m256i DotU8I8x32(__m256i u, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+}
+
+// Q5_0 x Q8_0: ggml's vec_dot order (8 lanes, fma per block, one horizontal sum).
+TIERKV_AVX2_FN float DotQ5_0Avx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ5_0*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(Nibbles32(w[i].qs), FifthBits(w[i].qh)), _mm256_set1_epi8(16));
+    const __m256i p = DotI8x32(q, LoadU256(x[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(w[i].d) * Half(x[i].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return HsumPs(acc);
+}
+
+// Q4_1 / Q5_1 x Q8_1: as Q5_0, plus the m_w * s_x terms summed apart and added last.
+template <bool kFive>
+TIERKV_AVX2_FN float DotQx_1Avx2(const void* row, const void* act, int64_t n) {
+  const auto* x = static_cast<const BlockQ8_1*>(act);
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    uint16_t d, m;
+    __m256i q;
+    if constexpr (kFive) {
+      const BlockQ5_1& b = static_cast<const BlockQ5_1*>(row)[i];
+      d = b.d, m = b.m;
+      q = _mm256_or_si256(Nibbles32(b.qs), FifthBits(b.qh));
+    } else {
+      const BlockQ4_1& b = static_cast<const BlockQ4_1*>(row)[i];
+      d = b.d, m = b.m;
+      q = Nibbles32(b.qs);
+    }
+    summs += Half(m) * Half(x[i].s);
+    const __m256i p = DotU8I8x32(q, LoadU256(x[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(d) * Half(x[i].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return HsumPs(acc) + summs;
+}
+
+// IQ4_NL x Q8_0: the nibbles index the 16 levels; one running sum as Q4_0 (llama.cpp
+// repacks IQ4_NL rows for AVX2 like Q4_0's).
+TIERKV_AVX2_FN float DotIq4NlAvx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockIq4Nl*>(row);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  const __m256i table = _mm256_set_m128i(levels, levels);
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    const __m256i q = _mm256_shuffle_epi8(table, Nibbles32(w[i].qs));
+    const __m256i p = DotI8x32(q, LoadU256(x[i].qs));
+    acc = __builtin_fmaf(static_cast<float>(HsumEpi32(p)), Half(w[i].d) * Half(x[i].d), acc);
+  }
+  return acc;
 }
 
 // One running f32 sum over the blocks, fma((float)isum, d_w * d_x, sum): the order of
@@ -248,9 +327,14 @@ DotFn Avx2Dot(WeightType weight) {
     case WeightType::kBF16: return DotBf16Avx2;
     case WeightType::kQ8_0: return DotQ8_0Avx2;
     case WeightType::kQ4_0: return DotQ4_0Avx2;
+    case WeightType::kQ4_1: return DotQx_1Avx2<false>;
+    case WeightType::kQ5_0: return DotQ5_0Avx2;
+    case WeightType::kQ5_1: return DotQx_1Avx2<true>;
+    case WeightType::kIQ4_NL: return DotIq4NlAvx2;
     case WeightType::kQ4_K: return DotQ4_KAvx2;
     case WeightType::kQ5_K: return DotQ5_KAvx2;
     case WeightType::kQ6_K: return DotQ6_KAvx2;
+    case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
   }
   return nullptr;

@@ -34,9 +34,10 @@ class TensorBinder {
     const GgufTensor* t = f_.FindTensor(name);
     if (t == nullptr) return Status::InvalidArgument("model: tensor " + name + " is missing");
     const kernels::WeightTypeInfo* info = kernels::FindWeightType(static_cast<uint32_t>(t->type));
-    if (info == nullptr || info->type == WeightType::kQ8_K) {
+    if (info == nullptr || kernels::IsActivationOnly(info->type)) {
       return Status::Unsupported("model: tensor " + name + " has type " + GgmlTypeName(t->type) +
-                                 ", which the CPU kernels cannot read (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)");
+                                 ", which the CPU kernels cannot read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
+                                 "Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K)");
     }
     const int64_t want_experts = experts > 0 ? experts : 1;
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != want_experts || t->ne[3] != 1) {
@@ -69,7 +70,7 @@ class TensorBinder {
       return reinterpret_cast<const float*>(t->data);
     }
     const kernels::WeightTypeInfo* info = kernels::FindWeightType(static_cast<uint32_t>(t->type));
-    if (info == nullptr || n % info->block_size != 0 || info->type == WeightType::kQ8_K) {
+    if (info == nullptr || n % info->block_size != 0 || kernels::IsActivationOnly(info->type)) {
       return Status::Unsupported("model: tensor " + name + " has unsupported type " + GgmlTypeName(t->type));
     }
     storage->emplace_back(static_cast<size_t>(n));

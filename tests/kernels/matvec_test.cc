@@ -56,7 +56,10 @@ OwnedMatrix RandomMatrix(WeightType type, int64_t rows, int64_t cols, uint32_t s
           std::memcpy(blk + 208, &d, 2);
         } else {
           std::memcpy(blk, &d, 2);
-          if (type == WeightType::kQ4_K || type == WeightType::kQ5_K) std::memcpy(blk + 2, &dmin, 2);
+          if (type == WeightType::kQ4_K || type == WeightType::kQ5_K || type == WeightType::kQ4_1 ||
+              type == WeightType::kQ5_1) {
+            std::memcpy(blk + 2, &dmin, 2);  // K-quant dmin, Q4_1 / Q5_1 m
+          }
         }
       }
     }
@@ -75,8 +78,9 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed) {
 
 TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
   ThreadPool pool1(1), pool3(3);
-  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K,
-                       WeightType::kQ5_K, WeightType::kQ6_K}) {
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1,
+                       WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ4_K, WeightType::kQ5_K,
+                       WeightType::kQ6_K}) {
     SCOPED_TRACE(WeightTypeName(t));
     const OwnedMatrix m = RandomMatrix(t, 300, 512, 1);
     const std::vector<float> x = RandomVector(512, 2);
@@ -123,19 +127,23 @@ TEST(MatVecTest, ManyEqualsSingle) {
   const OwnedMatrix a = RandomMatrix(WeightType::kQ8_0, 256, 256, 3);
   const OwnedMatrix b = RandomMatrix(WeightType::kQ4_K, 128, 256, 4);
   const OwnedMatrix c = RandomMatrix(WeightType::kF16, 64, 256, 5);
+  const OwnedMatrix d = RandomMatrix(WeightType::kQ5_1, 96, 256, 9);  // Q8_1 activations
   const std::vector<float> x = RandomVector(256, 6);
   ActivationRow row;
   row.Set(x.data(), 256);
-  std::vector<float> ya(256), yb(128), yc(64);
-  const MatVecJob jobs[] = {{&a.view, &row, ya.data()}, {&b.view, &row, yb.data()}, {&c.view, &row, yc.data()}};
+  std::vector<float> ya(256), yb(128), yc(64), yd(96);
+  const MatVecJob jobs[] = {
+      {&a.view, &row, ya.data()}, {&b.view, &row, yb.data()}, {&c.view, &row, yc.data()}, {&d.view, &row, yd.data()}};
   MatVecMany(jobs, &pool);
-  std::vector<float> sa(256), sb(128), sc(64);
+  std::vector<float> sa(256), sb(128), sc(64), sd(96);
   MatVec(a.view, x.data(), sa.data(), nullptr);
   MatVec(b.view, x.data(), sb.data(), nullptr);
   MatVec(c.view, x.data(), sc.data(), nullptr);
+  MatVec(d.view, x.data(), sd.data(), nullptr);
   EXPECT_EQ(ya, sa);
   EXPECT_EQ(yb, sb);
   EXPECT_EQ(yc, sc);
+  EXPECT_EQ(yd, sd);
 }
 
 TEST(MatVecTest, GetRowDequantizes) {

@@ -5,6 +5,7 @@
 // here independently (element-wise formulas rather than the kernels' block loops).
 #include "kernels/quant.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -27,9 +28,9 @@ namespace {
 __attribute__((target("f16c"))) uint16_t HardwareF16(float x) { return static_cast<uint16_t>(_cvtss_sh(x, 0)); }
 #endif
 
-constexpr WeightType kWeightTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,
-                                       WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K,
-                                       WeightType::kQ5_K, WeightType::kQ6_K};
+constexpr WeightType kWeightTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,   WeightType::kQ8_0,
+                                       WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,   WeightType::kQ5_1,
+                                       WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,   WeightType::kIQ4_NL};
 
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> v = {SimdLevel::kScalar};
@@ -73,9 +74,26 @@ std::vector<uint8_t> RandomRow(WeightType type, int64_t n, std::mt19937& rng) {
       }
       break;
     }
-    case WeightType::kQ4_0: {
-      auto* b = reinterpret_cast<BlockQ4_0*>(row.data());
-      for (int64_t i = 0; i < n / kQk0; ++i) b[i].d = RandomScale(rng, 0.01f, 0.2f);
+    case WeightType::kQ4_0:
+    case WeightType::kQ5_0:
+    case WeightType::kIQ4_NL: {
+      // d first; the codes (and Q5_0's qh) keep their random bytes.
+      const size_t bytes = GetWeightTypeInfo(type).block_bytes;
+      for (int64_t i = 0; i < n / kQk0; ++i) {
+        const uint16_t d = RandomScale(rng, 0.01f, 0.2f);
+        std::memcpy(row.data() + i * bytes, &d, 2);
+      }
+      break;
+    }
+    case WeightType::kQ4_1:
+    case WeightType::kQ5_1: {
+      // d, then a min m of either sign.
+      const size_t bytes = GetWeightTypeInfo(type).block_bytes;
+      for (int64_t i = 0; i < n / kQk0; ++i) {
+        const uint16_t d = RandomScale(rng, 0.005f, 0.1f), m = RandomScale(rng, -1.0f, 1.0f);
+        std::memcpy(row.data() + i * bytes, &d, 2);
+        std::memcpy(row.data() + i * bytes + 2, &m, 2);
+      }
       break;
     }
     case WeightType::kQ4_K:
@@ -129,6 +147,31 @@ double RefValue(WeightType type, const uint8_t* row, int64_t i) {
       const int nib = r < 16 ? (b[2 + r] & 15) : (b[2 + r - 16] >> 4);
       return LoadF16(b) * (nib - 8);
     }
+    case WeightType::kQ4_1: {
+      const uint8_t* b = row + (i / 32) * 20;
+      const int r = static_cast<int>(i % 32);
+      const int nib = r < 16 ? (b[4 + r] & 15) : (b[4 + r - 16] >> 4);
+      return LoadF16(b) * nib + LoadF16(b + 2);
+    }
+    case WeightType::kQ5_0:
+    case WeightType::kQ5_1: {
+      // {d, [m,] qh[4], qs[16]}: bit r of the little-endian qh is the 5th bit of value r.
+      const bool one = type == WeightType::kQ5_1;
+      const uint8_t* b = row + (i / 32) * (one ? 24 : 22);
+      const uint8_t* qh = b + (one ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      const int r = static_cast<int>(i % 32);
+      const int nib = r < 16 ? (qs[r] & 15) : (qs[r - 16] >> 4);
+      const int q = nib + 16 * ((qh[r / 8] >> (r % 8)) & 1);
+      return one ? LoadF16(b) * q + LoadF16(b + 2) : LoadF16(b) * (q - 16);
+    }
+    case WeightType::kIQ4_NL: {
+      static constexpr int kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      const uint8_t* b = row + (i / 32) * 18;
+      const int r = static_cast<int>(i % 32);
+      const int nib = r < 16 ? (b[2 + r] & 15) : (b[2 + r - 16] >> 4);
+      return LoadF16(b) * kLevels[nib];
+    }
     case WeightType::kQ4_K:
     case WeightType::kQ5_K: {
       const bool five = type == WeightType::kQ5_K;
@@ -164,8 +207,22 @@ TEST(QuantTest, TypeTableMatchesGgml) {
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ4_K).block_bytes, 144);
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ6_K).block_bytes, 210);
   EXPECT_EQ(FindWeightType(12)->type, WeightType::kQ4_K);
-  EXPECT_EQ(FindWeightType(3), nullptr);  // Q4_1: not supported
+  EXPECT_EQ(FindWeightType(3)->type, WeightType::kQ4_1);
+  EXPECT_EQ(FindWeightType(20)->type, WeightType::kIQ4_NL);
+  EXPECT_EQ(FindWeightType(10), nullptr);  // Q2_K: not supported
+  EXPECT_EQ(FindWeightType(39), nullptr);  // MXFP4: not supported
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ4_1).block_bytes, 20);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ5_0).block_bytes, 22);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ5_1).block_bytes, 24);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kIQ4_NL).block_bytes, 18);
   EXPECT_EQ(ActivationType(WeightType::kQ4_0), WeightType::kQ8_0);
+  EXPECT_EQ(ActivationType(WeightType::kQ5_0), WeightType::kQ8_0);
+  EXPECT_EQ(ActivationType(WeightType::kIQ4_NL), WeightType::kQ8_0);
+  EXPECT_EQ(ActivationType(WeightType::kQ4_1), WeightType::kQ8_1);
+  EXPECT_EQ(ActivationType(WeightType::kQ5_1), WeightType::kQ8_1);
+  EXPECT_TRUE(IsActivationOnly(WeightType::kQ8_1));
+  EXPECT_TRUE(IsActivationOnly(WeightType::kQ8_K));
+  EXPECT_FALSE(IsActivationOnly(WeightType::kQ8_0));
   EXPECT_EQ(ActivationType(WeightType::kQ6_K), WeightType::kQ8_K);
   EXPECT_EQ(ActivationType(WeightType::kF16), WeightType::kF16);
   EXPECT_EQ(RowBytes(WeightType::kQ5_K, 512), 352u);
@@ -208,6 +265,34 @@ TEST(QuantTest, Q8_0ActivationRounding) {
   QuantizeActivation(WeightType::kQ8_0, z.data(), &b, 32);
   EXPECT_EQ(b.d, 0);
   for (int8_t q : b.qs) EXPECT_EQ(q, 0);
+}
+
+TEST(QuantTest, Q8_1ActivationIsQ8_0PlusScaledSum) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(128);
+  for (float& v : x) v = normal(rng);
+  std::fill(x.begin() + 96, x.end(), 0.0f);  // an all-zero block: d = s = 0
+  std::vector<BlockQ8_0> q0(4);
+  std::vector<BlockQ8_1> q1(4);
+  QuantizeActivation(WeightType::kQ8_0, x.data(), q0.data(), 128);
+  QuantizeActivation(WeightType::kQ8_1, x.data(), q1.data(), 128);
+  for (int b = 0; b < 4; ++b) {
+    EXPECT_EQ(q1[b].d, q0[b].d);
+    int sum = 0;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_EQ(q1[b].qs[j], q0[b].qs[j]);
+      sum += q1[b].qs[j];
+      amax = std::max(amax, std::fabs(x[32 * b + j]));
+    }
+    // d * sum with the f32 d, rounded once to fp16.
+    EXPECT_EQ(q1[b].s, F32ToF16(amax / 127.0f * static_cast<float>(sum))) << "block " << b;
+  }
+  EXPECT_EQ(q1[3].s, 0);
+  std::vector<float> back(128);
+  DequantizeRow(WeightType::kQ8_1, q1.data(), back.data(), 128);
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(back[i], F16ToF32(q1[i / 32].d) * q1[i / 32].qs[i % 32]);
 }
 
 TEST(QuantTest, Q8_KActivation) {
@@ -255,9 +340,22 @@ TEST(QuantTest, DotProductsAllLevels) {
       DequantizeRow(t, row.data(), wf.data(), n);
       DequantizeRow(at, act.data(), xf.data(), n);
       double ref = 0, mag = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        ref += static_cast<double>(wf[i]) * xf[i];
-        mag += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+      if (at == WeightType::kQ8_1) {
+        // Q4_1 / Q5_1: the min m of each weight block multiplies the activation block's
+        // stored sum s = fp16(d * sum q) (not the sum of its rounded values).
+        const auto* xb = reinterpret_cast<const BlockQ8_1*>(act.data());
+        const size_t bb = GetWeightTypeInfo(t).block_bytes;
+        for (int64_t i = 0; i < n; ++i) {
+          const double m = LoadF16(row.data() + (i / 32) * bb + 2);
+          ref += (RefValue(t, row.data(), i) - m) * xf[i];
+          mag += std::fabs(RefValue(t, row.data(), i) * xf[i]);
+        }
+        for (int64_t b = 0; b < n / 32; ++b) ref += LoadF16(row.data() + b * bb + 2) * F16ToF32(xb[b].s);
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          ref += static_cast<double>(wf[i]) * xf[i];
+          mag += std::fabs(static_cast<double>(wf[i]) * xf[i]);
+        }
       }
       float scalar = 0;
       for (SimdLevel level : Levels()) {
@@ -275,7 +373,7 @@ TEST(QuantTest, DotProductsAllLevels) {
 // an exact integer combination, identical at every level.
 TEST(QuantTest, IntegerPartsExact) {
   std::mt19937 rng(5);
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0}) {
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ5_0, WeightType::kIQ4_NL}) {
     std::vector<uint8_t> row = RandomRow(t, 1024, rng);
     std::vector<BlockQ8_0> act(1024 / 32);
     for (auto& b : act) {

@@ -46,6 +46,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.n_ctx = f.ctx;
   o.sampler = SamplerOptions{f.temp, f.top_k, f.top_p, f.seed};
   o.threads = f.threads;
+  if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
   o.dump_logits = f.dump_logits;
   o.session = f.session;
   std::string kv = f.kv_type;
@@ -57,6 +58,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   MemoryOptions& m = o.memory;
   TIERKV_ASSIGN_OR_RETURN(m.device, ParseDeviceKind(f.device));
   TIERKV_ASSIGN_OR_RETURN(m.device_bytes, ParseSize(f.vram));
+  if (m.device == DeviceKind::kNone && m.device_bytes > 0) {
+    spdlog::warn("--vram {} is ignored: --device none has no device tier (use --device cuda or sim)", f.vram);
+    m.device_bytes = 0;
+  }
   TIERKV_ASSIGN_OR_RETURN(m.host_bytes, ParseSize(f.host));
   TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, ParseSize(f.disk));
   o.auto_frame = f.frame == "auto";

@@ -1,0 +1,107 @@
+// tests/runtime/run_command_test.cc
+//
+// `tierkv run` flag handling, in process: contradictory or out-of-range flags give one
+// error line and exit code 2 before anything loads; a --vram without a device tier is a
+// warning, not a silent no-op; llama.cpp's -ctk / -ctv are read.
+#include "runtime/cli/run_command.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+namespace tierkv {
+namespace {
+
+struct CliResult {
+  int exit_code = 0;
+  std::string out, err;
+};
+
+CliResult RunCli(std::vector<std::string> args) {
+  // Warnings go to stderr, as in the tierkv binary (runtime/cli/main.cc).
+  static const bool kLogger = [] {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("run_command_test"));
+    return true;
+  }();
+  (void)kLogger;
+  CLI::App app;
+  int exit_code = 0;
+  AddRunCommand(app, exit_code);
+  std::vector<std::string> owned = {"tierkv"};
+  owned.insert(owned.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : owned) argv.push_back(a.data());
+  NormalizeLlamaFlags(static_cast<int>(argv.size()), argv.data());
+  CliResult r;
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    r.exit_code = exit_code;
+  } catch (const CLI::ParseError& e) {
+    r.exit_code = app.exit(e);
+  }
+  r.err = ::testing::internal::GetCapturedStderr();
+  r.out = ::testing::internal::GetCapturedStdout();
+  return r;
+}
+
+// The flags of a small, quick run of the builtin model.
+std::vector<std::string> Quick(std::vector<std::string> extra) {
+  std::vector<std::string> a = {"run", "-m", "builtin:tiny-moe", "-p", "ab", "--no-warmup", "--host", "64MiB",
+                                "--mlock", "off"};
+  if (std::find(extra.begin(), extra.end(), "-n") == extra.end()) extra.insert(extra.end(), {"-n", "2"});
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+int Lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
+  const struct {
+    std::vector<std::string> flags;
+    const char* message;
+  } cases[] = {
+      {{"-n", "-1"}, "-n must not be negative"},
+      {{"--dump-logits", "-3"}, "--dump-logits must not be negative"},
+      {{"--kv-type", "q5"}, "unknown KV codec 'q5'"},
+      {{"-ctk", "q8_0", "-ctv", "f16"}, "-ctk q8_0 and -ctv f16 differ"},
+      {{"--weights", "somewhere"}, "--weights must be paged or mapped"},
+      {{"--device", "tpu"}, "--device must be cuda, sim or none"},
+      {{"--kv-batch", "-1"}, "--kv-batch must be >= 0"},
+      {{"--disk", "lots"}, "lots"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.flags[0]);
+    const CliResult r = RunCli(Quick(c.flags));
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+  }
+}
+
+TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {
+  const CliResult r = RunCli(Quick({"--vram", "1GiB"}));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--vram 1GiB is ignored"), std::string::npos) << r.err;
+  // With a device tier it is a budget, and no warning.
+  const CliResult sim = RunCli(Quick({"--device", "sim", "--vram", "16MiB"}));
+  EXPECT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_EQ(sim.err.find("ignored"), std::string::npos) << sim.err;
+}
+
+TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
+  const CliResult r = RunCli(Quick({"-ctk", "q8_0", "-ctv", "q8_0", "--json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv"]["type"], "q8_0");
+}
+
+}  // namespace
+}  // namespace tierkv

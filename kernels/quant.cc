@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/fp16.h"
 
@@ -61,10 +62,12 @@ inline uint32_t HighBits(const uint8_t* qh) {
   return h;
 }
 
+// Nibble j of a 32-value block: low nibbles are values 0..15, high ones 16..31.
+inline int Nibble(const uint8_t* qs, int j) { return j < kQk0 / 2 ? (qs[j] & 0xf) : (qs[j - kQk0 / 2] >> 4); }
+
 // Value j (0..31) of a Q5_0 / Q5_1 block: nibble plus the 5th bit, 0..31.
 inline int Q5Code(const uint8_t* qs, uint32_t qh, int j) {
-  const int nib = j < kQk0 / 2 ? (qs[j] & 0xf) : (qs[j - kQk0 / 2] >> 4);
-  return nib | static_cast<int>(((qh >> j) & 1) << 4);
+  return Nibble(qs, j) | static_cast<int>(((qh >> j) & 1) << 4);
 }
 
 // d * q + m: llama.cpp's compilers contract it to one fused multiply-add.
@@ -178,30 +181,27 @@ void DequantQ8_K(const BlockQ8_K* b, float* y, int64_t nb) {
 
 // ---- activation quantization ----------------------------------------------------------
 
+// One 32-value block to Q8_0 codes: qs and the fp16 d; returns the f32 scale amax / 127.
+float QuantizeBlock32(const float* x, int8_t* qs, uint16_t* d16) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQk0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  *d16 = F32ToF16(d);
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  for (int j = 0; j < kQk0; ++j) qs[j] = static_cast<int8_t>(RoundHalfEven(x[j] * id));
+  return d;
+}
+
 void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, x += kQk0) {
-    float amax = 0.0f;
-    for (int j = 0; j < kQk0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    y[i].d = F32ToF16(d);
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    for (int j = 0; j < kQk0; ++j) y[i].qs[j] = static_cast<int8_t>(RoundHalfEven(x[j] * id));
-  }
+  for (int64_t i = 0; i < nb; ++i, x += kQk0) QuantizeBlock32(x, y[i].qs, &y[i].d);
 }
 
 // Q8_0 plus s = fp16(d * sum of the codes), with d the f32 scale before rounding to fp16.
 void QuantizeQ8_1(const float* x, BlockQ8_1* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQk0) {
-    float amax = 0.0f;
-    for (int j = 0; j < kQk0; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    y[i].d = F32ToF16(d);
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float d = QuantizeBlock32(x, y[i].qs, &y[i].d);
     int sum = 0;
-    for (int j = 0; j < kQk0; ++j) {
-      y[i].qs[j] = static_cast<int8_t>(RoundHalfEven(x[j] * id));
-      sum += y[i].qs[j];
-    }
+    for (int j = 0; j < kQk0; ++j) sum += y[i].qs[j];
     y[i].s = F32ToF16(d * static_cast<float>(sum));
   }
 }
@@ -268,93 +268,54 @@ float DotBf16Scalar(const void* row, const void* act, int64_t n) {
   return Sum8(lanes);
 }
 
+// The 32-value block types x Q8_0 / Q8_1. Code(block, j) is weight value j's integer
+// code (already offset: -8..7 for Q4_0, a level for IQ4_NL). Per block the integer sum
+// is scaled by d_w * d_x (f32 product of the two fp16 scales) and added:
+//   kFused  false: sum += isum * scale (ggml's vec_dot for Q8_0, Q5_0, Q4_1, Q5_1);
+//           true:  sum = fma(isum, scale, sum) (llama.cpp's repacked Q4_0 / IQ4_NL
+//                  kernels, see quant_avx2.cc).
+// Q4_1 / Q5_1 also sum m_w * s_x over the blocks apart, added at the end.
+template <bool kFused, typename Block, typename Act, typename Code>
+float DotBlocks32(const void* row, const void* act, int64_t n, Code code) {
+  const auto* w = static_cast<const Block*>(row);
+  const auto* x = static_cast<const Act*>(act);
+  float sum = 0.0f, summs = 0.0f;
+  for (int64_t i = 0; i < n / kQk0; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < kQk0; ++j) sumi += code(w[i], j) * x[i].qs[j];
+    const float scale = F16ToF32(w[i].d) * F16ToF32(x[i].d);
+    if constexpr (kFused) {
+      sum = std::fma(static_cast<float>(sumi), scale, sum);
+    } else {
+      sum += static_cast<float>(sumi) * scale;
+    }
+    if constexpr (std::is_same_v<Act, BlockQ8_1>) summs += F16ToF32(w[i].m) * F16ToF32(x[i].s);
+  }
+  return sum + summs;
+}
+
 float DotQ8_0Scalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ8_0*>(row);
-  const auto* x = static_cast<const BlockQ8_0*>(act);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQk0; ++i) {
-    int sumi = 0;
-    for (int j = 0; j < kQk0; ++j) sumi += w[i].qs[j] * x[i].qs[j];
-    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
-  }
-  return sum;
+  return DotBlocks32<false, BlockQ8_0, BlockQ8_0>(row, act, n, [](const BlockQ8_0& b, int j) { return b.qs[j]; });
 }
-
 float DotQ4_0Scalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ4_0*>(row);
-  const auto* x = static_cast<const BlockQ8_0*>(act);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQk0; ++i) {
-    int sumi = 0;
-    for (int j = 0; j < kQk0 / 2; ++j) {
-      sumi += ((w[i].qs[j] & 0xf) - 8) * x[i].qs[j];
-      sumi += ((w[i].qs[j] >> 4) - 8) * x[i].qs[j + kQk0 / 2];
-    }
-    // One fused running sum, as llama.cpp's repacked Q4_0 kernels (quant_avx2.cc).
-    sum = std::fma(static_cast<float>(sumi), F16ToF32(w[i].d) * F16ToF32(x[i].d), sum);
-  }
-  return sum;
+  return DotBlocks32<true, BlockQ4_0, BlockQ8_0>(row, act, n,
+                                                 [](const BlockQ4_0& b, int j) { return Nibble(b.qs, j) - 8; });
 }
-
-// Q4_1 / Q5_1 x Q8_1: sum of (d_w * d_x) * isum over the blocks, plus the sum of
-// m_w * s_x kept apart and added at the end, as ggml's vec_dot does.
-float DotQ4_1Scalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ4_1*>(row);
-  const auto* x = static_cast<const BlockQ8_1*>(act);
-  float sum = 0.0f, summs = 0.0f;
-  for (int64_t i = 0; i < n / kQk0; ++i) {
-    int sumi = 0;
-    for (int j = 0; j < kQk0 / 2; ++j) {
-      sumi += (w[i].qs[j] & 0xf) * x[i].qs[j];
-      sumi += (w[i].qs[j] >> 4) * x[i].qs[j + kQk0 / 2];
-    }
-    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
-    summs += F16ToF32(w[i].m) * F16ToF32(x[i].s);
-  }
-  return sum + summs;
-}
-
-float DotQ5_1Scalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ5_1*>(row);
-  const auto* x = static_cast<const BlockQ8_1*>(act);
-  float sum = 0.0f, summs = 0.0f;
-  for (int64_t i = 0; i < n / kQk0; ++i) {
-    const uint32_t qh = HighBits(w[i].qh);
-    int sumi = 0;
-    for (int j = 0; j < kQk0; ++j) sumi += Q5Code(w[i].qs, qh, j) * x[i].qs[j];
-    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
-    summs += F16ToF32(w[i].m) * F16ToF32(x[i].s);
-  }
-  return sum + summs;
-}
-
-float DotQ5_0Scalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ5_0*>(row);
-  const auto* x = static_cast<const BlockQ8_0*>(act);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQk0; ++i) {
-    const uint32_t qh = HighBits(w[i].qh);
-    int sumi = 0;
-    for (int j = 0; j < kQk0; ++j) sumi += (Q5Code(w[i].qs, qh, j) - 16) * x[i].qs[j];
-    sum += static_cast<float>(sumi) * (F16ToF32(w[i].d) * F16ToF32(x[i].d));
-  }
-  return sum;
-}
-
-// One fused running sum, as Q4_0: llama.cpp repacks IQ4_NL rows for AVX2 the same way.
 float DotIq4NlScalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockIq4Nl*>(row);
-  const auto* x = static_cast<const BlockQ8_0*>(act);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQk0; ++i) {
-    int sumi = 0;
-    for (int j = 0; j < kQk0 / 2; ++j) {
-      sumi += kIq4nlValues[w[i].qs[j] & 0xf] * x[i].qs[j];
-      sumi += kIq4nlValues[w[i].qs[j] >> 4] * x[i].qs[j + kQk0 / 2];
-    }
-    sum = std::fma(static_cast<float>(sumi), F16ToF32(w[i].d) * F16ToF32(x[i].d), sum);
-  }
-  return sum;
+  return DotBlocks32<true, BlockIq4Nl, BlockQ8_0>(
+      row, act, n, [](const BlockIq4Nl& b, int j) { return static_cast<int>(kIq4nlValues[Nibble(b.qs, j)]); });
+}
+float DotQ5_0Scalar(const void* row, const void* act, int64_t n) {
+  return DotBlocks32<false, BlockQ5_0, BlockQ8_0>(
+      row, act, n, [](const BlockQ5_0& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j) - 16; });
+}
+float DotQ4_1Scalar(const void* row, const void* act, int64_t n) {
+  return DotBlocks32<false, BlockQ4_1, BlockQ8_1>(row, act, n,
+                                                  [](const BlockQ4_1& b, int j) { return Nibble(b.qs, j); });
+}
+float DotQ5_1Scalar(const void* row, const void* act, int64_t n) {
+  return DotBlocks32<false, BlockQ5_1, BlockQ8_1>(
+      row, act, n, [](const BlockQ5_1& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j); });
 }
 
 float DotQ4_KScalar(const void* row, const void* act, int64_t n) {

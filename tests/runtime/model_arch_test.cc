@@ -20,12 +20,11 @@
 
 #include <gtest/gtest.h>
 
-#include "kvcache/kv_cache.h"
 #include "memory/half.h"
-#include "memory/memory_manager.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
+#include "tests/runtime/model_test_util.h"
 
 namespace tierkv {
 namespace {
@@ -242,31 +241,6 @@ std::vector<Vec> ReferenceLogits(const Arch& a, const Weights& w, const std::vec
 
 // ---- the comparison ----
 
-std::vector<std::vector<float>> OurLogits(std::shared_ptr<const GgufFile> file, const std::vector<int>& tokens,
-                                          int threads) {
-  ModelOptions mo;
-  mo.threads = threads;
-  auto model = Model::Load(std::move(file), mo);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
-  if (!model.ok()) return {};
-  MemoryOptions mem;
-  mem.host_bytes = 16 * kMiB;
-  mem.frame_bytes = 64 * kKiB;
-  mem.warmup = false;
-  mem.mlock = MlockMode::kOff;
-  auto mm = std::move(MemoryManager::Create(mem)).value();
-  auto cache = std::move(KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kF16, 16))).value();
-  const SeqId seq = cache->NewSequence();
-  std::vector<std::vector<float>> out;
-  std::vector<float> logits(static_cast<size_t>((*model)->config().n_vocab));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const Status s = (*model)->Forward(*cache, seq, tokens[i], static_cast<int>(i), logits);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    out.push_back(logits);
-  }
-  return out;
-}
-
 void ExpectMatchesReference(const Arch& a, uint32_t seed) {
   SCOPED_TRACE(a.name);
   const Weights w = MakeWeights(a, seed);
@@ -277,7 +251,7 @@ void ExpectMatchesReference(const Arch& a, uint32_t seed) {
   for (int& t : tokens) t = std::uniform_int_distribution<int>(0, a.n_vocab - 1)(rng);
   const std::vector<Vec> ref = ReferenceLogits(a, w, tokens);
   for (int threads : {1, 2}) {
-    const auto got = OurLogits(file, tokens, threads);
+    const auto got = testing::LogitsAfterEachToken(file, tokens, threads, /*block_tokens=*/16);
     ASSERT_EQ(got.size(), tokens.size());
     double max_abs = 0, sum_sq = 0, n = 0;
     int same_top1 = 0;

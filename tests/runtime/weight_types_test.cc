@@ -20,11 +20,10 @@
 
 #include "kernels/fp16.h"
 #include "kernels/quant.h"
-#include "kvcache/kv_cache.h"
-#include "memory/memory_manager.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
+#include "tests/runtime/model_test_util.h"
 
 namespace tierkv {
 namespace {
@@ -184,31 +183,6 @@ ModelPair Requantize(const GgufFile& src, WeightType type) {
   return p;
 }
 
-// Logits after each token, on two threads (parallel matvecs and attention).
-std::vector<std::vector<float>> RunTokens(std::shared_ptr<const GgufFile> file, const std::vector<int>& tokens) {
-  ModelOptions mo;
-  mo.threads = 2;
-  auto model = Model::Load(std::move(file), mo);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
-  if (!model.ok()) return {};
-  MemoryOptions mem;
-  mem.host_bytes = 32 * kMiB;
-  mem.frame_bytes = 64 * kKiB;
-  mem.warmup = false;
-  mem.mlock = MlockMode::kOff;
-  auto mm = std::move(MemoryManager::Create(mem)).value();
-  auto cache = std::move(KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kF16, 0))).value();
-  const SeqId seq = cache->NewSequence();
-  std::vector<std::vector<float>> out;
-  std::vector<float> logits(static_cast<size_t>((*model)->config().n_vocab));
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    const Status s = (*model)->Forward(*cache, seq, tokens[i], static_cast<int>(i), logits);
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    out.push_back(logits);
-  }
-  return out;
-}
-
 TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
   auto opened = GgufFile::Open(kRefModel.string());
   if (!opened.ok()) GTEST_SKIP() << "reference model not found: " << kRefModel;
@@ -233,8 +207,9 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
     const ModelPair p = Requantize(*src, c.type);
     ASSERT_NE(p.typed, nullptr);
     ASSERT_NE(p.f32, nullptr);
-    const auto a = RunTokens(p.typed, tokens);
-    const auto b = RunTokens(p.f32, tokens);
+    // Two threads: parallel matvecs and attention.
+    const auto a = testing::LogitsAfterEachToken(p.typed, tokens, 2);
+    const auto b = testing::LogitsAfterEachToken(p.f32, tokens, 2);
     ASSERT_EQ(a.size(), tokens.size());
     ASSERT_EQ(b.size(), tokens.size());
     double max_abs = 0, sum_abs = 0, n = 0;

@@ -24,6 +24,8 @@ constexpr WeightTypeInfo kTypes[] = {
     {WeightType::kQ5_1, "Q5_1", kQk0, sizeof(BlockQ5_1), WeightType::kQ8_1},
     {WeightType::kQ8_0, "Q8_0", kQk0, sizeof(BlockQ8_0), WeightType::kQ8_0},
     {WeightType::kQ8_1, "Q8_1", kQk0, sizeof(BlockQ8_1), WeightType::kQ8_1},
+    {WeightType::kQ2_K, "Q2_K", kQkK, sizeof(BlockQ2_K), WeightType::kQ8_K},
+    {WeightType::kQ3_K, "Q3_K", kQkK, sizeof(BlockQ3_K), WeightType::kQ8_K},
     {WeightType::kQ4_K, "Q4_K", kQkK, sizeof(BlockQ4_K), WeightType::kQ8_K},
     {WeightType::kQ5_K, "Q5_K", kQkK, sizeof(BlockQ5_K), WeightType::kQ8_K},
     {WeightType::kQ6_K, "Q6_K", kQkK, sizeof(BlockQ6_K), WeightType::kQ8_K},
@@ -111,6 +113,32 @@ void DequantQ8_1(const BlockQ8_1* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, y += kQk0) {
     const float d = F16ToF32(b[i].d);
     for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(b[i].qs[j]) * d;
+  }
+}
+
+// Q2_K / Q3_K: the 2 low bits of value 128h + 32j + l are bits 2j..2j+1 of qs[32h + l].
+inline int Low2(const uint8_t* qs, int v) { return (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3; }
+
+// Value v (0..255) of a Q3_K super-block: -4..3.
+inline int Q3Code(const BlockQ3_K& b, int v) { return Low2(b.qs, v) + 4 * ((b.hmask[v % 32] >> (v / 32)) & 1) - 4; }
+
+void DequantQ2_K(const BlockQ2_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQkK) {
+    const float d = F16ToF32(b[i].d), dmin = F16ToF32(b[i].dmin);
+    for (int v = 0; v < kQkK; ++v) {
+      const uint8_t sc = b[i].scales[v / 16];
+      const float dl = d * static_cast<float>(sc & 15), ml = dmin * static_cast<float>(sc >> 4);
+      y[v] = dl * static_cast<float>(Low2(b[i].qs, v)) - ml;
+    }
+  }
+}
+
+void DequantQ3_K(const BlockQ3_K* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, y += kQkK) {
+    const float d = F16ToF32(b[i].d);
+    for (int v = 0; v < kQkK; ++v) {
+      y[v] = d * static_cast<float>(ScaleQ3K(b[i].scales, v / 16) - 32) * static_cast<float>(Q3Code(b[i], v));
+    }
   }
 }
 
@@ -318,6 +346,44 @@ float DotQ5_1Scalar(const void* row, const void* act, int64_t n) {
       row, act, n, [](const BlockQ5_1& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j); });
 }
 
+// Q2_K: the 4-bit scales weight the 16-value integer sums; the mins go through the
+// activation's 16-value sums: sum += d * isum - dmin * summ (as Q4_K).
+float DotQ2_KScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ2_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    int sumi = 0, summ = 0;
+    for (int g = 0; g < 16; ++g) {
+      int gs = 0;
+      for (int v = 16 * g; v < 16 * g + 16; ++v) gs += Low2(w[i].qs, v) * x[i].qs[v];
+      sumi += (w[i].scales[g] & 15) * gs;
+      summ += (w[i].scales[g] >> 4) * x[i].bsums[g];
+    }
+    const float d = x[i].d * F16ToF32(w[i].d);
+    const float dmin = x[i].d * F16ToF32(w[i].dmin);
+    sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+  }
+  return sum;
+}
+
+// Q3_K: the signed 6-bit scales weight the 16-value integer sums (as Q6_K).
+float DotQ3_KScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockQ3_K*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    int sumi = 0;
+    for (int g = 0; g < 16; ++g) {
+      int gs = 0;
+      for (int v = 16 * g; v < 16 * g + 16; ++v) gs += Q3Code(w[i], v) * x[i].qs[v];
+      sumi += (ScaleQ3K(w[i].scales, g) - 32) * gs;
+    }
+    sum += x[i].d * F16ToF32(w[i].d) * static_cast<float>(sumi);
+  }
+  return sum;
+}
+
 float DotQ4_KScalar(const void* row, const void* act, int64_t n) {
   const auto* w = static_cast<const BlockQ4_K*>(row);
   const auto* x = static_cast<const BlockQ8_K*>(act);
@@ -432,6 +498,8 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
     case WeightType::kQ5_1: DequantQ5_1(static_cast<const BlockQ5_1*>(row), out, n / kQk0); return;
     case WeightType::kIQ4_NL: DequantIq4Nl(static_cast<const BlockIq4Nl*>(row), out, n / kQk0); return;
     case WeightType::kQ8_1: DequantQ8_1(static_cast<const BlockQ8_1*>(row), out, n / kQk0); return;
+    case WeightType::kQ2_K: DequantQ2_K(static_cast<const BlockQ2_K*>(row), out, n / kQkK); return;
+    case WeightType::kQ3_K: DequantQ3_K(static_cast<const BlockQ3_K*>(row), out, n / kQkK); return;
     case WeightType::kQ4_K: DequantQ4_K(static_cast<const BlockQ4_K*>(row), out, n / kQkK); return;
     case WeightType::kQ5_K: DequantQ5_K(static_cast<const BlockQ5_K*>(row), out, n / kQkK); return;
     case WeightType::kQ6_K: DequantQ6_K(static_cast<const BlockQ6_K*>(row), out, n / kQkK); return;
@@ -465,6 +533,8 @@ DotFn ScalarDot(WeightType weight) {
     case WeightType::kQ5_0: return DotQ5_0Scalar;
     case WeightType::kQ5_1: return DotQ5_1Scalar;
     case WeightType::kIQ4_NL: return DotIq4NlScalar;
+    case WeightType::kQ2_K: return DotQ2_KScalar;
+    case WeightType::kQ3_K: return DotQ3_KScalar;
     case WeightType::kQ4_K: return DotQ4_KScalar;
     case WeightType::kQ5_K: return DotQ5_KScalar;
     case WeightType::kQ6_K: return DotQ6_KScalar;

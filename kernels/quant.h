@@ -11,8 +11,9 @@
 //   Q8_0, Q4_0,   Q8_0 (32-value blocks)        integer block sums scaled by d_w * d_x in f32
 //   Q5_0, IQ4_NL
 //   Q4_1, Q5_1    Q8_1 (Q8_0 plus s = d * sum)  as Q8_0, plus m_w * s_x per block
-//   Q4_K, Q5_K,   Q8_K (256-value blocks,       integer sums with the 6/8-bit sub-block
-//   Q6_K          f32 scale, 16-value sums)     scales, scaled by d_x * d_w in f32
+//   Q2_K, Q3_K,   Q8_K (256-value blocks,       integer sums with the 4/6/8-bit sub-block
+//   Q4_K, Q5_K,   f32 scale, 16-value sums)     scales, scaled by d_x * d_w in f32
+//   Q6_K
 //
 // Rounding the activation row is what makes quantized matmuls a discontinuous function
 // of their input; doing it exactly as llama.cpp does is what keeps our logits within
@@ -29,6 +30,14 @@
 //   IQ4_NL {d; uint8 qs[16]}                     as Q4_0, x = d * kIq4nlValues[nibble] (a fixed
 //                                                non-uniform table of 16 int8 levels)
 //   Q8_1  {d; s; int8 qs[32]} (activations only): s = fp16(d * sum of qs), d the f32 scale
+//   Q2_K  {uint8 scales[16]; uint8 qs[64]; d; dmin}: 16 groups of 16 values, group g
+//         with 4-bit scale scales[g] & 15 and min scales[g] >> 4; value v = 128h + 32j +
+//         l (h < 2, j < 4, l < 32) is bits 2j..2j+1 of qs[32h + l]:
+//         x = d * sc_g * q - dmin * m_g
+//   Q3_K  {uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; d}: 16 groups with 6-bit
+//         scales stored +32 (packed, see ScaleQ3K); value v as Q2_K for its 2 low bits,
+//         its 3rd bit is bit v / 32 of hmask[v % 32], and q = low + 4 * bit - 4:
+//         x = d * (sc_g - 32) * q
 //   Q4_K  {d; dmin; uint8 scales[12]; uint8 qs[128]}: 8 sub-blocks of 32 with 6-bit
 //         scale sc_j and min m_j (packed, see ScaleMinK4); chunk c (64 values) holds
 //         sub-block 2c in the low nibbles of qs[32c..32c+31] and 2c+1 in the high ones;
@@ -62,6 +71,8 @@ enum class WeightType : uint32_t {
   kQ5_1 = 7,
   kQ8_0 = 8,
   kQ8_1 = 9,  // activations only
+  kQ2_K = 10,
+  kQ3_K = 11,
   kQ4_K = 12,
   kQ5_K = 13,
   kQ6_K = 14,
@@ -108,6 +119,18 @@ struct BlockIq4Nl {
 };
 // The 16 levels of IQ4_NL (ggml's kvalues_iq4nl).
 inline constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+struct BlockQ2_K {
+  uint8_t scales[kQkK / 16];
+  uint8_t qs[kQkK / 4];
+  uint16_t d;
+  uint16_t dmin;
+};
+struct BlockQ3_K {
+  uint8_t hmask[kQkK / 8];
+  uint8_t qs[kQkK / 4];
+  uint8_t scales[12];
+  uint16_t d;
+};
 struct BlockQ4_K {
   uint16_t d;
   uint16_t dmin;
@@ -139,6 +162,8 @@ static_assert(sizeof(BlockQ5_0) == 22);
 static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockIq4Nl) == 18);
+static_assert(sizeof(BlockQ2_K) == 84);
+static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
@@ -171,6 +196,13 @@ inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
     *sc = static_cast<uint8_t>((q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4));
     *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// The 6-bit scale code (0..63; the scale is code - 32) of group g (0..15) of a Q3_K
+// super-block: low 4 bits in nibble g / 8 of byte g % 8, high 2 bits at bit 2 * (g / 4)
+// of byte 8 + g % 4.
+inline int ScaleQ3K(const uint8_t* scales, int g) {
+  return ((scales[g % 8] >> (4 * (g / 8))) & 15) | (((scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
 }
 
 // out[n] = the values of one row. REQUIRES: n % block_size == 0. Q8_1 and Q8_K are

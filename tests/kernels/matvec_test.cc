@@ -54,6 +54,11 @@ OwnedMatrix RandomMatrix(WeightType type, int64_t rows, int64_t cols, uint32_t s
         const uint16_t d = F32ToF16(0.01f), dmin = F32ToF16(0.002f);
         if (type == WeightType::kQ6_K) {
           std::memcpy(blk + 208, &d, 2);
+        } else if (type == WeightType::kQ3_K) {
+          std::memcpy(blk + 108, &d, 2);
+        } else if (type == WeightType::kQ2_K) {
+          std::memcpy(blk + 80, &d, 2);
+          std::memcpy(blk + 82, &dmin, 2);
         } else {
           std::memcpy(blk, &d, 2);
           if (type == WeightType::kQ4_K || type == WeightType::kQ5_K || type == WeightType::kQ4_1 ||
@@ -79,8 +84,8 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed) {
 TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
   ThreadPool pool1(1), pool3(3);
   for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1,
-                       WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ4_K, WeightType::kQ5_K,
-                       WeightType::kQ6_K}) {
+                       WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ2_K, WeightType::kQ3_K,
+                       WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
     SCOPED_TRACE(WeightTypeName(t));
     const OwnedMatrix m = RandomMatrix(t, 300, 512, 1);
     const std::vector<float> x = RandomVector(512, 2);

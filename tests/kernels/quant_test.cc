@@ -28,9 +28,10 @@ namespace {
 __attribute__((target("f16c"))) uint16_t HardwareF16(float x) { return static_cast<uint16_t>(_cvtss_sh(x, 0)); }
 #endif
 
-constexpr WeightType kWeightTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16,   WeightType::kQ8_0,
-                                       WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,   WeightType::kQ5_1,
-                                       WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,   WeightType::kIQ4_NL};
+constexpr WeightType kWeightTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16, WeightType::kQ8_0,
+                                       WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1,
+                                       WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
+                                       WeightType::kQ6_K, WeightType::kIQ4_NL};
 
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> v = {SimdLevel::kScalar};
@@ -111,6 +112,21 @@ std::vector<uint8_t> RandomRow(WeightType type, int64_t n, std::mt19937& rng) {
       for (int64_t i = 0; i < n / kQkK; ++i) b[i].d = RandomScale(rng, 0.0002f, 0.002f);
       break;
     }
+    case WeightType::kQ2_K: {  // d and dmin at bytes 80 and 82
+      for (int64_t i = 0; i < n / kQkK; ++i) {
+        const uint16_t d = RandomScale(rng, 0.001f, 0.01f), dmin = RandomScale(rng, 0.001f, 0.01f);
+        std::memcpy(row.data() + i * 84 + 80, &d, 2);
+        std::memcpy(row.data() + i * 84 + 82, &dmin, 2);
+      }
+      break;
+    }
+    case WeightType::kQ3_K: {  // d at byte 108
+      for (int64_t i = 0; i < n / kQkK; ++i) {
+        const uint16_t d = RandomScale(rng, 0.0005f, 0.005f);
+        std::memcpy(row.data() + i * 110 + 108, &d, 2);
+      }
+      break;
+    }
     default: break;
   }
   return row;
@@ -186,6 +202,29 @@ double RefValue(WeightType type, const uint8_t* row, int64_t i) {
       UnpackScaleMin(b + 4, j, &sc, &m);
       return LoadF16(b) * sc * q - LoadF16(b + 2) * m;
     }
+    case WeightType::kQ2_K: {
+      // {scales[16], qs[64], d, dmin}: value r = 128h + 32j + l has bits 2j..2j+1 of
+      // qs[32h + l]; group r / 16 has scale (low nibble) and min (high nibble).
+      const uint8_t* b = row + (i / 256) * 84;
+      const int r = static_cast<int>(i % 256);
+      const int h = r / 128, j = (r % 128) / 32, l = r % 32;
+      const int q = (b[16 + 32 * h + l] >> (2 * j)) & 3;
+      const uint8_t sc = b[r / 16];
+      return LoadF16(b + 80) * (sc & 15) * q - LoadF16(b + 82) * (sc >> 4);
+    }
+    case WeightType::kQ3_K: {
+      // {hmask[32], qs[64], scales[12], d}: the 2 low bits as Q2_K; the 3rd is bit r / 32
+      // of hmask[r % 32], set meaning +4 over the -4 offset; the group's 6-bit scale code
+      // is 4 bits of byte (g % 8) (nibble g / 8) and 2 bits of byte 8 + g % 4 (at 2 * (g / 4)).
+      const uint8_t* b = row + (i / 256) * 110;
+      const int r = static_cast<int>(i % 256);
+      const int h = r / 128, j = (r % 128) / 32, l = r % 32, g = r / 16;
+      const int low = (b[32 + 32 * h + l] >> (2 * j)) & 3;
+      const int hi = (b[r % 32] >> (r / 32)) & 1;
+      const uint8_t* s = b + 96;
+      const int code = ((s[g % 8] >> (4 * (g / 8))) & 15) | (((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+      return LoadF16(b + 108) * (code - 32) * (low + 4 * hi - 4);
+    }
     case WeightType::kQ6_K: {
       const uint8_t* b = row + (i / 256) * 210;
       const int r = static_cast<int>(i % 256);
@@ -209,7 +248,12 @@ TEST(QuantTest, TypeTableMatchesGgml) {
   EXPECT_EQ(FindWeightType(12)->type, WeightType::kQ4_K);
   EXPECT_EQ(FindWeightType(3)->type, WeightType::kQ4_1);
   EXPECT_EQ(FindWeightType(20)->type, WeightType::kIQ4_NL);
-  EXPECT_EQ(FindWeightType(10), nullptr);  // Q2_K: not supported
+  EXPECT_EQ(FindWeightType(10)->type, WeightType::kQ2_K);
+  EXPECT_EQ(FindWeightType(11)->type, WeightType::kQ3_K);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ2_K).block_bytes, 84);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ3_K).block_bytes, 110);
+  EXPECT_EQ(ActivationType(WeightType::kQ3_K), WeightType::kQ8_K);
+  EXPECT_EQ(FindWeightType(16), nullptr);  // IQ2_XXS: not supported
   EXPECT_EQ(FindWeightType(39), nullptr);  // MXFP4: not supported
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ4_1).block_bytes, 20);
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ5_0).block_bytes, 22);

@@ -1,11 +1,11 @@
 // tests/runtime/weight_types_test.cc
 //
-// Weight types that no file in ../shared/reference uses (Q4_1, Q5_0, Q5_1, IQ4_NL, BF16,
-// and Q8_0 as a control), end to end: ref-llama-f16's weights are re-quantized here to
+// Weight types that no file in ../shared/reference uses (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K,
+// Q3_K, BF16; Q8_0 and Q6_K as controls), end to end: ref-llama-f16's weights are re-quantized here to
 // type T (a plain round-to-nearest, not llama-quantize's search), and the model is run
 // twice on the same tokens: once with the T tensors, once with the same values written as
 // F32. The two differ only in how the activations are rounded before each product
-// (Q8_0 / Q8_1 / BF16 against f32), so the logits must agree closely; a wrong block
+// (Q8_0 / Q8_1 / Q8_K / BF16 against f32), so the logits must agree closely; a wrong block
 // layout, a wrong activation type or a loader that mislabels a tensor would not.
 // The kernels' own bit-level checks are in tests/kernels/quant_test.cc.
 #include <algorithm>
@@ -103,7 +103,95 @@ void QuantizeBlock(WeightType type, const float* x, uint8_t* out) {
   ADD_FAILURE() << "no test quantizer for " << kernels::WeightTypeName(type);
 }
 
-// A row of n values as `type` (F32, BF16 or a 32-value block type).
+// One super-block of 256 values as Q2_K or Q3_K, round-to-nearest in two levels: a
+// scale (and for Q2_K a min) per 16-value group, then those quantized against the
+// super-block's d (and dmin); `out` gets block_bytes bytes.
+void QuantizeSuperBlock(WeightType type, const float* x, uint8_t* out) {
+  const bool two = type == WeightType::kQ2_K;
+  float a[16], b[16];  // per group: step and (Q2_K) offset: x ~ a * q - b
+  float amax = 0.0f, bmax = 0.0f;
+  for (int g = 0; g < 16; ++g) {
+    float lo = 0.0f, hi = 0.0f, mag = 0.0f;
+    for (int i = 16 * g; i < 16 * g + 16; ++i) {
+      lo = std::min(lo, x[i]);
+      hi = std::max(hi, x[i]);
+      mag = std::max(mag, std::fabs(x[i]));
+    }
+    a[g] = two ? (hi - lo) / 3.0f : mag / 4.0f;  // Q2_K: q in 0..3 from lo; Q3_K: -4..3
+    b[g] = two ? -lo : 0.0f;
+    amax = std::max(amax, a[g]);
+    bmax = std::max(bmax, b[g]);
+  }
+  const float d = two ? amax / 15.0f : amax / 31.0f, dmin = bmax / 15.0f;
+  int sc[16], mn[16];
+  for (int g = 0; g < 16; ++g) {
+    sc[g] = d > 0.0f ? static_cast<int>(Round(a[g] / d)) : 0;
+    mn[g] = two && dmin > 0.0f ? std::clamp(static_cast<int>(Round(b[g] / dmin)), 0, 15) : 0;
+    sc[g] = std::clamp(sc[g], 0, two ? 15 : 31);
+  }
+  const size_t bytes = kernels::GetWeightTypeInfo(type).block_bytes;
+  std::memset(out, 0, bytes);
+  uint8_t* qs = out + (two ? 16 : 32);
+  for (int v = 0; v < 256; ++v) {
+    const int g = v / 16;
+    const float step = d * static_cast<float>(sc[g]);
+    int q = 0;
+    if (two) {
+      q = step > 0.0f ? std::clamp(static_cast<int>(Round((x[v] + dmin * mn[g]) / step)), 0, 3) : 0;
+    } else {
+      q = (step > 0.0f ? std::clamp(static_cast<int>(Round(x[v] / step)), -4, 3) : 0) + 4;  // 0..7
+      if (q & 4) out[v % 32] |= static_cast<uint8_t>(1u << (v / 32));                       // hmask
+    }
+    qs[32 * (v / 128) + v % 32] |= static_cast<uint8_t>((q & 3) << (2 * ((v % 128) / 32)));
+  }
+  if (two) {
+    for (int g = 0; g < 16; ++g) out[g] = static_cast<uint8_t>(sc[g] | (mn[g] << 4));
+    const uint16_t dh = Half(d), mh = Half(dmin);
+    std::memcpy(out + 80, &dh, 2);
+    std::memcpy(out + 82, &mh, 2);
+  } else {
+    uint8_t* scales = out + 96;
+    for (int g = 0; g < 16; ++g) {
+      const int code = sc[g] + 32;  // scale sc[g] >= 0, stored + 32
+      scales[g % 8] |= static_cast<uint8_t>((code & 15) << (4 * (g / 8)));
+      scales[8 + g % 4] |= static_cast<uint8_t>((code >> 4) << (2 * (g / 4)));
+    }
+    const uint16_t dh = Half(d);
+    std::memcpy(out + 108, &dh, 2);
+  }
+}
+
+// One super-block as Q6_K (the control for the Q8_K activation path: ref-llama-q4_k_m
+// uses Q6_K): a signed 8-bit scale per 16-value group against d, 6-bit values stored +32;
+// value v = 128h + 32k + l keeps its low 4 bits in ql[64h + l + 32 (k & 1)] (nibble k / 2)
+// and its high 2 in bits 2k of qh[32h + l].
+void QuantizeQ6K(const float* x, uint8_t* out) {
+  float s[16], smax = 0.0f;
+  for (int g = 0; g < 16; ++g) {
+    float mag = 0.0f;
+    for (int i = 16 * g; i < 16 * g + 16; ++i) mag = std::max(mag, std::fabs(x[i]));
+    s[g] = mag / 31.0f;
+    smax = std::max(smax, s[g]);
+  }
+  const float d = smax / 127.0f;
+  std::memset(out, 0, 210);
+  uint8_t* ql = out;
+  uint8_t* qh = out + 128;
+  auto* scales = reinterpret_cast<int8_t*>(out + 192);
+  for (int v = 0; v < 256; ++v) {
+    const int h = v / 128, k = (v % 128) / 32, l = v % 32, g = v / 16;
+    const int sc = d > 0.0f ? std::clamp(static_cast<int>(Round(s[g] / d)), 0, 127) : 0;
+    const float step = d * static_cast<float>(sc);
+    const int q = (step > 0.0f ? std::clamp(static_cast<int>(Round(x[v] / step)), -32, 31) : 0) + 32;
+    ql[64 * h + l + 32 * (k & 1)] |= static_cast<uint8_t>((q & 15) << (4 * (k / 2)));
+    qh[32 * h + l] |= static_cast<uint8_t>((q >> 4) << (2 * k));
+    scales[8 * h + l / 16 + 2 * k] = static_cast<int8_t>(sc);
+  }
+  const uint16_t dh = Half(d);
+  std::memcpy(out + 208, &dh, 2);
+}
+
+// A row of n values as `type` (F32, BF16, a 32-value block type, Q2_K, Q3_K or Q6_K).
 std::vector<uint8_t> QuantizeRow(WeightType type, const float* x, int64_t n) {
   std::vector<uint8_t> out(kernels::RowBytes(type, n));
   if (type == WeightType::kF32) {
@@ -114,8 +202,17 @@ std::vector<uint8_t> QuantizeRow(WeightType type, const float* x, int64_t n) {
       std::memcpy(out.data() + 2 * i, &b, 2);
     }
   } else {
-    const size_t bb = kernels::GetWeightTypeInfo(type).block_bytes;
-    for (int64_t b = 0; b < n / 32; ++b) QuantizeBlock(type, x + 32 * b, out.data() + b * bb);
+    const kernels::WeightTypeInfo& info = kernels::GetWeightTypeInfo(type);
+    for (int64_t b = 0; b < n / info.block_size; ++b) {
+      uint8_t* o = out.data() + b * info.block_bytes;
+      if (type == WeightType::kQ6_K) {
+        QuantizeQ6K(x + 256 * b, o);
+      } else if (info.block_size == 256) {
+        QuantizeSuperBlock(type, x + 256 * b, o);
+      } else {
+        QuantizeBlock(type, x + 32 * b, o);
+      }
+    }
   }
   return out;
 }
@@ -191,18 +288,22 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
   const std::vector<int> tokens = {1, 450, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203,
                                    29889, 9038, 2501, 263, 931, 100, 2000, 31000};
   // Largest |logit difference| allowed, and of the mean over all logits (logits here
-  // have a standard deviation of about 4). Measured (2026-12-02): Q8_0 0.39 / 0.055, Q4_1
-  // 0.59 / 0.079, Q5_0 0.54 / 0.080, Q5_1 0.58 / 0.077, IQ4_NL 0.42 / 0.060, BF16 0.19 /
-  // 0.022: the activation rounding alone, the same size for the new types as for Q8_0,
-  // whose path matches llama.cpp's reference vectors. A decoding error in a weight type
-  // moves logits by whole units.
+  // have a standard deviation of about 4). Measured (2026-12-02), 32-value types against
+  // their Q8_0 / Q8_1 activations: Q8_0 0.39 / 0.055, Q4_1 0.59 / 0.079, Q5_0 0.54 /
+  // 0.080, Q5_1 0.58 / 0.077, IQ4_NL 0.42 / 0.060; K-quants against Q8_K (one scale per
+  // 256 values, so coarser): Q6_K 0.79 / 0.10, Q3_K 0.75 / 0.093, Q2_K 0.99 / 0.11;
+  // BF16 0.19 / 0.022. In each family the new types are as close as the control (Q8_0,
+  // Q6_K), whose paths match llama.cpp's reference vectors. A decoding error in a weight
+  // type moves logits by whole units.
   struct Case {
     WeightType type;
     double max_abs, mean_abs;
   };
   for (const Case& c : {Case{WeightType::kQ8_0, 1.0, 0.15}, Case{WeightType::kQ4_1, 1.0, 0.15},
                         Case{WeightType::kQ5_0, 1.0, 0.15}, Case{WeightType::kQ5_1, 1.0, 0.15},
-                        Case{WeightType::kIQ4_NL, 1.0, 0.15}, Case{WeightType::kBF16, 0.5, 0.05}}) {
+                        Case{WeightType::kIQ4_NL, 1.0, 0.15}, Case{WeightType::kQ6_K, 2.0, 0.25},
+                        Case{WeightType::kQ3_K, 2.0, 0.25}, Case{WeightType::kQ2_K, 2.0, 0.25},
+                        Case{WeightType::kBF16, 0.5, 0.05}}) {
     SCOPED_TRACE(kernels::WeightTypeName(c.type));
     const ModelPair p = Requantize(*src, c.type);
     ASSERT_NE(p.typed, nullptr);
@@ -236,7 +337,7 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
   }
 }
 
-// A type the GGUF reader knows but the kernels cannot read (here Q2_K, zero bytes) is
+// A type the GGUF reader knows but the kernels cannot read (here IQ2_XXS, zero bytes) is
 // refused when the model loads, with one line naming the tensor, its type and the types
 // that are read.
 TEST(WeightTypesTest, UnreadableTypeIsRefusedNamingTheTensor) {
@@ -248,7 +349,7 @@ TEST(WeightTypesTest, UnreadableTypeIsRefusedNamingTheTensor) {
   for (const GgufTensor& t : src->tensors()) {
     const std::vector<uint64_t> ne(t.ne.begin(), t.ne.begin() + t.n_dims);
     if (t.name == "blk.1.ffn_up.weight") {
-      w.Tensor(std::string(t.name), GgmlType::kQ2_K, ne, std::vector<uint8_t>(static_cast<size_t>(t.ne[1]) * 84));
+      w.Tensor(std::string(t.name), GgmlType::kIQ2_XXS, ne, std::vector<uint8_t>(static_cast<size_t>(t.ne[1]) * 66));
     } else {
       w.Tensor(std::string(t.name), t.type, ne, std::vector<uint8_t>(t.data, t.data + t.n_bytes));
     }
@@ -260,7 +361,7 @@ TEST(WeightTypesTest, UnreadableTypeIsRefusedNamingTheTensor) {
   EXPECT_EQ(model.status().code(), StatusCode::kUnsupported);
   const std::string msg = model.status().ToString();
   EXPECT_NE(msg.find("blk.1.ffn_up.weight"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("Q2_K"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("IQ2_XXS"), std::string::npos) << msg;
   EXPECT_NE(msg.find("IQ4_NL"), std::string::npos) << msg;
   EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
 }

@@ -40,23 +40,6 @@ inline int RoundHalfEven(float v) { return static_cast<int>(std::nearbyint(v)); 
 
 // ---- dequantization -------------------------------------------------------------------
 
-void DequantQ8_0(const BlockQ8_0* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d);
-    for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(b[i].qs[j]) * d;
-  }
-}
-
-void DequantQ4_0(const BlockQ4_0* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d);
-    for (int j = 0; j < kQk0 / 2; ++j) {
-      y[j] = static_cast<float>((b[i].qs[j] & 0xf) - 8) * d;
-      y[j + kQk0 / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
 // The 5th bits of a Q5_0 / Q5_1 block: bit i of the little-endian 32-bit qh is value i's.
 inline uint32_t HighBits(const uint8_t* qh) {
   uint32_t h;
@@ -72,47 +55,29 @@ inline int Q5Code(const uint8_t* qs, uint32_t qh, int j) {
   return Nibble(qs, j) | static_cast<int>(((qh >> j) & 1) << 4);
 }
 
-// d * q + m: llama.cpp's compilers contract it to one fused multiply-add.
-void DequantQ4_1(const BlockQ4_1* b, float* y, int64_t nb) {
+// The integer code of value j of each 32-value block type (already offset: -8..7 for
+// Q4_0, a level for IQ4_NL), shared by dequantization and the scalar dots.
+int CodeQ8(const BlockQ8_0& b, int j) { return b.qs[j]; }
+int CodeQ8_1(const BlockQ8_1& b, int j) { return b.qs[j]; }
+int CodeQ4_0(const BlockQ4_0& b, int j) { return Nibble(b.qs, j) - 8; }
+int CodeIq4Nl(const BlockIq4Nl& b, int j) { return kIq4nlValues[Nibble(b.qs, j)]; }
+int CodeQ5_0(const BlockQ5_0& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j) - 16; }
+int CodeQ4_1(const BlockQ4_1& b, int j) { return Nibble(b.qs, j); }
+int CodeQ5_1(const BlockQ5_1& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j); }
+
+// x = code * d, or for the types with a min (Q4_1, Q5_1) d * code + m, which
+// llama.cpp's compilers contract to one fused multiply-add.
+template <typename Block>
+void DequantBlocks32(const Block* b, float* y, int64_t nb, int (*code)(const Block&, int)) {
   for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d), m = F16ToF32(b[i].m);
-    for (int j = 0; j < kQk0 / 2; ++j) {
-      y[j] = std::fma(static_cast<float>(b[i].qs[j] & 0xf), d, m);
-      y[j + kQk0 / 2] = std::fma(static_cast<float>(b[i].qs[j] >> 4), d, m);
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQk0; ++j) {
+      if constexpr (requires { b[i].m; }) {
+        y[j] = std::fma(static_cast<float>(code(b[i], j)), d, F16ToF32(b[i].m));
+      } else {
+        y[j] = static_cast<float>(code(b[i], j)) * d;
+      }
     }
-  }
-}
-
-void DequantQ5_0(const BlockQ5_0* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d);
-    const uint32_t qh = HighBits(b[i].qh);
-    for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(Q5Code(b[i].qs, qh, j) - 16) * d;
-  }
-}
-
-void DequantQ5_1(const BlockQ5_1* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d), m = F16ToF32(b[i].m);
-    const uint32_t qh = HighBits(b[i].qh);
-    for (int j = 0; j < kQk0; ++j) y[j] = std::fma(static_cast<float>(Q5Code(b[i].qs, qh, j)), d, m);
-  }
-}
-
-void DequantIq4Nl(const BlockIq4Nl* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d);
-    for (int j = 0; j < kQk0 / 2; ++j) {
-      y[j] = d * static_cast<float>(kIq4nlValues[b[i].qs[j] & 0xf]);
-      y[j + kQk0 / 2] = d * static_cast<float>(kIq4nlValues[b[i].qs[j] >> 4]);
-    }
-  }
-}
-
-void DequantQ8_1(const BlockQ8_1* b, float* y, int64_t nb) {
-  for (int64_t i = 0; i < nb; ++i, y += kQk0) {
-    const float d = F16ToF32(b[i].d);
-    for (int j = 0; j < kQk0; ++j) y[j] = static_cast<float>(b[i].qs[j]) * d;
   }
 }
 
@@ -296,8 +261,7 @@ float DotBf16Scalar(const void* row, const void* act, int64_t n) {
   return Sum8(lanes);
 }
 
-// The 32-value block types x Q8_0 / Q8_1. Code(block, j) is weight value j's integer
-// code (already offset: -8..7 for Q4_0, a level for IQ4_NL). Per block the integer sum
+// The 32-value block types x Q8_0 / Q8_1, `code` as above. Per block the integer sum
 // is scaled by d_w * d_x (f32 product of the two fp16 scales) and added:
 //   kFused  false: sum += isum * scale (ggml's vec_dot for Q8_0, Q5_0, Q4_1, Q5_1);
 //           true:  sum = fma(isum, scale, sum) (llama.cpp's repacked Q4_0 / IQ4_NL
@@ -323,63 +287,58 @@ float DotBlocks32(const void* row, const void* act, int64_t n, Code code) {
 }
 
 float DotQ8_0Scalar(const void* row, const void* act, int64_t n) {
-  return DotBlocks32<false, BlockQ8_0, BlockQ8_0>(row, act, n, [](const BlockQ8_0& b, int j) { return b.qs[j]; });
+  return DotBlocks32<false, BlockQ8_0, BlockQ8_0>(row, act, n, CodeQ8);
 }
 float DotQ4_0Scalar(const void* row, const void* act, int64_t n) {
-  return DotBlocks32<true, BlockQ4_0, BlockQ8_0>(row, act, n,
-                                                 [](const BlockQ4_0& b, int j) { return Nibble(b.qs, j) - 8; });
+  return DotBlocks32<true, BlockQ4_0, BlockQ8_0>(row, act, n, CodeQ4_0);
 }
 float DotIq4NlScalar(const void* row, const void* act, int64_t n) {
-  return DotBlocks32<true, BlockIq4Nl, BlockQ8_0>(
-      row, act, n, [](const BlockIq4Nl& b, int j) { return static_cast<int>(kIq4nlValues[Nibble(b.qs, j)]); });
+  return DotBlocks32<true, BlockIq4Nl, BlockQ8_0>(row, act, n, CodeIq4Nl);
 }
 float DotQ5_0Scalar(const void* row, const void* act, int64_t n) {
-  return DotBlocks32<false, BlockQ5_0, BlockQ8_0>(
-      row, act, n, [](const BlockQ5_0& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j) - 16; });
+  return DotBlocks32<false, BlockQ5_0, BlockQ8_0>(row, act, n, CodeQ5_0);
 }
 float DotQ4_1Scalar(const void* row, const void* act, int64_t n) {
-  return DotBlocks32<false, BlockQ4_1, BlockQ8_1>(row, act, n,
-                                                  [](const BlockQ4_1& b, int j) { return Nibble(b.qs, j); });
+  return DotBlocks32<false, BlockQ4_1, BlockQ8_1>(row, act, n, CodeQ4_1);
 }
 float DotQ5_1Scalar(const void* row, const void* act, int64_t n) {
-  return DotBlocks32<false, BlockQ5_1, BlockQ8_1>(
-      row, act, n, [](const BlockQ5_1& b, int j) { return Q5Code(b.qs, HighBits(b.qh), j); });
+  return DotBlocks32<false, BlockQ5_1, BlockQ8_1>(row, act, n, CodeQ5_1);
 }
 
-// Q2_K: the 4-bit scales weight the 16-value integer sums; the mins go through the
-// activation's 16-value sums: sum += d * isum - dmin * summ (as Q4_K).
-float DotQ2_KScalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ2_K*>(row);
+// Q2_K / Q3_K: the 16-value group sums times the groups' scales. Q2_K (4-bit scales,
+// its mins through the activation's 16-value sums): sum += d * isum - dmin * summ, as
+// Q4_K. Q3_K (signed 6-bit scales): sum += d_x * d_w * isum, as Q6_K.
+template <typename Block>
+float DotQ23_KScalar(const void* row, const void* act, int64_t n) {
+  constexpr bool kTwo = std::is_same_v<Block, BlockQ2_K>;
+  const auto* w = static_cast<const Block*>(row);
   const auto* x = static_cast<const BlockQ8_K*>(act);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kQkK; ++i) {
     int sumi = 0, summ = 0;
     for (int g = 0; g < 16; ++g) {
       int gs = 0;
-      for (int v = 16 * g; v < 16 * g + 16; ++v) gs += Low2(w[i].qs, v) * x[i].qs[v];
-      sumi += (w[i].scales[g] & 15) * gs;
-      summ += (w[i].scales[g] >> 4) * x[i].bsums[g];
+      for (int v = 16 * g; v < 16 * g + 16; ++v) {
+        if constexpr (kTwo) {
+          gs += Low2(w[i].qs, v) * x[i].qs[v];
+        } else {
+          gs += Q3Code(w[i], v) * x[i].qs[v];
+        }
+      }
+      if constexpr (kTwo) {
+        sumi += (w[i].scales[g] & 15) * gs;
+        summ += (w[i].scales[g] >> 4) * x[i].bsums[g];
+      } else {
+        sumi += (ScaleQ3K(w[i].scales, g) - 32) * gs;
+      }
     }
-    const float d = x[i].d * F16ToF32(w[i].d);
-    const float dmin = x[i].d * F16ToF32(w[i].dmin);
-    sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
-  }
-  return sum;
-}
-
-// Q3_K: the signed 6-bit scales weight the 16-value integer sums (as Q6_K).
-float DotQ3_KScalar(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ3_K*>(row);
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQkK; ++i) {
-    int sumi = 0;
-    for (int g = 0; g < 16; ++g) {
-      int gs = 0;
-      for (int v = 16 * g; v < 16 * g + 16; ++v) gs += Q3Code(w[i], v) * x[i].qs[v];
-      sumi += (ScaleQ3K(w[i].scales, g) - 32) * gs;
+    if constexpr (kTwo) {
+      const float d = x[i].d * F16ToF32(w[i].d);
+      const float dmin = x[i].d * F16ToF32(w[i].dmin);
+      sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+    } else {
+      sum += x[i].d * F16ToF32(w[i].d) * static_cast<float>(sumi);
     }
-    sum += x[i].d * F16ToF32(w[i].d) * static_cast<float>(sumi);
   }
   return sum;
 }
@@ -491,13 +450,13 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
     case WeightType::kF32: std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n)); return;
     case WeightType::kF16: F16ToF32Array(static_cast<const uint16_t*>(row), out, static_cast<size_t>(n)); return;
     case WeightType::kBF16: Bf16ToF32Array(static_cast<const uint16_t*>(row), out, static_cast<size_t>(n)); return;
-    case WeightType::kQ8_0: DequantQ8_0(static_cast<const BlockQ8_0*>(row), out, n / kQk0); return;
-    case WeightType::kQ4_0: DequantQ4_0(static_cast<const BlockQ4_0*>(row), out, n / kQk0); return;
-    case WeightType::kQ4_1: DequantQ4_1(static_cast<const BlockQ4_1*>(row), out, n / kQk0); return;
-    case WeightType::kQ5_0: DequantQ5_0(static_cast<const BlockQ5_0*>(row), out, n / kQk0); return;
-    case WeightType::kQ5_1: DequantQ5_1(static_cast<const BlockQ5_1*>(row), out, n / kQk0); return;
-    case WeightType::kIQ4_NL: DequantIq4Nl(static_cast<const BlockIq4Nl*>(row), out, n / kQk0); return;
-    case WeightType::kQ8_1: DequantQ8_1(static_cast<const BlockQ8_1*>(row), out, n / kQk0); return;
+    case WeightType::kQ8_0: DequantBlocks32(static_cast<const BlockQ8_0*>(row), out, n / kQk0, CodeQ8); return;
+    case WeightType::kQ4_0: DequantBlocks32(static_cast<const BlockQ4_0*>(row), out, n / kQk0, CodeQ4_0); return;
+    case WeightType::kQ4_1: DequantBlocks32(static_cast<const BlockQ4_1*>(row), out, n / kQk0, CodeQ4_1); return;
+    case WeightType::kQ5_0: DequantBlocks32(static_cast<const BlockQ5_0*>(row), out, n / kQk0, CodeQ5_0); return;
+    case WeightType::kQ5_1: DequantBlocks32(static_cast<const BlockQ5_1*>(row), out, n / kQk0, CodeQ5_1); return;
+    case WeightType::kIQ4_NL: DequantBlocks32(static_cast<const BlockIq4Nl*>(row), out, n / kQk0, CodeIq4Nl); return;
+    case WeightType::kQ8_1: DequantBlocks32(static_cast<const BlockQ8_1*>(row), out, n / kQk0, CodeQ8_1); return;
     case WeightType::kQ2_K: DequantQ2_K(static_cast<const BlockQ2_K*>(row), out, n / kQkK); return;
     case WeightType::kQ3_K: DequantQ3_K(static_cast<const BlockQ3_K*>(row), out, n / kQkK); return;
     case WeightType::kQ4_K: DequantQ4_K(static_cast<const BlockQ4_K*>(row), out, n / kQkK); return;
@@ -533,8 +492,8 @@ DotFn ScalarDot(WeightType weight) {
     case WeightType::kQ5_0: return DotQ5_0Scalar;
     case WeightType::kQ5_1: return DotQ5_1Scalar;
     case WeightType::kIQ4_NL: return DotIq4NlScalar;
-    case WeightType::kQ2_K: return DotQ2_KScalar;
-    case WeightType::kQ3_K: return DotQ3_KScalar;
+    case WeightType::kQ2_K: return DotQ23_KScalar<BlockQ2_K>;
+    case WeightType::kQ3_K: return DotQ23_KScalar<BlockQ3_K>;
     case WeightType::kQ4_K: return DotQ4_KScalar;
     case WeightType::kQ5_K: return DotQ5_KScalar;
     case WeightType::kQ6_K: return DotQ6_KScalar;

@@ -6,6 +6,7 @@
 // order of f32 additions. Every function carries the target attribute; no std templates
 // are instantiated here, so no AVX2 code can leak into shared inline functions.
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/fp16.h"
 #include "kernels/quant.h"
@@ -280,67 +281,58 @@ TIERKV_AVX2_FN float DotQ5_KAvx2(const void* row, const void* act, int64_t n) {
   return sum;
 }
 
-// Q2_K and Q3_K share the walk: in half h of a super-block, the 32 bytes qs[32h ..] hold
-// four 32-value chunks (bits 2j..2j+1 for chunk j), each two 16-value groups with their
-// own scale, multiplied against activation values 128h + 32j ...
-// Q2_K: unsigned 2-bit values, 4-bit scales; the mins through the activation's sums.
-TIERKV_AVX2_FN float DotQ2_KAvx2(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ2_K*>(row);
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const __m256i m2 = _mm256_set1_epi8(3);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQkK; ++i) {
-    const uint8_t* sc = w[i].scales;
-    int summ = 0;
-    for (int g = 0; g < 16; ++g) summ += (sc[g] >> 4) * x[i].bsums[g];
-    __m256i acc = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i q = LoadU256(w[i].qs + 32 * h);
-      for (int j = 0; j < 4; ++j) {
-        const int g = 8 * h + 2 * j;
-        const __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m2);
-        const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1] & 15), _mm_set1_epi16(sc[g] & 15));
-        acc = _mm256_add_epi32(acc, ScaledDotU8(u, LoadU256(x[i].qs + 128 * h + 32 * j), s16));
-      }
-    }
-    const float d = x[i].d * Half(w[i].d);
-    const float dmin = x[i].d * Half(w[i].dmin);
-    sum += d * static_cast<float>(HsumEpi32(acc)) - dmin * static_cast<float>(summ);
-  }
-  return sum;
-}
-
-// Q3_K: u = low 2 bits + 4 * hmask bit (0..7) against signed scales (code - 32); the
-// value is u - 4, whose -4 goes through the activation's 16-value sums (as Q6_K's -32).
-TIERKV_AVX2_FN float DotQ3_KAvx2(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ3_K*>(row);
+// Q2_K and Q3_K: in half h of a super-block, the 32 bytes qs[32h ..] hold four 32-value
+// chunks (bits 2j..2j+1 for chunk j), each two 16-value groups with their own scale,
+// multiplied against activation values 128h + 32j ... The group sums are scaled as 16-bit
+// pairs (ScaledDotU8) and summed exactly; then, as the scalar kernels:
+//   Q2_K: unsigned 2-bit values, 4-bit scales, the mins through the activation's 16-value
+//         sums: sum += d * isum - dmin * summ.
+//   Q3_K: u = low 2 bits + 4 * hmask bit (0..7) against signed scales (code - 32); the
+//         value is u - 4, whose -4 goes through the 16-value sums (as Q6_K's -32):
+//         sum += d_x * d_w * isum.
+template <bool kThree>
+TIERKV_AVX2_FN float DotQ23_KAvx2(const void* row, const void* act, int64_t n) {
+  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  const auto* w = static_cast<const Block*>(row);
   const auto* x = static_cast<const BlockQ8_K*>(act);
   const __m256i m2 = _mm256_set1_epi8(3);
   const __m256i one = _mm256_set1_epi8(1);
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kQkK; ++i) {
     int sc[16];
-    int corr = 0;
+    int corr = 0;  // Q2_K: sum of mins x group sums; Q3_K: of scales x group sums
     for (int g = 0; g < 16; ++g) {
-      sc[g] = ScaleQ3K(w[i].scales, g) - 32;
-      corr += sc[g] * x[i].bsums[g];
+      if constexpr (kThree) {
+        sc[g] = ScaleQ3K(w[i].scales, g) - 32;
+        corr += sc[g] * x[i].bsums[g];
+      } else {
+        sc[g] = w[i].scales[g] & 15;
+        corr += (w[i].scales[g] >> 4) * x[i].bsums[g];
+      }
     }
-    const __m256i hm = LoadU256(w[i].hmask);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i q = LoadU256(w[i].qs + 32 * h);
       for (int j = 0; j < 4; ++j) {
         const int g = 8 * h + 2 * j;
-        // Bit 4h + j of each hmask byte; 16-bit shifts move only same-byte bits to bit 0.
-        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
-        const __m256i u = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m2), _mm256_slli_epi16(hb, 2));
+        __m256i u = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m2);
+        if constexpr (kThree) {
+          // Bit 4h + j of each hmask byte; 16-bit shifts move only same-byte bits to bit 0.
+          const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(LoadU256(w[i].hmask), 4 * h + j), one);
+          u = _mm256_or_si256(u, _mm256_slli_epi16(hb, 2));
+        }
         const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(sc[g + 1])),
                                              _mm_set1_epi16(static_cast<int16_t>(sc[g])));
         acc = _mm256_add_epi32(acc, ScaledDotU8(u, LoadU256(x[i].qs + 128 * h + 32 * j), s16));
       }
     }
-    const int sumi = HsumEpi32(acc) - 4 * corr;
-    sum += x[i].d * Half(w[i].d) * static_cast<float>(sumi);
+    if constexpr (kThree) {
+      sum += x[i].d * Half(w[i].d) * static_cast<float>(HsumEpi32(acc) - 4 * corr);
+    } else {
+      const float d = x[i].d * Half(w[i].d);
+      const float dmin = x[i].d * Half(w[i].dmin);
+      sum += d * static_cast<float>(HsumEpi32(acc)) - dmin * static_cast<float>(corr);
+    }
   }
   return sum;
 }
@@ -396,8 +388,8 @@ DotFn Avx2Dot(WeightType weight) {
     case WeightType::kQ5_0: return DotQ5_0Avx2;
     case WeightType::kQ5_1: return DotQx_1Avx2<true>;
     case WeightType::kIQ4_NL: return DotIq4NlAvx2;
-    case WeightType::kQ2_K: return DotQ2_KAvx2;
-    case WeightType::kQ3_K: return DotQ3_KAvx2;
+    case WeightType::kQ2_K: return DotQ23_KAvx2<false>;
+    case WeightType::kQ3_K: return DotQ23_KAvx2<true>;
     case WeightType::kQ4_K: return DotQ4_KAvx2;
     case WeightType::kQ5_K: return DotQ5_KAvx2;
     case WeightType::kQ6_K: return DotQ6_KAvx2;

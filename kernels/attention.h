@@ -753,6 +753,159 @@ void AttentionTwoPass(const Codec& codec, const AttentionParams& p, const PagedK
   AttentionValues(codec, p, kv, st, pool);
 }
 
+// ---- several queries: a prefill chunk --------------------------------------------------
+//
+// The queries of consecutive tokens (each with its own AttentionParams, query_pos their
+// positions, and its own AttentionState) over the same blocks. Per query these make
+// exactly the calls of the one-query functions above, block by block in sequence order,
+// so each query's result is bit-identical to running it alone; what changes is the loop
+// order: a block's K (or V) run is read by every query of the chunk while it is in
+// cache, instead of once per query from memory. Tasks are (KV head, range of queries).
+
+namespace attention_internal {
+
+// The view of block b of kv alone.
+inline PagedKvView OneBlock(const PagedKvView& kv, int b) {
+  PagedKvView one = kv;
+  one.blocks = kv.blocks + b;
+  one.n_blocks = 1;
+  one.first_block = kv.first_block + b;
+  return one;
+}
+
+// Runs fn(g, t0, t1) for every KV head g and a split of the n queries into ranges:
+// enough tasks for the pool's threads, one range per KV head when there are at least as
+// many KV heads as threads.
+template <typename F>
+void ForQueryTasks(const AttentionParams& p, int64_t n, int64_t work, ThreadPool* pool, F&& fn) {
+  const int threads = pool != nullptr ? pool->size() : 1;
+  const int64_t ranges = std::clamp<int64_t>((threads + p.n_kv_heads - 1) / p.n_kv_heads, 1, std::max<int64_t>(n, 1));
+  const int64_t per = (n + ranges - 1) / ranges;
+  ForTasks(static_cast<int64_t>(p.n_kv_heads) * ranges, work, pool, [&](int64_t task) {
+    const int64_t t0 = (task % ranges) * per;
+    fn(static_cast<int>(task / ranges), t0, std::min(n, t0 + per));
+  });
+}
+
+template <typename F>
+int64_t MultiWork(const AttentionParams* ps, int64_t n, const PagedKvView& kv, F&& per_key) {
+  return n * static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * ps[0].n_heads * ps[0].head_dim * per_key;
+}
+
+}  // namespace attention_internal
+
+// AttentionBlocks for queries [0, n): ps[t] and sts[t] (AttentionBegin'd) per query.
+template <AttentionCodec Codec>
+void AttentionBlocksMulti(const Codec& codec, const AttentionParams* ps, AttentionState* const* sts, int64_t n,
+                          const PagedKvView& kv, ThreadPool* pool) {
+  if (n <= 0) return;
+  const AttentionParams& p0 = ps[0];
+  const size_t per_head = 2 * static_cast<size_t>(kv.block_tokens);
+  for (int64_t t = 0; t < n; ++t) {
+    if (sts[t]->scratch.size() < per_head * static_cast<size_t>(p0.n_heads)) {
+      sts[t]->scratch.resize(per_head * static_cast<size_t>(p0.n_heads));
+    }
+  }
+  const int group = p0.n_heads / p0.n_kv_heads;
+  const size_t vb = kv.vector_bytes;
+  const size_t half = static_cast<size_t>(kv.n_kv_heads) * static_cast<size_t>(kv.block_tokens) * vb;
+  attention_internal::ForQueryTasks(
+      p0, n, attention_internal::MultiWork(ps, n, kv, 2), pool, [&](int g, int64_t t0, int64_t t1) {
+        const int h0 = g * group;
+        const size_t head_run = static_cast<size_t>(g) * static_cast<size_t>(kv.block_tokens) * vb;
+        for (int b = 0; b < kv.n_blocks; ++b) {
+          const std::byte* k = kv.blocks[b] + head_run;
+          if (b + 1 < kv.n_blocks) {
+            PrefetchLines(kv.blocks[b + 1] + head_run, attention_internal::kRunPrefetchBytes);
+            PrefetchLines(kv.blocks[b + 1] + half + head_run, attention_internal::kRunPrefetchBytes);
+          }
+          for (int64_t t = t0; t < t1; ++t) {
+            int64_t start;
+            const int64_t keys = attention_internal::BlockKeys(ps[t], kv, b, &start);
+            if (keys <= 0) continue;
+            attention_internal::GroupBlock(codec, ps[t], sts[t], h0, group, k, k + half, keys,
+                                           sts[t]->scratch.data() + per_head * static_cast<size_t>(h0), per_head,
+                                           static_cast<size_t>(kv.block_tokens), kv.key_tiles);
+          }
+        }
+      });
+}
+
+// AttentionScores for queries [0, n).
+template <AttentionCodec Codec>
+void AttentionScoresMulti(const Codec& codec, const AttentionParams* ps, AttentionState* const* sts, int64_t n,
+                          const PagedKvView& kv, ThreadPool* pool) {
+  if (n <= 0) return;
+  std::vector<int64_t> ends(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) ends[static_cast<size_t>(t)] = attention_internal::GrowScoreRows(ps[t], kv, sts[t]);
+  attention_internal::ForQueryTasks(ps[0], n, attention_internal::MultiWork(ps, n, kv, 1), pool,
+                                    [&](int g, int64_t t0, int64_t t1) {
+                                      for (int b = 0; b < kv.n_blocks; ++b) {
+                                        const PagedKvView one = attention_internal::OneBlock(kv, b);
+                                        for (int64_t t = t0; t < t1; ++t) {
+                                          attention_internal::ScoreBlocks(codec, ps[t], one, sts[t], g, 0, 1);
+                                        }
+                                      }
+                                    });
+  for (int64_t t = 0; t < n; ++t) sts[t]->n_keys = ends[static_cast<size_t>(t)];
+}
+
+// AttentionSoftmax for queries [0, n).
+inline void AttentionSoftmaxMulti(const AttentionParams* ps, AttentionState* const* sts, int64_t n,
+                                  ThreadPool* pool) {
+  if (n <= 0) return;
+  const int heads = ps[0].n_heads;
+  attention_internal::ForTasks(n * heads, sts[n - 1]->n_keys * n * heads * 8, pool, [&](int64_t task) {
+    const int64_t t = task / heads;
+    const int h = static_cast<int>(task % heads);
+    attention_internal::SoftmaxHeads(ps[t], sts[t], h, h + 1);
+  });
+}
+
+// AttentionValues for queries [0, n).
+template <AttentionCodec Codec>
+void AttentionValuesMulti(const Codec& codec, const AttentionParams* ps, AttentionState* const* sts, int64_t n,
+                          const PagedKvView& kv, ThreadPool* pool) {
+  if (n <= 0) return;
+  attention_internal::ForQueryTasks(ps[0], n, attention_internal::MultiWork(ps, n, kv, 1), pool,
+                                    [&](int g, int64_t t0, int64_t t1) {
+                                      for (int b = 0; b < kv.n_blocks; ++b) {
+                                        const PagedKvView one = attention_internal::OneBlock(kv, b);
+                                        for (int64_t t = t0; t < t1; ++t) {
+                                          attention_internal::ValueBlocks(codec, ps[t], one, sts[t], g);
+                                        }
+                                      }
+                                    });
+}
+
+// AttentionTwoPass for queries [0, n): a task's KV head and queries go through pass 1,
+// the softmax and pass 2 together.
+template <AttentionCodec Codec>
+void AttentionTwoPassMulti(const Codec& codec, const AttentionParams* ps, AttentionState* const* sts, int64_t n,
+                           const PagedKvView& kv, ThreadPool* pool) {
+  if (n <= 0) return;
+  for (int64_t t = 0; t < n; ++t) {
+    sts[t]->n_keys = attention_internal::GrowScoreRows(ps[t], kv, sts[t]);  // filled before they are read
+  }
+  const int group = ps[0].n_heads / ps[0].n_kv_heads;
+  attention_internal::ForQueryTasks(
+      ps[0], n, attention_internal::MultiWork(ps, n, kv, 2), pool, [&](int g, int64_t t0, int64_t t1) {
+        for (int b = 0; b < kv.n_blocks; ++b) {
+          const PagedKvView one = attention_internal::OneBlock(kv, b);
+          for (int64_t t = t0; t < t1; ++t) {
+            attention_internal::ScoreBlocks(codec, ps[t], one, sts[t], g, 0, 1, /*track_max=*/true);
+          }
+        }
+        for (int64_t t = t0; t < t1; ++t) {
+          attention_internal::SoftmaxHeads(ps[t], sts[t], g * group, (g + 1) * group, /*known_max=*/true);
+        }
+        for (int b = 0; b < kv.n_blocks; ++b) {
+          const PagedKvView one = attention_internal::OneBlock(kv, b);
+          for (int64_t t = t0; t < t1; ++t) attention_internal::ValueBlocks(codec, ps[t], one, sts[t], g);
+        }
+      });
+}
+
 // out[n_heads * head_dim]: the attention output of every head (either form). A head
 // that saw no token (impossible for a causal query over its own token) gives zeros.
 template <AttentionCodec Codec>

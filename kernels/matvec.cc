@@ -93,6 +93,78 @@ void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
   pool->ParallelFor(static_cast<int64_t>(chunks.size()), [&](int64_t i) { RunChunk(chunks[static_cast<size_t>(i)]); });
 }
 
+namespace {
+
+// Rows a MatMul chunk dots with every token before moving on: about 24 KiB of them (a
+// multiple of 16 rows, the multi-row kernels' group), so they stay in L1 while they do.
+int64_t RowsInCache(size_t row_bytes) {
+  const int64_t rows = static_cast<int64_t>((24 * 1024) / std::max<size_t>(row_bytes, 1));
+  return std::max<int64_t>(16, rows / 16 * 16);
+}
+
+struct MulChunk {
+  const MatMulJob* job;
+  DotFn dot;
+  DotRowsFn dot_rows;
+  const void* const* acts;  // [job->n]
+  int64_t begin, end;
+};
+
+void RunMulChunk(const MulChunk& c) {
+  const MatrixView& w = *c.job->w;
+  const int64_t sub = RowsInCache(w.row_bytes);
+  for (int64_t r0 = c.begin; r0 < c.end; r0 += sub) {
+    const int64_t r1 = std::min(c.end, r0 + sub);
+    for (int t = 0; t < c.job->n; ++t) {
+      float* y = c.job->y + static_cast<size_t>(t) * c.job->y_stride;
+      if (c.dot_rows != nullptr) {
+        c.dot_rows(w.Row(r0), w.row_bytes, r1 - r0, c.acts[t], w.cols, y + r0);
+      } else {
+        for (int64_t r = r0; r < r1; ++r) y[r] = c.dot(w.Row(r), c.acts[t], w.cols);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
+  const SimdLevel level = ActiveSimdLevel();
+  int64_t macs = 0;
+  size_t n_acts = 0;
+  for (const MatMulJob& j : jobs) {
+    macs += j.w->rows * j.w->cols * j.n;
+    n_acts += static_cast<size_t>(j.n);
+  }
+  // The conversions happen here, on this thread.
+  std::vector<const void*> acts;
+  acts.reserve(n_acts);
+  for (const MatMulJob& j : jobs) {
+    for (int t = 0; t < j.n; ++t) {
+      assert(j.x[t]->size() == j.w->cols);
+      acts.push_back(j.x[t]->For(j.w->type));
+    }
+  }
+  if (macs < kMinParallelMacs) pool = nullptr;
+  const int64_t task_macs = MacsPerTask(macs, pool != nullptr ? pool->size() : 1);
+  std::vector<MulChunk> chunks;
+  size_t first_act = 0;
+  for (const MatMulJob& j : jobs) {
+    const DotFn dot = GetDotFn(j.w->type, level);
+    const DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
+    const int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));
+    for (int64_t b = 0; b < j.w->rows; b += step) {
+      chunks.push_back({&j, dot, dot_rows, acts.data() + first_act, b, std::min(j.w->rows, b + step)});
+    }
+    first_act += static_cast<size_t>(j.n);
+  }
+  if (pool == nullptr || chunks.size() == 1) {
+    for (const MulChunk& c : chunks) RunMulChunk(c);
+    return;
+  }
+  pool->ParallelFor(static_cast<int64_t>(chunks.size()), [&](int64_t i) { RunMulChunk(chunks[static_cast<size_t>(i)]); });
+}
+
 void MatVec(const MatrixView& w, ActivationRow& x, float* y, ThreadPool* pool) {
   const MatVecJob job{&w, &x, y};
   MatVecMany({&job, 1}, pool);

@@ -66,6 +66,19 @@ struct MatVecJob {
 };
 void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool);
 
+// Several tokens (a prefill chunk): y[t * y_stride + r] = (W x_t)[r] for t in [0, n).
+// Each (row, token) dot product is the one MatVec computes, bit for bit; the rows are
+// read from memory once for all n tokens (a few rows at a time, each dotted with every
+// token while they are in cache) instead of once per token.
+struct MatMulJob {
+  const MatrixView* w;
+  ActivationRow* const* x;  // [n], each converted for w before the pass
+  int n;
+  float* y;
+  size_t y_stride;  // >= w->rows
+};
+void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool);
+
 // out[n] = row `r` of W as f32 (token embedding lookup: llama.cpp dequantizes the row).
 void GetRow(const MatrixView& w, int64_t r, float* out);
 

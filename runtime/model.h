@@ -99,6 +99,10 @@ struct ModelOptions {
   // 1/8 of the compute tier's budget, all of the layer when that holds it).
   // Results do not depend on it; small values keep the compute tier's working set small.
   int kv_batch_blocks = 0;
+  // ForwardBatch's attention takes the chunk's queries this many at a time (0 =
+  // automatic: all of them, or with the two-pass form as many as keep their score rows
+  // within 64 MiB). Results do not depend on it.
+  int attention_query_group = 0;
   // After UseMemory: while layer l computes, the copy stream fetches what layer l + 1
   // needs (its weights, its first batch of KV blocks, and the experts its router picks
   // for the current hidden state), and attention fetches batch b + 1 while batch b
@@ -183,6 +187,17 @@ class Model {
   // On error the sequence is left as it was (the appended token is truncated away).
   Status Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits);
 
+  // A prefill chunk: tokens[i] at position pos + i, layer by layer over the whole chunk
+  // (each layer's weights acquired once for the chunk; attention reads each KV block
+  // once for all the chunk's queries while it is in cache). Logits for the chunk
+  // entries listed in logit_rows (ascending), row r of `logits` ([logit_rows.size()]
+  // [n_vocab]) for entry logit_rows[r]. Every value is bit-identical to calling Forward
+  // token by token (tested): only the loop order changes.
+  // REQUIRES: as Forward, pos == cache.Length(seq). On error the sequence is truncated
+  // back to pos.
+  Status ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
+                      std::span<const int> logit_rows, std::span<float> logits);
+
  private:
   struct Layer;
   struct Weights;
@@ -200,7 +215,20 @@ class Model {
   };
   std::vector<WeightPage> PlanWeightPages() const;
   Status ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits);
-  Status Attention(KvCache& cache, SeqId seq, int layer, int pos, const float* q, float* out);
+  Status CheckStep(KvCache& cache, SeqId seq, int pos) const;
+  Status ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
+                      std::span<const int> logit_rows, std::span<float> logits);
+  // The layer's attention block up to the K/V write, for the token in s_->x at pos:
+  // leaves the query (after RoPE) in s_->q.
+  Status AttentionInput(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos);
+  // After the Q/K/V projections of the token at pos: biases, QK-norm, RoPE (q and k in
+  // place), and K/V written to the cache.
+  Status QkvToCache(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos, float* q, float* k, float* v);
+  void AttentionOutputProjection(const Layer& L);
+  Status FeedForward(const Layer& L, int layer, int pos);
+  // Queries q[n][n_heads * head_dim] at positions pos .. pos + n - 1; out likewise.
+  Status Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, const float* q, float* out);
+  Status Logits(std::span<float> logits);
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.

@@ -32,19 +32,11 @@ MatrixView Expert(const MatrixView& stacked, int e) {
 
 }  // namespace
 
-Status Model::Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits) {
+Status Model::CheckStep(KvCache& cache, SeqId seq, int pos) const {
   const KvGeometry& g = cache.geometry();
   if (g.n_layers != cfg_.n_layer || g.n_kv_heads != cfg_.n_head_kv || g.head_dim != cfg_.head_dim) {
     return Status::InvalidArgument("model: KV cache geometry (" + g.ToString() + ") does not fit the model (" +
                                    cfg_.ToString() + ")");
-  }
-  if (token < 0 || token >= cfg_.n_vocab) {
-    return Status::InvalidArgument("model: token id " + std::to_string(token) + " outside the vocabulary of " +
-                                   std::to_string(cfg_.n_vocab));
-  }
-  if (!logits.empty() && logits.size() != static_cast<size_t>(cfg_.n_vocab)) {
-    return Status::InvalidArgument("model: logits span has " + std::to_string(logits.size()) + " entries, vocab is " +
-                                   std::to_string(cfg_.n_vocab));
   }
   const int length = cache.Length(seq);
   if (length < 0) return Status::NotFound("model: unknown sequence " + std::to_string(seq.value));
@@ -54,6 +46,28 @@ Status Model::Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::sp
   }
   if (mm_ != nullptr && &cache.memory() != mm_) {
     return Status::InvalidArgument("model: the KV cache is on another memory manager than the model's weights");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status CheckToken(int32_t token, int n_vocab) {
+  if (token < 0 || token >= n_vocab) {
+    return Status::InvalidArgument("model: token id " + std::to_string(token) + " outside the vocabulary of " +
+                                   std::to_string(n_vocab));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Model::Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits) {
+  TIERKV_RETURN_IF_ERROR(CheckStep(cache, seq, pos));
+  TIERKV_RETURN_IF_ERROR(CheckToken(token, cfg_.n_vocab));
+  if (!logits.empty() && logits.size() != static_cast<size_t>(cfg_.n_vocab)) {
+    return Status::InvalidArgument("model: logits span has " + std::to_string(logits.size()) + " entries, vocab is " +
+                                   std::to_string(cfg_.n_vocab));
   }
   const auto t0 = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(const int appended, cache.AppendToken(seq));
@@ -67,70 +81,228 @@ Status Model::Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::sp
   return st;
 }
 
+Status Model::ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
+                           std::span<const int> logit_rows, std::span<float> logits) {
+  TIERKV_RETURN_IF_ERROR(CheckStep(cache, seq, pos));
+  for (int32_t token : tokens) TIERKV_RETURN_IF_ERROR(CheckToken(token, cfg_.n_vocab));
+  const size_t n_vocab = static_cast<size_t>(cfg_.n_vocab);
+  if (logits.size() != logit_rows.size() * n_vocab) {
+    return Status::InvalidArgument("model: logits span has " + std::to_string(logits.size()) + " entries for " +
+                                   std::to_string(logit_rows.size()) + " rows of " + std::to_string(n_vocab));
+  }
+  for (size_t r = 0; r < logit_rows.size(); ++r) {
+    if (logit_rows[r] < 0 || static_cast<size_t>(logit_rows[r]) >= tokens.size() ||
+        (r > 0 && logit_rows[r] <= logit_rows[r - 1])) {
+      return Status::InvalidArgument("model: logit rows must be ascending entries of the " +
+                                     std::to_string(tokens.size()) + "-token chunk");
+    }
+  }
+  if (tokens.empty()) return Status::Ok();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto appended = cache.AppendToken(seq);
+    if (!appended.ok() || *appended != pos + static_cast<int>(i)) {
+      (void)cache.Truncate(seq, pos);
+      return appended.ok() ? Status::Internal("model: KV cache appended at an unexpected position")
+                           : appended.status();
+    }
+  }
+  Status st = ForwardChunk(cache, seq, tokens, pos, logit_rows, logits);
+  s_->pins.clear();
+  s_->layer_pin.Release();
+  if (!st.ok()) (void)cache.Truncate(seq, pos);
+  counters_.steps += tokens.size();
+  counters_.step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
 Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits) {
+  Scratch& s = *s_;
+  kernels::GetRow(w_->token_embd, token, s.x.data());
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    // What layer l + 1 needs (after the last layer: layer 0 of the next step) is queued
+    // on the copy stream before layer l computes.
+    if (options_.prefetch) PrefetchLayer(cache, seq, (l + 1) % cfg_.n_layer, pos);
+    Layer L;
+    TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
+    TIERKV_RETURN_IF_ERROR(AttentionInput(cache, seq, L, l, pos));
+    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, 1, s.q.data(), s.attn.data()));
+    AttentionOutputProjection(L);
+    TIERKV_RETURN_IF_ERROR(FeedForward(L, l, pos));
+  }
+  s.layer_pin.Release();
+  return logits.empty() ? Status::Ok() : Logits(logits);
+}
+
+// The chunk layer by layer: per token the arithmetic of ForwardLayers, with each matrix
+// multiplied by all the chunk's tokens in one pass (MatMulMany: the bits of one MatVec
+// per token) and attention once for all the chunk's queries. Experts run per token
+// (Moe). A MoE layer's weight page is released (FeedForward) only after every token's
+// output projection, as one token's step releases it.
+Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
+                           std::span<const int> logit_rows, std::span<float> logits) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   kernels::ThreadPool* pool = pool_.get();
-  const size_t n_embd = static_cast<size_t>(c.n_embd);
-
-  kernels::GetRow(w_->token_embd, token, s.x.data());
-  kernels::RopeAngles(rope_, pos, s.cos_sin.data());
-
+  const size_t n = tokens.size(), n_embd = static_cast<size_t>(c.n_embd), qd = s.q.size(), kd = s.k.size();
+  const size_t n_ff = static_cast<size_t>(c.n_ff);
+  const int ni = static_cast<int>(n);
+  s.chunk_x.resize(n * n_embd);
+  s.chunk_xn.resize(n * n_embd);
+  s.chunk_q.resize(n * qd);
+  s.chunk_k.resize(n * kd);
+  s.chunk_v.resize(n * kd);
+  s.chunk_attn.resize(n * qd);
+  s.chunk_proj.resize(n * n_embd);
+  if (!c.is_moe()) {
+    s.chunk_gate.resize(n * n_ff);
+    s.chunk_up.resize(n * n_ff);
+  }
+  if (s.chunk_acts.size() < n) s.chunk_acts.resize(n);
+  s.chunk_act_ptrs.clear();
+  for (size_t i = 0; i < n; ++i) s.chunk_act_ptrs.push_back(&s.chunk_acts[i]);
+  kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
+  float* const xs = s.chunk_x.data();
+  auto row = [](std::vector<float>& v, size_t i, size_t width) { return v.data() + i * width; };
+  auto load = [&](size_t i) { std::copy_n(xs + i * n_embd, n_embd, s.x.data()); };
+  auto store = [&](size_t i) { std::copy_n(s.x.data(), n_embd, xs + i * n_embd); };
+  // acts[i] = the chunk's rows of `in` ([n][width]), normed with `norm` first when given.
+  auto set_acts = [&](std::vector<float>& in, size_t width, const float* norm) {
+    for (size_t i = 0; i < n; ++i) {
+      float* r = row(in, i, width);
+      if (norm != nullptr) {
+        kernels::RmsNorm(xs + i * n_embd, norm, c.n_embd, c.rms_eps, r);
+      }
+      acts[i]->Set(r, static_cast<int64_t>(width));
+    }
+  };
+  for (size_t i = 0; i < n; ++i) kernels::GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
+  const int last = pos + ni - 1;
   for (int l = 0; l < c.n_layer; ++l) {
-    // What layer l + 1 needs (after the last layer: layer 0 of the next step) is queued
-    // on the copy stream before layer l computes.
-    if (options_.prefetch) PrefetchLayer(cache, seq, (l + 1) % c.n_layer, pos);
+    if (options_.prefetch) {
+      load(n - 1);  // the next layer's experts are predicted for the chunk's last token
+      PrefetchLayer(cache, seq, (l + 1) % c.n_layer, last);
+    }
     Layer L;
     TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
 
     // Attention block.
-    kernels::RmsNorm(s.x.data(), L.attn_norm, c.n_embd, c.rms_eps, s.xn.data());
-    s.act.Set(s.xn.data(), c.n_embd);
-    const MatVecJob qkv[] = {{&L.wq, &s.act, s.q.data()}, {&L.wk, &s.act, s.k.data()}, {&L.wv, &s.act, s.v.data()}};
-    kernels::MatVecMany(qkv, pool);
-    if (L.bq != nullptr) {
-      AddInPlace(s.q.data(), L.bq, s.q.size());
-      AddInPlace(s.k.data(), L.bk, s.k.size());
-      AddInPlace(s.v.data(), L.bv, s.v.size());
+    set_acts(s.chunk_xn, n_embd, L.attn_norm);
+    const kernels::MatMulJob qkv[] = {{&L.wq, acts, ni, s.chunk_q.data(), qd},
+                                      {&L.wk, acts, ni, s.chunk_k.data(), kd},
+                                      {&L.wv, acts, ni, s.chunk_v.data(), kd}};
+    kernels::MatMulMany(qkv, pool);
+    for (size_t i = 0; i < n; ++i) {
+      TIERKV_RETURN_IF_ERROR(QkvToCache(cache, seq, L, l, pos + static_cast<int>(i), row(s.chunk_q, i, qd),
+                                        row(s.chunk_k, i, kd), row(s.chunk_v, i, kd)));
     }
-    if (c.qk_norm) {
-      kernels::RmsNormRows(s.q.data(), L.q_norm, c.n_head, c.head_dim, c.rms_eps, s.q.data());
-      kernels::RmsNormRows(s.k.data(), L.k_norm, c.n_head_kv, c.head_dim, c.rms_eps, s.k.data());
-    }
-    kernels::ApplyRope(rope_, s.cos_sin.data(), s.q.data(), c.n_head, c.head_dim);
-    kernels::ApplyRope(rope_, s.cos_sin.data(), s.k.data(), c.n_head_kv, c.head_dim);
-    TIERKV_RETURN_IF_ERROR(cache.Write(seq, l, pos, s.k.data(), s.v.data()));
-    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, s.q.data(), s.attn.data()));
-    s.act2.Set(s.attn.data(), static_cast<int64_t>(s.attn.size()));
-    kernels::MatVec(L.wo, s.act2, s.proj.data(), pool);
-    AddInPlace(s.x.data(), s.proj.data(), n_embd);
+    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, ni, s.chunk_q.data(), s.chunk_attn.data()));
+    set_acts(s.chunk_attn, qd, nullptr);
+    const kernels::MatMulJob wo[] = {{&L.wo, acts, ni, s.chunk_proj.data(), n_embd}};
+    kernels::MatMulMany(wo, pool);
+    for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
 
     // Feed-forward block.
-    kernels::RmsNorm(s.x.data(), L.ffn_norm, c.n_embd, c.rms_eps, s.xn.data());
     if (c.is_moe()) {
-      s.layer_pin.Release();  // the experts are separate pages: keep the working set small
-      TIERKV_RETURN_IF_ERROR(Moe(L, l, pos));
-      AddInPlace(s.x.data(), s.moe_out.data(), n_embd);
-    } else {
-      Ffn(L);
-      AddInPlace(s.x.data(), s.proj.data(), n_embd);
+      for (size_t i = 0; i < n; ++i) {
+        load(i);
+        TIERKV_RETURN_IF_ERROR(FeedForward(L, l, pos + static_cast<int>(i)));
+        store(i);
+      }
+      continue;
     }
+    set_acts(s.chunk_xn, n_embd, L.ffn_norm);
+    const kernels::MatMulJob gu[] = {{&L.gate, acts, ni, s.chunk_gate.data(), n_ff},
+                                     {&L.up, acts, ni, s.chunk_up.data(), n_ff}};
+    kernels::MatMulMany(gu, pool);
+    for (size_t i = 0; i < n; ++i) {
+      float* g = row(s.chunk_gate, i, n_ff);
+      kernels::SwiGlu(g, row(s.chunk_up, i, n_ff), g, c.n_ff);
+    }
+    set_acts(s.chunk_gate, n_ff, nullptr);
+    const kernels::MatMulJob down[] = {{&L.down, acts, ni, s.chunk_proj.data(), n_embd}};
+    kernels::MatMulMany(down, pool);
+    for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
   }
-
   s.layer_pin.Release();
-  if (!logits.empty()) {
-    kernels::MatrixView output = w_->output;
-    if (mm_ != nullptr) {
-      auto pin = AcquireCounted(*mm_, output_page_, weight_tier_, &counters_.weight_wait_s, &counters_.weight_acquires,
-                                &counters_.weight_hits);
-      if (!pin.ok()) return pin.status().Annotate("output weights");
-      output.data = pin->data();
-      s.pins.push_back(std::move(pin).value());
-    }
-    kernels::RmsNorm(s.x.data(), w_->output_norm, c.n_embd, c.rms_eps, s.xn.data());
-    s.act.Set(s.xn.data(), c.n_embd);
-    kernels::MatVec(output, s.act, logits.data(), pool);
+  const size_t n_vocab = static_cast<size_t>(c.n_vocab);
+  for (size_t r = 0; r < logit_rows.size(); ++r) {
+    load(static_cast<size_t>(logit_rows[r]));
+    TIERKV_RETURN_IF_ERROR(Logits(logits.subspan(r * n_vocab, n_vocab)));
   }
+  return Status::Ok();
+}
+
+Status Model::AttentionInput(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  kernels::RmsNorm(s.x.data(), L.attn_norm, c.n_embd, c.rms_eps, s.xn.data());
+  s.act.Set(s.xn.data(), c.n_embd);
+  const MatVecJob qkv[] = {{&L.wq, &s.act, s.q.data()}, {&L.wk, &s.act, s.k.data()}, {&L.wv, &s.act, s.v.data()}};
+  kernels::MatVecMany(qkv, pool_.get());
+  return QkvToCache(cache, seq, L, layer, pos, s.q.data(), s.k.data(), s.v.data());
+}
+
+Status Model::QkvToCache(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos, float* q, float* k, float* v) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t qd = s.q.size(), kd = s.k.size();
+  if (L.bq != nullptr) {
+    AddInPlace(q, L.bq, qd);
+    AddInPlace(k, L.bk, kd);
+    AddInPlace(v, L.bv, kd);
+  }
+  if (c.qk_norm) {
+    kernels::RmsNormRows(q, L.q_norm, c.n_head, c.head_dim, c.rms_eps, q);
+    kernels::RmsNormRows(k, L.k_norm, c.n_head_kv, c.head_dim, c.rms_eps, k);
+  }
+  if (s.cos_sin_pos != pos) {
+    kernels::RopeAngles(rope_, pos, s.cos_sin.data());
+    s.cos_sin_pos = pos;
+  }
+  kernels::ApplyRope(rope_, s.cos_sin.data(), q, c.n_head, c.head_dim);
+  kernels::ApplyRope(rope_, s.cos_sin.data(), k, c.n_head_kv, c.head_dim);
+  return cache.Write(seq, layer, pos, k, v);
+}
+
+// x += wo(attn).
+void Model::AttentionOutputProjection(const Layer& L) {
+  Scratch& s = *s_;
+  s.act2.Set(s.attn.data(), static_cast<int64_t>(s.attn.size()));
+  kernels::MatVec(L.wo, s.act2, s.proj.data(), pool_.get());
+  AddInPlace(s.x.data(), s.proj.data(), s.x.size());
+}
+
+// x += FFN or MoE of RMSNorm(x).
+Status Model::FeedForward(const Layer& L, int layer, int pos) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  kernels::RmsNorm(s.x.data(), L.ffn_norm, c.n_embd, c.rms_eps, s.xn.data());
+  if (c.is_moe()) {
+    s.layer_pin.Release();  // the experts are separate pages: keep the working set small
+    TIERKV_RETURN_IF_ERROR(Moe(L, layer, pos));
+    AddInPlace(s.x.data(), s.moe_out.data(), s.x.size());
+  } else {
+    Ffn(L);
+    AddInPlace(s.x.data(), s.proj.data(), s.x.size());
+  }
+  return Status::Ok();
+}
+
+// logits = output(RMSNorm(x)).
+Status Model::Logits(std::span<float> logits) {
+  Scratch& s = *s_;
+  kernels::MatrixView output = w_->output;
+  if (mm_ != nullptr) {
+    auto pin = AcquireCounted(*mm_, output_page_, weight_tier_, &counters_.weight_wait_s, &counters_.weight_acquires,
+                              &counters_.weight_hits);
+    if (!pin.ok()) return pin.status().Annotate("output weights");
+    output.data = pin->data();
+    s.pins.push_back(std::move(pin).value());
+  }
+  kernels::RmsNorm(s.x.data(), w_->output_norm, cfg_.n_embd, cfg_.rms_eps, s.xn.data());
+  s.act.Set(s.xn.data(), cfg_.n_embd);
+  kernels::MatVec(output, s.act, logits.data(), pool_.get());
   return Status::Ok();
 }
 
@@ -225,17 +397,21 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   return Status::Ok();
 }
 
-// Attention of the query at `pos` over the sequence's blocks of `layer`, pinned on the
-// compute tier a batch at a time and read in their codec's encoding. With prefetch on,
-// the copies of the batch kKvLookahead visits ahead are queued before the current batch
-// computes; the first ones were queued before the layer started (PrefetchLayer).
-Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const float* q, float* out) {
+// Attention of the n queries at positions pos .. pos + n - 1 (q and out [n][n_heads *
+// head_dim]) over the sequence's blocks of `layer`, pinned on the compute tier a batch at
+// a time and read in their codec's encoding. With prefetch on, the copies of the batch
+// kKvLookahead visits ahead are queued before the current batch computes; the first
+// ones were queued before the layer started (PrefetchLayer). Several queries go through
+// the same visits together (the kernels' *Multi forms), in groups whose score rows fit
+// kChunkScoreBytes.
+Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, const float* q, float* out) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   MemoryManager& mm = cache.memory();
   const Tier tier = mm.cpu_tier();
   const VectorCodec& codec = cache.codec();
   const KvGeometry& g = cache.geometry();
+  const size_t qd = static_cast<size_t>(c.n_head) * c.head_dim;
 
   kernels::AttentionParams p;
   p.n_heads = c.n_head;
@@ -244,7 +420,6 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.query_pos = pos;
   p.round_query_f16 = p.round_weights_f16 = options_.llama_attention_rounding && codec.codec() == KvCodec::kF16;
-  kernels::AttentionBegin(codec, p, q, &s.attention);
 
   // Two passes (llama.cpp's exact softmax weights) with an f16 cache and llama rounding;
   // otherwise one online pass. Either way the blocks are visited in order, `batch` at a
@@ -275,54 +450,88 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, const flo
   const int n_visits = fused ? 1 : n_batches * (two_pass ? 2 : 1);
   auto first_block = [&](int v) { return (v % n_batches) * batch; };
   auto block_count = [&](int v) { return std::min(batch, n_blocks - first_block(v)); };
-  for (int v = 0; v < n_visits; ++v) {
-    const int b0 = first_block(v), count = block_count(v);
-    if (!pinned) {
-      s.pins.clear();
-      s.blocks.clear();
-      for (int b = b0; b < b0 + count; ++b) {
-        auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s,
-                                  &counters_.kv_acquires, &counters_.kv_hits);
-        if (!pin.ok()) {
-          return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
+
+  // Query groups: the two-pass form keeps n_heads score rows of every key per query.
+  constexpr uint64_t kChunkScoreBytes = uint64_t{64} << 20;
+  const uint64_t row_bytes = static_cast<uint64_t>(c.n_head) * static_cast<uint64_t>(cache.Length(seq)) * 4;
+  int group = two_pass ? static_cast<int>(std::clamp<uint64_t>(kChunkScoreBytes / row_bytes, 1, n)) : n;
+  if (options_.attention_query_group > 0) group = std::min(n, options_.attention_query_group);
+  if (n > 1) {
+    if (s.chunk_states.size() < static_cast<size_t>(group)) s.chunk_states.resize(static_cast<size_t>(group));
+    s.chunk_params.assign(static_cast<size_t>(group), p);
+    s.chunk_state_ptrs.clear();
+    for (int i = 0; i < group; ++i) s.chunk_state_ptrs.push_back(&s.chunk_states[static_cast<size_t>(i)]);
+  }
+  for (int q0 = 0; q0 < n; q0 += group) {
+    const int m = std::min(group, n - q0);
+    kernels::AttentionParams* ps = n > 1 ? s.chunk_params.data() : &p;
+    kernels::AttentionState* const* sts = n > 1 ? s.chunk_state_ptrs.data() : nullptr;
+    for (int i = 0; i < m; ++i) {
+      ps[i].query_pos = pos + q0 + i;
+      kernels::AttentionBegin(codec, ps[i], q + static_cast<size_t>(q0 + i) * qd, n > 1 ? sts[i] : &s.attention);
+    }
+    for (int v = 0; v < n_visits; ++v) {
+      const int b0 = first_block(v), count = block_count(v);
+      if (!pinned) {
+        s.pins.clear();
+        s.blocks.clear();
+        for (int b = b0; b < b0 + count; ++b) {
+          auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s,
+                                    &counters_.kv_acquires, &counters_.kv_hits);
+          if (!pin.ok()) {
+            return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
+          }
+          s.blocks.push_back(pin->data());
+          s.pins.push_back(std::move(pin).value());
         }
-        s.blocks.push_back(pin->data());
-        s.pins.push_back(std::move(pin).value());
+      }
+      // Keep kKvLookahead batches in flight: PrefetchLayer queued visits 0 .. k-1, each
+      // visit queues the one k ahead.
+      const int ahead = v + kKvLookahead;
+      if (options_.prefetch && ahead < n_visits && n_batches > 1) {
+        std::vector<PageId> next;
+        for (int b = first_block(ahead); b < first_block(ahead) + block_count(ahead); ++b) {
+          next.push_back(cache.BlockPage(seq, layer, b));
+        }
+        counters_.prefetched_pages += next.size();
+        (void)mm.Prefetch(std::move(next), tier);
+      }
+      kernels::PagedKvView view;
+      view.blocks = s.blocks.data();
+      view.n_blocks = count;
+      view.first_block = b0;
+      view.n_tokens = cache.Length(seq);
+      view.block_tokens = g.block_tokens;
+      view.n_kv_heads = g.n_kv_heads;
+      view.vector_bytes = codec.vector_bytes();
+      view.key_tiles = cache.key_tiles();
+      if (n == 1) {
+        if (!two_pass) {
+          kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
+        } else if (fused) {
+          kernels::AttentionTwoPass(codec, p, view, &s.attention, pool_.get());
+        } else if (v < n_batches) {
+          kernels::AttentionScores(codec, p, view, &s.attention, pool_.get());
+          if (v + 1 == n_batches) kernels::AttentionSoftmax(p, &s.attention, pool_.get());
+        } else {
+          kernels::AttentionValues(codec, p, view, &s.attention, pool_.get());
+        }
+      } else if (!two_pass) {
+        kernels::AttentionBlocksMulti(codec, ps, sts, m, view, pool_.get());
+      } else if (fused) {
+        kernels::AttentionTwoPassMulti(codec, ps, sts, m, view, pool_.get());
+      } else if (v < n_batches) {
+        kernels::AttentionScoresMulti(codec, ps, sts, m, view, pool_.get());
+        if (v + 1 == n_batches) kernels::AttentionSoftmaxMulti(ps, sts, m, pool_.get());
+      } else {
+        kernels::AttentionValuesMulti(codec, ps, sts, m, view, pool_.get());
       }
     }
-    // Keep kKvLookahead batches in flight: PrefetchLayer queued visits 0 .. k-1, each
-    // visit queues the one k ahead.
-    const int ahead = v + kKvLookahead;
-    if (options_.prefetch && ahead < n_visits && n_batches > 1) {
-      std::vector<PageId> next;
-      for (int b = first_block(ahead); b < first_block(ahead) + block_count(ahead); ++b) {
-        next.push_back(cache.BlockPage(seq, layer, b));
-      }
-      counters_.prefetched_pages += next.size();
-      (void)mm.Prefetch(std::move(next), tier);
-    }
-    kernels::PagedKvView view;
-    view.blocks = s.blocks.data();
-    view.n_blocks = count;
-    view.first_block = b0;
-    view.n_tokens = cache.Length(seq);
-    view.block_tokens = g.block_tokens;
-    view.n_kv_heads = g.n_kv_heads;
-    view.vector_bytes = codec.vector_bytes();
-    view.key_tiles = cache.key_tiles();
-    if (!two_pass) {
-      kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
-    } else if (fused) {
-      kernels::AttentionTwoPass(codec, p, view, &s.attention, pool_.get());
-    } else if (v < n_batches) {
-      kernels::AttentionScores(codec, p, view, &s.attention, pool_.get());
-      if (v + 1 == n_batches) kernels::AttentionSoftmax(p, &s.attention, pool_.get());
-    } else {
-      kernels::AttentionValues(codec, p, view, &s.attention, pool_.get());
+    for (int i = 0; i < m; ++i) {
+      kernels::AttentionEnd(codec, ps[i], n > 1 ? sts[i] : &s.attention, out + static_cast<size_t>(q0 + i) * qd);
     }
   }
   s.pins.clear();
-  kernels::AttentionEnd(codec, p, &s.attention, out);
   return Status::Ok();
 }
 

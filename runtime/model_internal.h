@@ -68,9 +68,18 @@ struct Model::Scratch {
   kernels::ActivationRow pred_act;
   std::vector<float> moe_out;
   std::vector<float> cos_sin;
+  int cos_sin_pos = -1;  // the position cos_sin holds
   kernels::ActivationRow act;   // the current matvec input, converted per weight type
   kernels::ActivationRow act2;  // the FFN's hidden activation
   kernels::AttentionState attention;
+  // A prefill chunk (ForwardBatch): per token residual streams and queries, attention
+  // outputs, and one attention state per query of a group.
+  std::vector<float> chunk_x, chunk_xn, chunk_q, chunk_k, chunk_v, chunk_attn, chunk_proj, chunk_gate, chunk_up;
+  std::vector<kernels::ActivationRow> chunk_acts;  // per token, the current matmul input
+  std::vector<kernels::ActivationRow*> chunk_act_ptrs;
+  std::vector<kernels::AttentionState> chunk_states;
+  std::vector<kernels::AttentionParams> chunk_params;
+  std::vector<kernels::AttentionState*> chunk_state_ptrs;
   std::vector<Pin> pins;  // KV blocks of the current batch, or the output matrix
   Pin layer_pin;          // the current layer's weight page (paged weights)
   std::vector<const std::byte*> blocks;

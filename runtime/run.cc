@@ -201,11 +201,25 @@ Result<RunReport> RunSession(const RunOptions& o) {
   };
   const double copy_busy0 = mm->copy_busy_seconds();
   const auto t_prefill = std::chrono::steady_clock::now();
-  for (int pos = start; pos < n_prompt; ++pos) {
-    const bool want = wanted(pos);
-    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, r.prompt_tokens[static_cast<size_t>(pos)], pos,
-                                          want ? std::span<float>(logits) : std::span<float>()));
-    if (want && o.dump_logits > 0) r.logits.push_back(Entry(pos, logits));
+  // In chunks of o.batch tokens (ForwardBatch: the same bits as one Forward per token).
+  std::vector<int> rows;
+  std::vector<float> chunk_logits;
+  const size_t n_vocab = logits.size();
+  for (int pos = start; pos < n_prompt;) {
+    const int n = std::min(std::max(o.batch, 1), n_prompt - pos);
+    rows.clear();
+    for (int i = 0; i < n; ++i) {
+      if (wanted(pos + i)) rows.push_back(i);
+    }
+    chunk_logits.resize(rows.size() * n_vocab);
+    TIERKV_RETURN_IF_ERROR(model->ForwardBatch(
+        *cache, seq, std::span<const int32_t>(r.prompt_tokens).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)),
+        pos, rows, chunk_logits));
+    for (size_t k = 0; k < rows.size(); ++k) {
+      std::copy_n(chunk_logits.begin() + static_cast<ptrdiff_t>(k * n_vocab), n_vocab, logits.begin());
+      if (o.dump_logits > 0) r.logits.push_back(Entry(pos + rows[k], logits));
+    }
+    pos += n;
   }
   r.prefill_s = Since(t_prefill);
   r.prefill_tokens = n_prompt - start;

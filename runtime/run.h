@@ -39,6 +39,7 @@ struct RunOptions {
   bool page_weights = true;    // weights as pages under the budgets (Model::UseMemory)
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
+  int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; 1 = one Forward each)
 };
 
 struct LogitsEntry {

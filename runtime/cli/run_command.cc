@@ -26,6 +26,7 @@ struct RunFlags {
   bool no_warmup = false, json = false, no_prefetch = false;
   std::string weights = "paged";
   int kv_batch = 0;
+  int batch = 64;
 };
 
 Result<RunOptions> ToOptions(const RunFlags& f) {
@@ -80,6 +81,8 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.page_weights = f.weights == "paged";
   if (f.kv_batch < 0) return Status::InvalidArgument("--kv-batch must be >= 0");
   o.kv_batch_blocks = f.kv_batch;
+  if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");
+  o.batch = f.batch;
   return o;
 }
 
@@ -123,6 +126,8 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
   run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
   run->add_option("--weights", f->weights, "paged (weights are pages under the budgets) or mapped (read in place)");
+  run->add_option("-b,--batch-size", f->batch,
+                  "prompt tokens computed together, layer by layer (default 64; 1 = one at a time; same logits)");
   run->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end");

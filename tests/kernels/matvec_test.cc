@@ -151,6 +151,46 @@ TEST(MatVecTest, ManyEqualsSingle) {
   EXPECT_EQ(yd, sd);
 }
 
+// MatMulMany (a prefill chunk's tokens against the same rows) gives every token the bits
+// of its own MatVec, for every weight type, with several jobs, thread counts, and row
+// counts that leave partial row groups.
+TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
+  ThreadPool pool(2);
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0,
+                       WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL,
+                       WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+    SCOPED_TRACE(WeightTypeName(t));
+    constexpr int kTokens = 5;
+    const OwnedMatrix a = RandomMatrix(t, 301, 512, 11);
+    const OwnedMatrix b = RandomMatrix(WeightType::kQ8_0, 37, 512, 12);
+    std::vector<ActivationRow> rows(kTokens);
+    std::vector<ActivationRow*> ptrs;
+    std::vector<std::vector<float>> xs;
+    for (int i = 0; i < kTokens; ++i) {
+      xs.push_back(RandomVector(512, 20 + static_cast<uint32_t>(i)));
+      rows[static_cast<size_t>(i)].Set(xs.back().data(), 512);
+      ptrs.push_back(&rows[static_cast<size_t>(i)]);
+    }
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> ya(kTokens * 310, -1.0f), yb(kTokens * 37);
+      const MatMulJob jobs[] = {{&a.view, ptrs.data(), kTokens, ya.data(), 310},
+                                {&b.view, ptrs.data(), kTokens, yb.data(), 37}};
+      MatMulMany(jobs, p);
+      for (int i = 0; i < kTokens; ++i) {
+        std::vector<float> wa(301), wb(37);
+        MatVec(a.view, xs[static_cast<size_t>(i)].data(), wa.data(), nullptr);
+        MatVec(b.view, xs[static_cast<size_t>(i)].data(), wb.data(), nullptr);
+        for (int r = 0; r < 301; ++r) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(ya[static_cast<size_t>(i) * 310 + r]), std::bit_cast<uint32_t>(wa[r]))
+              << "token " << i << " row " << r;
+        }
+        EXPECT_EQ(ya[static_cast<size_t>(i) * 310 + 305], -1.0f) << "wrote past the rows";
+        EXPECT_EQ(std::vector<float>(yb.begin() + i * 37, yb.begin() + (i + 1) * 37), wb);
+      }
+    }
+  }
+}
+
 TEST(MatVecTest, GetRowDequantizes) {
   const OwnedMatrix m = RandomMatrix(WeightType::kQ6_K, 4, 256, 9);
   std::vector<float> got(256), want(256);

@@ -255,17 +255,29 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   const std::vector<int> prompt = cs["prompt_ids"].get<std::vector<int>>();
   std::map<int, const json*> recorded;
   for (const json& p : cs["prompt_positions"]) recorded[p["pos"].get<int>()] = &p;
-  std::vector<float> logits(static_cast<size_t>(cfg.n_vocab));
+  const size_t n_vocab = static_cast<size_t>(cfg.n_vocab);
+  std::vector<float> logits(n_vocab);
   Stats st;
-  for (int pos = 0; pos < static_cast<int>(prompt.size()); ++pos) {
-    const auto it = recorded.find(pos);
-    const bool want = it != recorded.end() || pos + 1 == static_cast<int>(prompt.size());
-    const Status s = model.Forward(cache, seq, prompt[static_cast<size_t>(pos)], pos,
-                                   want ? std::span<float>(logits) : std::span<float>());
+  // The prompt in chunks of 64, as `tierkv run` prefills (ForwardBatch; the greedy steps
+  // below are one Forward each).
+  constexpr int kChunk = 64;
+  const int n_prompt = static_cast<int>(prompt.size());
+  for (int pos = 0; pos < n_prompt; pos += kChunk) {
+    const int n = std::min(kChunk, n_prompt - pos);
+    std::vector<int32_t> ids(prompt.begin() + pos, prompt.begin() + pos + n);
+    std::vector<int> rows;
+    for (int i = 0; i < n; ++i) {
+      if (recorded.count(pos + i) > 0 || pos + i + 1 == n_prompt) rows.push_back(i);
+    }
+    std::vector<float> chunk(rows.size() * n_vocab);
+    const Status s = model.ForwardBatch(cache, seq, ids, pos, rows, chunk);
     ASSERT_TRUE(s.ok()) << s.ToString();
-    if (it != recorded.end()) {
-      EXPECT_EQ(it->second->at("token").get<int>(), prompt[static_cast<size_t>(pos)]);
-      CompareOutput(*it->second, logits, tol, "prompt position " + std::to_string(pos), &st);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::copy_n(chunk.begin() + static_cast<ptrdiff_t>(r * n_vocab), n_vocab, logits.begin());
+      const auto it = recorded.find(pos + rows[r]);
+      if (it == recorded.end()) continue;
+      EXPECT_EQ(it->second->at("token").get<int>(), prompt[static_cast<size_t>(pos + rows[r])]);
+      CompareOutput(*it->second, logits, tol, "prompt position " + std::to_string(pos + rows[r]), &st);
     }
   }
   const auto t1 = std::chrono::steady_clock::now();

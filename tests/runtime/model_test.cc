@@ -8,8 +8,10 @@
 #include "runtime/model.h"
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <span>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -160,6 +162,63 @@ TEST(ModelTest, FailedKvAppendLeavesTheSequence) {
   EXPECT_EQ(r.cache->Length(r.seq), pos);
   std::string why;
   EXPECT_TRUE(r.cache->CheckInvariants(&why)) << why;
+}
+
+TEST(ModelTest, ForwardBatchRejectsBadArgumentsAndKeepsTheSequence) {
+  REQUIRE_REF(file, "ref-llama-q8_0");
+  auto model_or = Model::Load(file, Opts(2));
+  ASSERT_TRUE(model_or.ok());
+  Model& model = **model_or;
+  Runner r(model);
+  const size_t n_vocab = static_cast<size_t>(model.config().n_vocab);
+  const std::vector<int32_t> ids = {1, 450, 4996, 17354};
+  std::vector<float> one(n_vocab), two(2 * n_vocab);
+  const std::vector<int> last = {3}, both = {1, 3};
+  EXPECT_EQ(model.ForwardBatch(*r.cache, r.seq, ids, 1, last, one).code(), StatusCode::kInvalidArgument);  // not next
+  EXPECT_EQ(model.ForwardBatch(*r.cache, r.seq, std::vector<int32_t>{1, -1}, 0, {}, {}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.ForwardBatch(*r.cache, r.seq, ids, 0, both, one).code(), StatusCode::kInvalidArgument);  // size
+  EXPECT_EQ(model.ForwardBatch(*r.cache, r.seq, ids, 0, std::vector<int>{3, 1}, two).code(),
+            StatusCode::kInvalidArgument);  // not ascending
+  EXPECT_EQ(model.ForwardBatch(*r.cache, r.seq, ids, 0, std::vector<int>{4}, one).code(),
+            StatusCode::kInvalidArgument);  // past the chunk
+  EXPECT_EQ(model.ForwardBatch(*r.cache, SeqId(77), ids, 0, last, one).code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.cache->Length(r.seq), 0);
+  ASSERT_TRUE(model.ForwardBatch(*r.cache, r.seq, {}, 0, {}, {}).ok());  // an empty chunk does nothing
+  EXPECT_EQ(r.cache->Length(r.seq), 0);
+  ASSERT_TRUE(model.ForwardBatch(*r.cache, r.seq, ids, 0, both, two).ok());
+  EXPECT_EQ(r.cache->Length(r.seq), 4);
+  // The rows are the logits after entries 1 and 3, as one Forward per token gives them.
+  Runner single(model);
+  std::vector<float> logits(n_vocab);
+  for (int pos = 0; pos < 4; ++pos) {
+    ASSERT_TRUE(model.Forward(*single.cache, single.seq, ids[static_cast<size_t>(pos)], pos, logits).ok());
+    if (pos == 1 || pos == 3) {
+      const size_t row = pos == 1 ? 0 : 1;
+      EXPECT_EQ(std::memcmp(logits.data(), two.data() + row * n_vocab, n_vocab * sizeof(float)), 0) << pos;
+    }
+  }
+}
+
+TEST(ModelTest, FailedKvAppendInAChunkLeavesTheSequence) {
+  REQUIRE_REF(file, "ref-llama-f16");
+  auto model_or = Model::Load(file, Opts(1));
+  ASSERT_TRUE(model_or.ok());
+  Model& model = **model_or;
+  // A host tier of 4 frames, 16-token blocks: 32 tokens fit, the chunk 24 .. 47 does not.
+  Runner r(model, KvCodec::kF16, 4 * 64 * kKiB, 16);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 48; ++i) ids.push_back(kTokens[static_cast<size_t>(i) % kTokens.size()]);
+  ASSERT_TRUE(model.ForwardBatch(*r.cache, r.seq, std::span(ids).first(24), 0, {}, {}).ok());
+  const Status st = model.ForwardBatch(*r.cache, r.seq, std::span(ids).subspan(24), 24, {}, {});
+  ASSERT_FALSE(st.ok()) << "the tiny tier never filled up";
+  EXPECT_EQ(st.code(), StatusCode::kExhausted) << st.ToString();
+  EXPECT_EQ(r.cache->Length(r.seq), 24);
+  std::string why;
+  EXPECT_TRUE(r.cache->CheckInvariants(&why)) << why;
+  // The sequence goes on where it was.
+  ASSERT_TRUE(model.ForwardBatch(*r.cache, r.seq, std::span(ids).subspan(24, 4), 24, {}, {}).ok());
+  EXPECT_EQ(r.cache->Length(r.seq), 28);
 }
 
 TEST(ModelTest, ThreadsAndKvBatchingAreBitIdentical) {

@@ -74,6 +74,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--weights", "somewhere"}, "--weights must be paged or mapped"},
       {{"--device", "tpu"}, "--device must be cuda, sim or none"},
       {{"--kv-batch", "-1"}, "--kv-batch must be >= 0"},
+      {{"-b", "0"}, "-b/--batch-size must be >= 1"},
       {{"--disk", "lots"}, "lots"},
   };
   for (const auto& c : cases) {

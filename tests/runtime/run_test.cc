@@ -73,6 +73,35 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
   }
 }
 
+// -b: the prompt in chunks of any size reports the same logits and tokens, bit for bit,
+// as one token at a time.
+TEST(RunTest, PrefillBatchSizeDoesNotChangeTheResult) {
+  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  std::ifstream in(kRef + "/vectors/ref-qwen3moe-q8_0.json");
+  const auto ref = nlohmann::json::parse(in);
+  std::vector<RunReport> reports;
+  for (int batch : {1, 7, 64}) {
+    RunOptions o = Options("ref-qwen3moe-q8_0");
+    o.prompt = ref["cases"][1]["prompt"];  // P2: 31 tokens
+    o.n_predict = 3;
+    o.dump_logits = 40;  // every prompt position
+    o.batch = batch;
+    auto r = RunSession(o);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    reports.push_back(std::move(r).value());
+  }
+  ASSERT_EQ(reports[0].logits.size(), reports[0].prompt_tokens.size());
+  for (size_t i = 1; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].generated_tokens, reports[0].generated_tokens);
+    ASSERT_EQ(reports[i].logits.size(), reports[0].logits.size());
+    for (size_t k = 0; k < reports[0].logits.size(); ++k) {
+      EXPECT_EQ(reports[i].logits[k].pos, reports[0].logits[k].pos);
+      EXPECT_EQ(reports[i].logits[k].top, reports[0].logits[k].top) << "pos " << reports[0].logits[k].pos;
+      EXPECT_EQ(reports[i].logits[k].logsumexp, reports[0].logits[k].logsumexp);
+    }
+  }
+}
+
 TEST(RunTest, SessionRoundTripReusesThePrefixAndRefusesAnotherModel) {
   if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
   const std::string path = ::testing::TempDir() + "/run_test_session.tkv";

@@ -3,8 +3,11 @@
 // Tiering does not change the math: a decode whose budgets force the KV blocks (and,
 // with paged weights, the layer weights and experts) through Device -> Host -> Disk at
 // every step gives logits bit-identical to an all-resident run, for every KV codec,
-// builtin:tiny-moe and every reference model.
+// builtin:tiny-moe and every reference model; and so does a prefill in chunks
+// (ForwardBatch), resident or tiered.
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -29,9 +32,45 @@ struct Budget {
   int kv_batch_blocks;
 };
 
+// Chunk sizes of a prefill split (0: one Forward per token); the split cycles through them.
+using Chunks = std::vector<int>;
+
+int32_t TokenAt(int pos, int n_vocab) { return static_cast<int32_t>((pos * 7919 + 13) % n_vocab); }
+
+// Runs positions [0, tokens) of the fixed token stream through Forward (chunks empty) or
+// ForwardBatch in chunks, appending the logits of every position p with p % every ==
+// every - 1 to *all.
+Status Run(Model& model, KvCache& cache, SeqId seq, int tokens, int every, const Chunks& chunks,
+           std::vector<float>* all) {
+  const int n_vocab = model.config().n_vocab;
+  std::vector<float> logits(static_cast<size_t>(n_vocab));
+  if (chunks.empty()) {
+    for (int pos = 0; pos < tokens; ++pos) {
+      TIERKV_RETURN_IF_ERROR(model.Forward(cache, seq, TokenAt(pos, n_vocab), pos, logits));
+      if (pos % every == every - 1) all->insert(all->end(), logits.begin(), logits.end());
+    }
+    return Status::Ok();
+  }
+  size_t c = 0;
+  for (int pos = 0; pos < tokens;) {
+    const int n = std::min(chunks[c++ % chunks.size()], tokens - pos);
+    std::vector<int32_t> ids;
+    std::vector<int> rows;
+    for (int i = 0; i < n; ++i) {
+      ids.push_back(TokenAt(pos + i, n_vocab));
+      if ((pos + i) % every == every - 1) rows.push_back(i);
+    }
+    logits.resize(rows.size() * static_cast<size_t>(n_vocab));
+    TIERKV_RETURN_IF_ERROR(model.ForwardBatch(cache, seq, ids, pos, rows, logits));
+    all->insert(all->end(), logits.begin(), logits.end());
+    pos += n;
+  }
+  return Status::Ok();
+}
+
 // Logits of every position of a fixed token stream, concatenated.
 std::vector<float> Decode(std::shared_ptr<const GgufFile> file, KvCodec codec, const Budget& b, MemoryManager** mm_out,
-                          std::unique_ptr<MemoryManager>* keep) {
+                          std::unique_ptr<MemoryManager>* keep, const Chunks& chunks = {}, int query_group = 0) {
   testing::TempDir dir;
   testing::SmallTiers s;
   s.frame_bytes = 16 * 1024;
@@ -43,20 +82,14 @@ std::vector<float> Decode(std::shared_ptr<const GgufFile> file, KvCodec codec, c
   ModelOptions mo;
   mo.threads = 2;
   mo.kv_batch_blocks = b.kv_batch_blocks;
+  mo.attention_query_group = query_group;
   auto model = Model::Load(file, mo);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   auto cache = KvCache::Create(keep->get(), (*model)->KvGeometryFor(codec, /*block_tokens=*/16));
   EXPECT_TRUE(cache.ok()) << cache.status().ToString();
-  const SeqId seq = (*cache)->NewSequence();
-  const int n_vocab = (*model)->config().n_vocab;
-  std::vector<float> all, logits(static_cast<size_t>(n_vocab));
-  for (int pos = 0; pos < kTokens; ++pos) {
-    const int32_t token = static_cast<int32_t>((pos * 7919 + 13) % n_vocab);
-    Status st = (*model)->Forward(**cache, seq, token, pos, logits);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    if (!st.ok()) break;
-    if (pos % 10 == 9) all.insert(all.end(), logits.begin(), logits.end());
-  }
+  std::vector<float> all;
+  const Status st = Run(**model, **cache, (*cache)->NewSequence(), kTokens, 10, chunks, &all);
+  EXPECT_TRUE(st.ok()) << st.ToString();
   std::string why;
   EXPECT_TRUE((*cache)->CheckInvariants(&why)) << why;
   return all;
@@ -85,6 +118,37 @@ TEST(TieringTest, ForcedEvictionEveryStepGivesBitIdenticalLogits) {
   }
 }
 
+// A prefill in chunks (ForwardBatch: layer by layer, every query of a chunk over each KV
+// block) gives the bits of one Forward per token: with the whole layer resident (the
+// fused two-pass form, or the online form for the other codecs), streamed a block at a
+// time through a tiny device tier (the two passes apart), and with the chunk's queries
+// taken a few at a time.
+TEST(TieringTest, PrefillChunksGiveBitIdenticalLogits) {
+  if (!std::filesystem::exists(kModels)) GTEST_SKIP() << "no reference models at " << kModels;
+  auto file = GgufFile::Open(kModels + "/ref-llama-q8_0.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  std::shared_ptr<const GgufFile> shared = std::move(file).value();
+  const Chunks chunks = {37, 1, 64, 5, 16};
+  for (KvCodec codec : kAllKvCodecs) {
+    SCOPED_TRACE(KvCodecName(codec));
+    MemoryManager* mm = nullptr;
+    std::unique_ptr<MemoryManager> keep[4];
+    const auto one_by_one = Decode(shared, codec, {0, 4096, 0, 0}, &mm, &keep[0]);
+    ASSERT_FALSE(one_by_one.empty());
+    const auto resident = Decode(shared, codec, {0, 4096, 0, 0}, &mm, &keep[1], chunks);
+    const auto grouped = Decode(shared, codec, {0, 4096, 0, 0}, &mm, &keep[2], chunks, /*query_group=*/3);
+    const auto tiered = Decode(shared, codec, {2, 3, 512, 1}, &mm, &keep[3], chunks, /*query_group=*/7);
+    EXPECT_GT(mm->Stats(Tier::kDisk).bytes_out, 0u) << "blocks were read back from disk";
+    const std::pair<const char*, const std::vector<float>*> runs[] = {
+        {"resident", &resident}, {"queries 3 at a time", &grouped}, {"tiered", &tiered}};
+    for (const auto& [what, run] : runs) {
+      ASSERT_EQ(run->size(), one_by_one.size()) << what;
+      EXPECT_EQ(std::memcmp(run->data(), one_by_one.data(), one_by_one.size() * sizeof(float)), 0)
+          << "the chunked prefill changed the logits: " << what;
+    }
+  }
+}
+
 // Paged weights and the prefetch pipeline under budgets that hold little more than the
 // largest weight page: every step evicts experts, layer weights and KV blocks.
 struct PagedRun {
@@ -93,7 +157,8 @@ struct PagedRun {
   TierStats device;
 };
 
-PagedRun DecodePaged(std::shared_ptr<const GgufFile> file, KvCodec codec, bool paged, int tokens) {
+PagedRun DecodePaged(std::shared_ptr<const GgufFile> file, KvCodec codec, bool paged, int tokens,
+                     const Chunks& chunks = {}) {
   PagedRun run;
   testing::TempDir dir;
   ModelOptions mo;
@@ -121,16 +186,8 @@ PagedRun DecodePaged(std::shared_ptr<const GgufFile> file, KvCodec codec, bool p
   }
   auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(codec, /*block_tokens=*/16));
   EXPECT_TRUE(cache.ok()) << cache.status().ToString();
-  const SeqId seq = (*cache)->NewSequence();
-  const int n_vocab = (*model)->config().n_vocab;
-  std::vector<float> logits(static_cast<size_t>(n_vocab));
-  for (int pos = 0; pos < tokens; ++pos) {
-    const int32_t token = static_cast<int32_t>((pos * 7919 + 13) % n_vocab);
-    Status st = (*model)->Forward(**cache, seq, token, pos, logits);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    if (!st.ok()) break;
-    if (pos % 4 == 3) run.logits.insert(run.logits.end(), logits.begin(), logits.end());
-  }
+  const Status st = Run(**model, **cache, (*cache)->NewSequence(), tokens, 4, chunks, &run.logits);
+  EXPECT_TRUE(st.ok()) << st.ToString();
   std::string why;
   EXPECT_TRUE(mm->CheckInvariants(&why)) << why;
   run.counters = (*model)->counters();
@@ -165,10 +222,17 @@ TEST(TieringTest, PagedWeightsAndKvUnderTinyBudgetsGiveBitIdenticalLogits) {
       SCOPED_TRACE(name + " " + KvCodecName(codec));
       const PagedRun resident = DecodePaged(file, codec, /*paged=*/false, tokens);
       const PagedRun tiered = DecodePaged(file, codec, /*paged=*/true, tokens);
+      // A prefill in chunks under the same budgets: the chunk's experts and KV blocks
+      // go through the same tiny device tier.
+      const PagedRun chunked = DecodePaged(file, codec, /*paged=*/true, tokens, {9, 2, 13});
       ASSERT_EQ(resident.logits.size(), tiered.logits.size());
+      ASSERT_EQ(resident.logits.size(), chunked.logits.size());
       ASSERT_FALSE(resident.logits.empty());
       EXPECT_EQ(std::memcmp(resident.logits.data(), tiered.logits.data(), resident.logits.size() * sizeof(float)), 0)
           << "paging changed the logits";
+      EXPECT_EQ(std::memcmp(resident.logits.data(), chunked.logits.data(), resident.logits.size() * sizeof(float)), 0)
+          << "paging a chunked prefill changed the logits";
+      EXPECT_LT(chunked.counters.kv_hits, chunked.counters.kv_acquires);
       // The budget forced traffic at every step: weights and KV were evicted and
       // fetched again (misses), experts too for MoE models.
       EXPECT_GT(tiered.device.evictions + tiered.device.drops, static_cast<uint64_t>(tokens));

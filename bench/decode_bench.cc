@@ -52,6 +52,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "bench/kv_fill.h"
 #include "bench/stream_sum.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
@@ -164,34 +165,12 @@ struct ModelRun {
   ReadBuffer buffer;
   std::vector<float> logits;
 
-  static uint64_t Next(uint64_t& x) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  }
-
   // Grows or cuts the sequence to `depth` tokens; new tokens get K/V uniform in [-1, 1).
-  Status FillTo(int depth) {
-    const int length = cache->Length(seq);
-    if (length >= depth) return cache->Truncate(seq, depth);
-    const KvGeometry& g = cache->geometry();
-    std::vector<float> k(static_cast<size_t>(g.n_kv_heads * g.head_dim)), v(k.size());
-    for (int pos = length; pos < depth; ++pos) {
-      TIERKV_ASSIGN_OR_RETURN(const int at, cache->AppendToken(seq));
-      (void)at;
-      for (int l = 0; l < g.n_layers; ++l) {
-        for (size_t i = 0; i < k.size(); ++i) {
-          k[i] = static_cast<float>(static_cast<int64_t>(Next(kv_rng) >> 40) - (1 << 23)) / (1 << 23);
-          v[i] = static_cast<float>(static_cast<int64_t>(Next(kv_rng) >> 40) - (1 << 23)) / (1 << 23);
-        }
-        TIERKV_RETURN_IF_ERROR(cache->Write(seq, l, pos, k.data(), v.data()));
-      }
-    }
-    return Status::Ok();
-  }
+  Status FillTo(int depth) { return bench::FillKvTo(*cache, seq, depth, &kv_rng); }
 
-  int32_t NextToken() { return static_cast<int32_t>(Next(tok_rng) % static_cast<uint64_t>(model->config().n_vocab)); }
+  int32_t NextToken() {
+    return static_cast<int32_t>(bench::XorShift(tok_rng) % static_cast<uint64_t>(model->config().n_vocab));
+  }
 };
 
 // The host tier's frame size, so the KV block size: $TIERKV_BENCH_FRAME_KIB, default

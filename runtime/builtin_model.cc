@@ -116,7 +116,54 @@ std::vector<uint8_t> TinyMoeImage() {
   return w.Finish();
 }
 
+std::vector<uint8_t> SyntheticLlamaImage(const SyntheticLlamaShape& s) {
+  SplitMix64 rng(0x6c6c'616d'6173'796eull ^ static_cast<uint64_t>(s.n_embd * 131 + s.n_layer));
+  constexpr int kVocab = 258;
+  GgufWriter w;
+  const std::string a = "llama.";
+  w.String("general.architecture", "llama")
+      .String("general.name", "tierkv synthetic llama")
+      .U32("general.alignment", 32)
+      .U32(a + "context_length", 262144)
+      .U32(a + "embedding_length", static_cast<uint32_t>(s.n_embd))
+      .U32(a + "block_count", static_cast<uint32_t>(s.n_layer))
+      .U32(a + "feed_forward_length", static_cast<uint32_t>(s.n_ff))
+      .U32(a + "attention.head_count", static_cast<uint32_t>(s.n_head))
+      .U32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv))
+      .U32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim))
+      .U32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim))
+      .U32(a + "rope.dimension_count", static_cast<uint32_t>(s.head_dim))
+      .F32(a + "attention.layer_norm_rms_epsilon", 1e-5f)
+      .F32(a + "rope.freq_base", 500000.0f)
+      .String("tokenizer.ggml.model", "none");
+  using GT = GgmlType;
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  const auto inv_sqrt = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  const int64_t q_dim = static_cast<int64_t>(s.n_head) * s.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(s.n_head_kv) * s.head_dim;
+  w.Tensor("token_embd.weight", GT::kQ8_0, {u(s.n_embd), u(kVocab)}, Q8Matrix(rng, s.n_embd, kVocab, 1.0f));
+  w.Tensor("output_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+  w.Tensor("output.weight", GT::kQ8_0, {u(s.n_embd), u(kVocab)}, Q8Matrix(rng, s.n_embd, kVocab, 4 * inv_sqrt(s.n_embd)));
+  for (int l = 0; l < s.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w.Tensor(p + "attn_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+    w.Tensor(p + "attn_q.weight", GT::kQ8_0, {u(s.n_embd), u(q_dim)}, Q8Matrix(rng, s.n_embd, q_dim, inv_sqrt(s.n_embd)));
+    w.Tensor(p + "attn_k.weight", GT::kQ8_0, {u(s.n_embd), u(kv_dim)}, Q8Matrix(rng, s.n_embd, kv_dim, inv_sqrt(s.n_embd)));
+    w.Tensor(p + "attn_v.weight", GT::kQ8_0, {u(s.n_embd), u(kv_dim)}, Q8Matrix(rng, s.n_embd, kv_dim, inv_sqrt(s.n_embd)));
+    w.Tensor(p + "attn_output.weight", GT::kQ8_0, {u(q_dim), u(s.n_embd)}, Q8Matrix(rng, q_dim, s.n_embd, inv_sqrt(q_dim)));
+    w.Tensor(p + "ffn_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+    w.Tensor(p + "ffn_gate.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_ff)}, Q8Matrix(rng, s.n_embd, s.n_ff, inv_sqrt(s.n_embd)));
+    w.Tensor(p + "ffn_up.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_ff)}, Q8Matrix(rng, s.n_embd, s.n_ff, inv_sqrt(s.n_embd)));
+    w.Tensor(p + "ffn_down.weight", GT::kQ8_0, {u(s.n_ff), u(s.n_embd)}, Q8Matrix(rng, s.n_ff, s.n_embd, inv_sqrt(s.n_ff)));
+  }
+  return w.Finish();
+}
+
 }  // namespace
+
+Result<std::unique_ptr<GgufFile>> BuildSyntheticLlama(const SyntheticLlamaShape& shape) {
+  return GgufFile::ParseOwned(SyntheticLlamaImage(shape), "synthetic-llama");
+}
 
 std::vector<std::string> BuiltinModelNames() { return {"tiny-moe"}; }
 

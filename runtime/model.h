@@ -231,6 +231,11 @@ class Model {
   Status Logits(std::span<float> logits);
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
+  Status ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::ActivationRow* const* acts, float* x);
+  void Route(int layer, int pos, const float* router, int* ids, float* weights);
+  void ExpertOrder(int layer, std::span<const int> experts, std::vector<int>* order);
+  Status AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin);
+  void CombineExperts(const float* weights, const float* rows, float* out) const;
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
   Status AcquireLayer(int layer, Layer* out);
   // Acquire (for reading) timed into wait_s and *wait; counts the acquire and a hit

@@ -136,9 +136,9 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
 
 // The chunk layer by layer: per token the arithmetic of ForwardLayers, with each matrix
 // multiplied by all the chunk's tokens in one pass (MatMulMany: the bits of one MatVec
-// per token) and attention once for all the chunk's queries. Experts run per token
-// (Moe). A MoE layer's weight page is released (FeedForward) only after every token's
-// output projection, as one token's step releases it.
+// per token), attention once for all the chunk's queries, and each selected expert once
+// for all its tokens (ChunkMoe). A MoE layer's weight page is released only after every
+// token's output projection, as one token's step releases it.
 Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
                            std::span<const int> logit_rows, std::span<float> logits) {
   const ModelConfig& c = cfg_;
@@ -203,15 +203,12 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
     for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
 
     // Feed-forward block.
+    set_acts(s.chunk_xn, n_embd, L.ffn_norm);
     if (c.is_moe()) {
-      for (size_t i = 0; i < n; ++i) {
-        load(i);
-        TIERKV_RETURN_IF_ERROR(FeedForward(L, l, pos + static_cast<int>(i)));
-        store(i);
-      }
+      s.layer_pin.Release();  // the experts are separate pages: keep the working set small
+      TIERKV_RETURN_IF_ERROR(ChunkMoe(L, l, pos, ni, acts, xs));
       continue;
     }
-    set_acts(s.chunk_xn, n_embd, L.ffn_norm);
     const kernels::MatMulJob gu[] = {{&L.gate, acts, ni, s.chunk_gate.data(), n_ff},
                                      {&L.up, acts, ni, s.chunk_up.data(), n_ff}};
     kernels::MatMulMany(gu, pool);
@@ -317,8 +314,79 @@ void Model::Ffn(const Layer& L) {
   kernels::MatVec(L.down, s.act2, s.proj.data(), pool_.get());
 }
 
+// The experts of one token from its router logits: ids and weights [n_expert_used] in
+// router order; counts the prediction's recall and records the routing trace.
+void Model::Route(int layer, int pos, const float* router, int* ids, float* weights) {
+  const ModelConfig& c = cfg_;
+  kernels::RouteTopK(router, c.n_expert, c.n_expert_used, c.norm_topk_prob, ids, weights);
+  static const std::vector<int32_t> kNone;
+  const std::vector<int32_t>& predicted =
+      options_.prefetch && static_cast<size_t>(layer) < predicted_.size() ? predicted_[static_cast<size_t>(layer)] : kNone;
+  if (!predicted.empty()) {
+    counters_.experts_chosen_predicted += static_cast<uint64_t>(c.n_expert_used);
+    for (int i = 0; i < c.n_expert_used; ++i) {
+      counters_.experts_chosen_in_prediction += std::count(predicted.begin(), predicted.end(), ids[i]) > 0 ? 1 : 0;
+    }
+  }
+  if (route_trace_ != nullptr) route_trace_->push_back({pos, layer, std::vector<int32_t>(ids, ids + c.n_expert_used), predicted});
+}
+
+// Paged: the compute order of `experts` (of one layer): those already on the compute
+// tier (or arriving from the prediction made a layer earlier) first, counted as hits;
+// the others are queued now, one copy each in the given order, and compute last, so
+// those copies run meanwhile. Unpaged: the given order.
+void Model::ExpertOrder(int layer, std::span<const int> experts, std::vector<int>* order) {
+  const ModelConfig& c = cfg_;
+  order->clear();
+  if (mm_ == nullptr) {
+    for (size_t i = 0; i < experts.size(); ++i) order->push_back(static_cast<int>(i));
+    return;
+  }
+  std::vector<int> misses;
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + experts[i])];
+    ++counters_.expert_acquires;
+    if (mm_->ResidentOrArriving(page, weight_tier_)) {
+      ++counters_.expert_hits;
+      order->push_back(static_cast<int>(i));
+    } else {
+      if (options_.prefetch) (void)mm_->Prefetch({page}, weight_tier_, /*urgent=*/true);
+      misses.push_back(static_cast<int>(i));
+    }
+  }
+  order->insert(order->end(), misses.begin(), misses.end());
+}
+
+// Expert e of the layer: its gate, up and down matrices, pinned on the compute tier when
+// paged (the acquire was counted by ExpertOrder).
+Status Model::AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin) {
+  out[0] = Expert(L.gate_exps, e);
+  out[1] = Expert(L.up_exps, e);
+  out[2] = Expert(L.down_exps, e);
+  if (mm_ == nullptr) return Status::Ok();
+  auto p = AcquireCounted(*mm_, expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)], weight_tier_,
+                          &counters_.expert_wait_s);
+  if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
+  *pin = std::move(p).value();
+  const std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(layer)];
+  for (int m = 0; m < 3; ++m) out[m].data = pin->data() + off[static_cast<size_t>(m)];
+  return Status::Ok();
+}
+
+// out = sum over i in router order of weights[i] * rows[i] ([n_expert_used][n_embd]).
+void Model::CombineExperts(const float* weights, const float* rows, float* out) const {
+  const size_t n_embd = static_cast<size_t>(cfg_.n_embd);
+  std::fill(out, out + n_embd, 0.0f);
+  for (int i = 0; i < cfg_.n_expert_used; ++i) {
+    const float w = weights[i];
+    const float* row = rows + static_cast<size_t>(i) * n_embd;
+    for (size_t d = 0; d < n_embd; ++d) out[d] += w * row[d];
+  }
+}
+
 // moe_out = sum over the selected experts, in router order, of weight * expert(xn).
-// Paged: each expert is pinned on the compute tier just before it computes.
+// Each expert's output has its own row and the rows are summed in router order, so the
+// result does not depend on the order the experts compute in.
 Status Model::Moe(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
@@ -326,73 +394,92 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   kernels::MatVec(L.gate_inp, s.act, s.router.data(), pool_.get());
   s.expert_ids.resize(static_cast<size_t>(c.n_expert_used));
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
-  kernels::RouteTopK(s.router.data(), c.n_expert, c.n_expert_used, c.norm_topk_prob, s.expert_ids.data(),
-                     s.expert_weights.data());
-  static const std::vector<int32_t> kNone;
-  const std::vector<int32_t>& predicted =
-      options_.prefetch && static_cast<size_t>(layer) < predicted_.size() ? predicted_[static_cast<size_t>(layer)] : kNone;
-  if (!predicted.empty()) {
-    counters_.experts_chosen_predicted += s.expert_ids.size();
-    for (int e : s.expert_ids) {
-      counters_.experts_chosen_in_prediction += std::count(predicted.begin(), predicted.end(), e) > 0 ? 1 : 0;
-    }
-  }
-  if (route_trace_ != nullptr) {
-    route_trace_->push_back({pos, layer, std::vector<int32_t>(s.expert_ids.begin(), s.expert_ids.end()),
-                             predicted});
-  }
-  // Paged: a hit is an expert already on the compute tier (or arriving from the
-  // prediction made a layer earlier). The others are queued now, one copy each in router
-  // order, and the experts compute hits first so those copies run meanwhile. Each
-  // expert's output has its own row and the rows are summed in router order, so the
-  // result does not depend on the compute order.
-  std::vector<int>& order = s.expert_order;
-  order.clear();
-  if (mm_ != nullptr) {
-    std::vector<int> misses;
-    for (int i = 0; i < c.n_expert_used; ++i) {
-      const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + s.expert_ids[static_cast<size_t>(i)])];
-      ++counters_.expert_acquires;
-      if (mm_->ResidentOrArriving(page, weight_tier_)) {
-        ++counters_.expert_hits;
-        order.push_back(i);
-      } else {
-        if (options_.prefetch) (void)mm_->Prefetch({page}, weight_tier_, /*urgent=*/true);
-        misses.push_back(i);
-      }
-    }
-    order.insert(order.end(), misses.begin(), misses.end());
-  } else {
-    for (int i = 0; i < c.n_expert_used; ++i) order.push_back(i);
-  }
+  Route(layer, pos, s.router.data(), s.expert_ids.data(), s.expert_weights.data());
+  ExpertOrder(layer, s.expert_ids, &s.expert_order);
   const size_t n_embd = static_cast<size_t>(c.n_embd);
   s.expert_out.resize(static_cast<size_t>(c.n_expert_used) * n_embd);
-  for (int i : order) {
-    const int e = s.expert_ids[static_cast<size_t>(i)];
-    MatrixView gate = Expert(L.gate_exps, e), up = Expert(L.up_exps, e), down = Expert(L.down_exps, e);
+  for (int i : s.expert_order) {
+    kernels::MatrixView m[3];
     Pin pin;
-    if (mm_ != nullptr) {
-      // Acquires and hits were counted above, before the copies were queued.
-      auto p = AcquireCounted(*mm_, expert_pages_[static_cast<size_t>(layer * c.n_expert + e)], weight_tier_,
-                              &counters_.expert_wait_s);
-      if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
-      pin = std::move(p).value();
-      const std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(layer)];
-      gate.data = pin.data() + off[0];
-      up.data = pin.data() + off[1];
-      down.data = pin.data() + off[2];
-    }
-    const MatVecJob gu[] = {{&gate, &s.act, s.gate.data()}, {&up, &s.act, s.up.data()}};
+    TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, s.expert_ids[static_cast<size_t>(i)], m, &pin));
+    const MatVecJob gu[] = {{&m[0], &s.act, s.gate.data()}, {&m[1], &s.act, s.up.data()}};
     kernels::MatVecMany(gu, pool_.get());
     kernels::SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), c.n_ff_exp);
     s.act2.Set(s.gate.data(), c.n_ff_exp);
-    kernels::MatVec(down, s.act2, s.expert_out.data() + static_cast<size_t>(i) * n_embd, pool_.get());
+    kernels::MatVec(m[2], s.act2, s.expert_out.data() + static_cast<size_t>(i) * n_embd, pool_.get());
   }
-  std::fill(s.moe_out.begin(), s.moe_out.end(), 0.0f);
-  for (int i = 0; i < c.n_expert_used; ++i) {
-    const float w = s.expert_weights[static_cast<size_t>(i)];
-    const float* row = s.expert_out.data() + static_cast<size_t>(i) * n_embd;
-    for (size_t d = 0; d < n_embd; ++d) s.moe_out[d] += w * row[d];
+  CombineExperts(s.expert_weights.data(), s.expert_out.data(), s.moe_out.data());
+  return Status::Ok();
+}
+
+// Moe for the chunk's n tokens, whose normed inputs are converted in acts[n]: each
+// expert the chunk selects is acquired once and multiplies all its tokens in one pass
+// (MatMulMany); per token the same rows and the same sum as Moe. x[n][n_embd] += the
+// tokens' outputs.
+Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::ActivationRow* const* acts, float* x) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t k = static_cast<size_t>(c.n_expert_used), n_embd = static_cast<size_t>(c.n_embd);
+  const size_t n_ff = static_cast<size_t>(c.n_ff_exp), ne = static_cast<size_t>(c.n_expert);
+  const size_t nt = static_cast<size_t>(n);
+  s.chunk_router.resize(nt * ne);
+  const kernels::MatMulJob router[] = {{&L.gate_inp, acts, n, s.chunk_router.data(), ne}};
+  kernels::MatMulMany(router, pool_.get());
+  s.chunk_expert_ids.resize(nt * k);
+  s.chunk_expert_weights.resize(nt * k);
+  // users[e]: the (token, slot) pairs that chose expert e, in token order; experts in
+  // order of first use.
+  std::vector<std::vector<std::pair<int, int>>>& users = s.chunk_expert_users;
+  users.resize(ne);
+  for (auto& u : users) u.clear();
+  std::vector<int>& used = s.chunk_experts;
+  used.clear();
+  for (size_t i = 0; i < nt; ++i) {
+    int* ids = s.chunk_expert_ids.data() + i * k;
+    Route(layer, pos + static_cast<int>(i), s.chunk_router.data() + i * ne, ids, s.chunk_expert_weights.data() + i * k);
+    for (size_t j = 0; j < k; ++j) {
+      std::vector<std::pair<int, int>>& u = users[static_cast<size_t>(ids[j])];
+      if (u.empty()) used.push_back(ids[j]);
+      u.emplace_back(static_cast<int>(i), static_cast<int>(j));
+    }
+  }
+  ExpertOrder(layer, used, &s.expert_order);
+  s.chunk_expert_out.resize(nt * k * n_embd);
+  for (int u : s.expert_order) {
+    const int e = used[static_cast<size_t>(u)];
+    const std::vector<std::pair<int, int>>& who = users[static_cast<size_t>(e)];
+    const size_t m = who.size();
+    kernels::MatrixView w[3];
+    Pin pin;
+    TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, e, w, &pin));
+    s.chunk_in_ptrs.clear();
+    for (const auto& [t, slot] : who) s.chunk_in_ptrs.push_back(acts[t]);
+    s.chunk_gate.resize(m * n_ff);
+    s.chunk_up.resize(m * n_ff);
+    const int mi = static_cast<int>(m);
+    const kernels::MatMulJob gu[] = {{&w[0], s.chunk_in_ptrs.data(), mi, s.chunk_gate.data(), n_ff},
+                                     {&w[1], s.chunk_in_ptrs.data(), mi, s.chunk_up.data(), n_ff}};
+    kernels::MatMulMany(gu, pool_.get());
+    if (s.chunk_hidden.size() < m) s.chunk_hidden.resize(m);
+    s.chunk_hidden_ptrs.clear();
+    for (size_t r = 0; r < m; ++r) {
+      float* g = s.chunk_gate.data() + r * n_ff;
+      kernels::SwiGlu(g, s.chunk_up.data() + r * n_ff, g, c.n_ff_exp);
+      s.chunk_hidden[r].Set(g, c.n_ff_exp);
+      s.chunk_hidden_ptrs.push_back(&s.chunk_hidden[r]);
+    }
+    s.chunk_proj.resize(std::max(s.chunk_proj.size(), m * n_embd));
+    const kernels::MatMulJob down[] = {{&w[2], s.chunk_hidden_ptrs.data(), mi, s.chunk_proj.data(), n_embd}};
+    kernels::MatMulMany(down, pool_.get());
+    for (size_t r = 0; r < m; ++r) {
+      const auto [t, slot] = who[r];
+      std::copy_n(s.chunk_proj.data() + r * n_embd, n_embd,
+                  s.chunk_expert_out.data() + (static_cast<size_t>(t) * k + static_cast<size_t>(slot)) * n_embd);
+    }
+  }
+  for (size_t i = 0; i < nt; ++i) {
+    CombineExperts(s.chunk_expert_weights.data() + i * k, s.chunk_expert_out.data() + i * k * n_embd, s.moe_out.data());
+    AddInPlace(x + i * n_embd, s.moe_out.data(), n_embd);
   }
   return Status::Ok();
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -77,6 +78,13 @@ struct Model::Scratch {
   std::vector<float> chunk_x, chunk_xn, chunk_q, chunk_k, chunk_v, chunk_attn, chunk_proj, chunk_gate, chunk_up;
   std::vector<kernels::ActivationRow> chunk_acts;  // per token, the current matmul input
   std::vector<kernels::ActivationRow*> chunk_act_ptrs;
+  // ChunkMoe: router logits, choices and outputs per (token, slot); per expert its users
+  // and, while it computes, its tokens' inputs and hidden activations.
+  std::vector<float> chunk_router, chunk_expert_weights, chunk_expert_out;
+  std::vector<int> chunk_expert_ids, chunk_experts;
+  std::vector<std::vector<std::pair<int, int>>> chunk_expert_users;
+  std::vector<kernels::ActivationRow*> chunk_in_ptrs, chunk_hidden_ptrs;
+  std::vector<kernels::ActivationRow> chunk_hidden;
   std::vector<kernels::AttentionState> chunk_states;
   std::vector<kernels::AttentionParams> chunk_params;
   std::vector<kernels::AttentionState*> chunk_state_ptrs;

@@ -232,7 +232,9 @@ TEST(TieringTest, PagedWeightsAndKvUnderTinyBudgetsGiveBitIdenticalLogits) {
           << "paging changed the logits";
       EXPECT_EQ(std::memcmp(resident.logits.data(), chunked.logits.data(), resident.logits.size() * sizeof(float)), 0)
           << "paging a chunked prefill changed the logits";
-      EXPECT_LT(chunked.counters.kv_hits, chunked.counters.kv_acquires);
+      // Each chunk's pages went through the tiny device tier as well (whether a page was
+      // there in time, a hit, depends on the prefetches' timing).
+      EXPECT_GT(chunked.device.evictions + chunked.device.drops, 5u);
       // The budget forced traffic at every step: weights and KV were evicted and
       // fetched again (misses), experts too for MoE models.
       EXPECT_GT(tiered.device.evictions + tiered.device.drops, static_cast<uint64_t>(tokens));

@@ -11,7 +11,10 @@
 // bits (tests/runtime/tiering_test.cc). Models:
 //   synthetic-llama: a dense llama of 200 M Q8_0 parameters built in memory (210 MB of
 //     weights, far beyond the caches: one token at a time reads them all per token);
-//   builtin:tiny-moe: 27 MiB of weights, experts per token; deep, attention dominates.
+//   synthetic-moe: qwen3moe-shaped, embedding 1024, 64 experts of FFN 512 of which 4 are
+//     used (400 M Q8_0 parameters, 425 MB; a token reads 4 experts a layer, a chunk of 64
+//     each expert its tokens chose, about 4 tokens an expert, once);
+//   builtin:tiny-moe: 27 MiB of weights (in cache); deep, attention dominates.
 // The KV is filled to D with random values (bench/kv_fill.h), f16, 1 MiB frames; every
 // timed prefill is truncated back to D afterwards. The chunk's last token's logits are
 // computed, as a prompt's are.
@@ -100,6 +103,14 @@ Result<PrefillRun*> GetRun(const std::string& name) {
   std::unique_ptr<GgufFile> built;
   if (name == "synthetic-llama") {
     TIERKV_ASSIGN_OR_RETURN(built, BuildSyntheticLlama());
+  } else if (name == "synthetic-moe") {
+    SyntheticMoeShape shape;
+    shape.n_embd = 1024;
+    shape.n_head = 16;
+    shape.n_head_kv = 4;
+    shape.n_expert = 64;
+    shape.n_ff_exp = 512;
+    TIERKV_ASSIGN_OR_RETURN(built, BuildSyntheticMoe(shape));
   } else {
     TIERKV_ASSIGN_OR_RETURN(built, OpenModelFile(name));
   }
@@ -162,7 +173,8 @@ void Register() {
     const char* model;
     int depth;
   };
-  for (const Case& c : {Case{"synthetic-llama", 0}, Case{"synthetic-llama", 4096}, Case{"builtin:tiny-moe", 0},
+  for (const Case& c : {Case{"synthetic-llama", 0}, Case{"synthetic-llama", 4096}, Case{"synthetic-moe", 0},
+                        Case{"builtin:tiny-moe", 0},
                         Case{"builtin:tiny-moe", 8192}, Case{"builtin:tiny-moe", kMaxDepth}}) {
     for (int chunk : {16, 64}) {
       const std::string label =

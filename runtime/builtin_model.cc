@@ -14,21 +14,6 @@ namespace {
 // Uniform in [-1, 1).
 float Symmetric(SplitMix64& rng) { return static_cast<float>(2.0 * rng.Uniform() - 1.0); }
 
-struct TinyMoeShape {
-  int n_vocab = 258;
-  int n_embd = 256;
-  int n_layer = 4;
-  int n_head = 8;
-  int n_head_kv = 2;
-  int head_dim = 64;
-  int n_expert = 32;
-  int n_expert_used = 4;
-  int n_ff_exp = 256;
-  int context_length = 262144;
-  float rope_freq_base = 1000000.0f;
-  float rms_eps = 1e-6f;
-};
-
 // A matrix of `rows` rows of `cols` values, uniform in [-scale, scale) times the
 // row's own factor, quantised to Q8_0.
 std::vector<uint8_t> Q8Matrix(SplitMix64& rng, int64_t cols, int64_t rows, float scale,
@@ -55,13 +40,13 @@ std::vector<uint8_t> F32Vector(SplitMix64& rng, int64_t n, float center, float s
   return out;
 }
 
-std::vector<uint8_t> TinyMoeImage() {
-  const TinyMoeShape s;
-  SplitMix64 rng(0x7469'6e79'6d6f'6501ull);  // "tinymoe", version 1: changing it changes the model
+// A qwen3moe-shaped model; tiny-moe is the default shape with its own seed.
+std::vector<uint8_t> MoeImage(const SyntheticMoeShape& s, uint64_t seed, const std::string& name) {
+  SplitMix64 rng(seed);
   GgufWriter w;
   const std::string a = "qwen3moe.";
   w.String("general.architecture", "qwen3moe")
-      .String("general.name", "tierkv tiny-moe")
+      .String("general.name", name)
       .U32("general.alignment", 32)
       .U32(a + "context_length", static_cast<uint32_t>(s.context_length))
       .U32(a + "embedding_length", static_cast<uint32_t>(s.n_embd))
@@ -165,10 +150,18 @@ Result<std::unique_ptr<GgufFile>> BuildSyntheticLlama(const SyntheticLlamaShape&
   return GgufFile::ParseOwned(SyntheticLlamaImage(shape), "synthetic-llama");
 }
 
+Result<std::unique_ptr<GgufFile>> BuildSyntheticMoe(const SyntheticMoeShape& shape) {
+  return GgufFile::ParseOwned(MoeImage(shape, 0x6d6f'6573'796e'7468ull, "tierkv synthetic moe"), "synthetic-moe");
+}
+
 std::vector<std::string> BuiltinModelNames() { return {"tiny-moe"}; }
 
 Result<std::unique_ptr<GgufFile>> BuildBuiltinModel(std::string_view name) {
-  if (name == "tiny-moe") return GgufFile::ParseOwned(TinyMoeImage(), std::string(kBuiltinPrefix) + "tiny-moe");
+  if (name == "tiny-moe") {
+    // "tinymoe", version 1: changing the seed or the recipe changes the model.
+    return GgufFile::ParseOwned(MoeImage(SyntheticMoeShape{}, 0x7469'6e79'6d6f'6501ull, "tierkv tiny-moe"),
+                                std::string(kBuiltinPrefix) + "tiny-moe");
+  }
   std::string known;
   for (const std::string& n : BuiltinModelNames()) known += (known.empty() ? "" : ", ") + std::string(kBuiltinPrefix) + n;
   return Status::NotFound("unknown builtin model '" + EscapeGgufString(name) + "' (builtin models: " + known + ")");

@@ -47,6 +47,24 @@ struct SyntheticLlamaShape {
 };
 Result<std::unique_ptr<GgufFile>> BuildSyntheticLlama(const SyntheticLlamaShape& shape = {});
 
+// qwen3moe shapes; the defaults are builtin:tiny-moe's (whose weights come from its own
+// seed). BuildSyntheticMoe makes one of any shape the same way, with another seed.
+struct SyntheticMoeShape {
+  int n_vocab = 258;
+  int n_embd = 256;
+  int n_layer = 4;
+  int n_head = 8;
+  int n_head_kv = 2;
+  int head_dim = 64;
+  int n_expert = 32;
+  int n_expert_used = 4;
+  int n_ff_exp = 256;
+  int context_length = 262144;
+  float rope_freq_base = 1000000.0f;
+  float rms_eps = 1e-6f;
+};
+Result<std::unique_ptr<GgufFile>> BuildSyntheticMoe(const SyntheticMoeShape& shape);
+
 // A model argument as the CLI takes it: "builtin:NAME" or a path to a .gguf file.
 Result<std::unique_ptr<GgufFile>> OpenModelFile(const std::string& spec);
 

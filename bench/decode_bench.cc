@@ -201,16 +201,9 @@ Result<ModelRun*> GetRun(const std::string& path) {
   mo.threads = 0;  // every core
   TIERKV_ASSIGN_OR_RETURN(run->model, Model::Load(file, mo));
 
-  // Host tier: the KV of kMaxDepth + 2 tokens plus an eighth and a few frames for the
-  // partly filled last blocks.
+  // Host tier: the KV of kMaxDepth + 2 tokens.
   const KvGeometry want = run->model->KvGeometryFor(KvCodec::kF16);
-  const uint64_t token_bytes = 2ull * want.n_layers * want.n_kv_heads * want.head_dim * 2;  // f16
-  MemoryOptions mem;
-  mem.frame_bytes = BenchFrameBytes();
-  mem.host_bytes = token_bytes * (kMaxDepth + 2) * 9 / 8 + 16 * mem.frame_bytes;
-  mem.host_bytes = (mem.host_bytes + mem.frame_bytes - 1) / mem.frame_bytes * mem.frame_bytes;
-  mem.mlock = MlockMode::kOff;  // ulimit -l is small on the bench machines
-  TIERKV_ASSIGN_OR_RETURN(run->mm, MemoryManager::Create(mem));
+  TIERKV_ASSIGN_OR_RETURN(run->mm, MemoryManager::Create(bench::KvHostMemory(want, kMaxDepth + 2, BenchFrameBytes())));
   TIERKV_ASSIGN_OR_RETURN(run->cache, KvCache::Create(run->mm.get(), want));
   run->seq = run->cache->NewSequence();
   run->weight_bytes = WeightBytesPerToken(*file, run->model->config());

@@ -10,9 +10,23 @@
 #include <vector>
 
 #include "kvcache/kv_cache.h"
+#include "memory/memory_manager.h"
 #include "memory/status.h"
 
 namespace tierkv::bench {
+
+// Memory options whose Host tier holds the f16 KV of `tokens` tokens of geometry g,
+// plus an eighth and 16 frames for partly filled last blocks; no mlock (ulimit -l is
+// small on the bench machines).
+inline MemoryOptions KvHostMemory(const KvGeometry& g, uint64_t tokens, uint64_t frame_bytes) {
+  const uint64_t token_bytes = 2ull * g.n_layers * g.n_kv_heads * g.head_dim * 2;  // f16
+  MemoryOptions mem;
+  mem.frame_bytes = frame_bytes;
+  mem.host_bytes = token_bytes * tokens * 9 / 8 + 16 * frame_bytes;
+  mem.host_bytes = (mem.host_bytes + frame_bytes - 1) / frame_bytes * frame_bytes;
+  mem.mlock = MlockMode::kOff;
+  return mem;
+}
 
 // xorshift64: the benches' deterministic stream (x must start non-zero).
 inline uint64_t XorShift(uint64_t& x) {

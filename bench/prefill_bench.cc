@@ -119,13 +119,7 @@ Result<PrefillRun*> GetRun(const std::string& name) {
   mo.threads = 0;  // every core
   TIERKV_ASSIGN_OR_RETURN(run->model, Model::Load(file, mo));
   const KvGeometry want = run->model->KvGeometryFor(KvCodec::kF16);
-  const uint64_t token_bytes = 2ull * want.n_layers * want.n_kv_heads * want.head_dim * 2;  // f16
-  MemoryOptions mem;
-  mem.frame_bytes = kMiB;
-  mem.host_bytes = token_bytes * (kMaxDepth + kPromptTokens) * 9 / 8 + 16 * mem.frame_bytes;
-  mem.host_bytes = (mem.host_bytes + mem.frame_bytes - 1) / mem.frame_bytes * mem.frame_bytes;
-  mem.mlock = MlockMode::kOff;
-  TIERKV_ASSIGN_OR_RETURN(run->mm, MemoryManager::Create(mem));
+  TIERKV_ASSIGN_OR_RETURN(run->mm, MemoryManager::Create(bench::KvHostMemory(want, kMaxDepth + kPromptTokens, kMiB)));
   TIERKV_ASSIGN_OR_RETURN(run->cache, KvCache::Create(run->mm.get(), want));
   run->seq = run->cache->NewSequence();
   run->logits.resize(static_cast<size_t>(run->model->config().n_vocab));

@@ -162,7 +162,8 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
     for (const MulChunk& c : chunks) RunMulChunk(c);
     return;
   }
-  pool->ParallelFor(static_cast<int64_t>(chunks.size()), [&](int64_t i) { RunMulChunk(chunks[static_cast<size_t>(i)]); });
+  pool->ParallelFor(static_cast<int64_t>(chunks.size()),
+                    [&](int64_t i) { RunMulChunk(chunks[static_cast<size_t>(i)]); });
 }
 
 void MatVec(const MatrixView& w, ActivationRow& x, float* y, ThreadPool* pool) {

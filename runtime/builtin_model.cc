@@ -40,22 +40,29 @@ std::vector<uint8_t> F32Vector(SplitMix64& rng, int64_t n, float center, float s
   return out;
 }
 
+// The metadata both synthetic architectures share: names, context and attention shape.
+void AttentionKeys(GgufWriter& w, const std::string& arch, const std::string& name, int context, int n_embd,
+                   int n_layer, int n_head, int n_head_kv, int head_dim) {
+  const std::string a = arch + ".";
+  w.String("general.architecture", arch)
+      .String("general.name", name)
+      .U32("general.alignment", 32)
+      .U32(a + "context_length", static_cast<uint32_t>(context))
+      .U32(a + "embedding_length", static_cast<uint32_t>(n_embd))
+      .U32(a + "block_count", static_cast<uint32_t>(n_layer))
+      .U32(a + "attention.head_count", static_cast<uint32_t>(n_head))
+      .U32(a + "attention.head_count_kv", static_cast<uint32_t>(n_head_kv))
+      .U32(a + "attention.key_length", static_cast<uint32_t>(head_dim))
+      .U32(a + "attention.value_length", static_cast<uint32_t>(head_dim));
+}
+
 // A qwen3moe-shaped model; tiny-moe is the default shape with its own seed.
 std::vector<uint8_t> MoeImage(const SyntheticMoeShape& s, uint64_t seed, const std::string& name) {
   SplitMix64 rng(seed);
   GgufWriter w;
   const std::string a = "qwen3moe.";
-  w.String("general.architecture", "qwen3moe")
-      .String("general.name", name)
-      .U32("general.alignment", 32)
-      .U32(a + "context_length", static_cast<uint32_t>(s.context_length))
-      .U32(a + "embedding_length", static_cast<uint32_t>(s.n_embd))
-      .U32(a + "block_count", static_cast<uint32_t>(s.n_layer))
-      .U32(a + "attention.head_count", static_cast<uint32_t>(s.n_head))
-      .U32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv))
-      .U32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim))
-      .U32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim))
-      .F32(a + "attention.layer_norm_rms_epsilon", s.rms_eps)
+  AttentionKeys(w, "qwen3moe", name, s.context_length, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim);
+  w.F32(a + "attention.layer_norm_rms_epsilon", s.rms_eps)
       .F32(a + "rope.freq_base", s.rope_freq_base)
       .U32(a + "expert_count", static_cast<uint32_t>(s.n_expert))
       .U32(a + "expert_used_count", static_cast<uint32_t>(s.n_expert_used))
@@ -106,17 +113,8 @@ std::vector<uint8_t> SyntheticLlamaImage(const SyntheticLlamaShape& s) {
   constexpr int kVocab = 258;
   GgufWriter w;
   const std::string a = "llama.";
-  w.String("general.architecture", "llama")
-      .String("general.name", "tierkv synthetic llama")
-      .U32("general.alignment", 32)
-      .U32(a + "context_length", 262144)
-      .U32(a + "embedding_length", static_cast<uint32_t>(s.n_embd))
-      .U32(a + "block_count", static_cast<uint32_t>(s.n_layer))
-      .U32(a + "feed_forward_length", static_cast<uint32_t>(s.n_ff))
-      .U32(a + "attention.head_count", static_cast<uint32_t>(s.n_head))
-      .U32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_head_kv))
-      .U32(a + "attention.key_length", static_cast<uint32_t>(s.head_dim))
-      .U32(a + "attention.value_length", static_cast<uint32_t>(s.head_dim))
+  AttentionKeys(w, "llama", "tierkv synthetic llama", 262144, s.n_embd, s.n_layer, s.n_head, s.n_head_kv, s.head_dim);
+  w.U32(a + "feed_forward_length", static_cast<uint32_t>(s.n_ff))
       .U32(a + "rope.dimension_count", static_cast<uint32_t>(s.head_dim))
       .F32(a + "attention.layer_norm_rms_epsilon", 1e-5f)
       .F32(a + "rope.freq_base", 500000.0f)
@@ -126,20 +124,27 @@ std::vector<uint8_t> SyntheticLlamaImage(const SyntheticLlamaShape& s) {
   const auto inv_sqrt = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
   const int64_t q_dim = static_cast<int64_t>(s.n_head) * s.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(s.n_head_kv) * s.head_dim;
-  w.Tensor("token_embd.weight", GT::kQ8_0, {u(s.n_embd), u(kVocab)}, Q8Matrix(rng, s.n_embd, kVocab, 1.0f));
-  w.Tensor("output_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
-  w.Tensor("output.weight", GT::kQ8_0, {u(s.n_embd), u(kVocab)}, Q8Matrix(rng, s.n_embd, kVocab, 4 * inv_sqrt(s.n_embd)));
+  // A Q8_0 matrix of `rows` rows of `cols` values, uniform in [-scale, scale).
+  auto matrix = [&](const std::string& name, int64_t cols, int64_t rows, float scale) {
+    w.Tensor(name, GT::kQ8_0, {u(cols), u(rows)}, Q8Matrix(rng, cols, rows, scale));
+  };
+  auto norm = [&](const std::string& name) {
+    w.Tensor(name, GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
+  };
+  matrix("token_embd.weight", s.n_embd, kVocab, 1.0f);
+  norm("output_norm.weight");
+  matrix("output.weight", s.n_embd, kVocab, 4 * inv_sqrt(s.n_embd));
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    w.Tensor(p + "attn_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
-    w.Tensor(p + "attn_q.weight", GT::kQ8_0, {u(s.n_embd), u(q_dim)}, Q8Matrix(rng, s.n_embd, q_dim, inv_sqrt(s.n_embd)));
-    w.Tensor(p + "attn_k.weight", GT::kQ8_0, {u(s.n_embd), u(kv_dim)}, Q8Matrix(rng, s.n_embd, kv_dim, inv_sqrt(s.n_embd)));
-    w.Tensor(p + "attn_v.weight", GT::kQ8_0, {u(s.n_embd), u(kv_dim)}, Q8Matrix(rng, s.n_embd, kv_dim, inv_sqrt(s.n_embd)));
-    w.Tensor(p + "attn_output.weight", GT::kQ8_0, {u(q_dim), u(s.n_embd)}, Q8Matrix(rng, q_dim, s.n_embd, inv_sqrt(q_dim)));
-    w.Tensor(p + "ffn_norm.weight", GT::kF32, {u(s.n_embd)}, F32Vector(rng, s.n_embd, 1.0f, 0.1f));
-    w.Tensor(p + "ffn_gate.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_ff)}, Q8Matrix(rng, s.n_embd, s.n_ff, inv_sqrt(s.n_embd)));
-    w.Tensor(p + "ffn_up.weight", GT::kQ8_0, {u(s.n_embd), u(s.n_ff)}, Q8Matrix(rng, s.n_embd, s.n_ff, inv_sqrt(s.n_embd)));
-    w.Tensor(p + "ffn_down.weight", GT::kQ8_0, {u(s.n_ff), u(s.n_embd)}, Q8Matrix(rng, s.n_ff, s.n_embd, inv_sqrt(s.n_ff)));
+    norm(p + "attn_norm.weight");
+    matrix(p + "attn_q.weight", s.n_embd, q_dim, inv_sqrt(s.n_embd));
+    matrix(p + "attn_k.weight", s.n_embd, kv_dim, inv_sqrt(s.n_embd));
+    matrix(p + "attn_v.weight", s.n_embd, kv_dim, inv_sqrt(s.n_embd));
+    matrix(p + "attn_output.weight", q_dim, s.n_embd, inv_sqrt(q_dim));
+    norm(p + "ffn_norm.weight");
+    matrix(p + "ffn_gate.weight", s.n_embd, s.n_ff, inv_sqrt(s.n_embd));
+    matrix(p + "ffn_up.weight", s.n_embd, s.n_ff, inv_sqrt(s.n_embd));
+    matrix(p + "ffn_down.weight", s.n_ff, s.n_embd, inv_sqrt(s.n_ff));
   }
   return w.Finish();
 }

@@ -165,7 +165,6 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   float* const xs = s.chunk_x.data();
   auto row = [](std::vector<float>& v, size_t i, size_t width) { return v.data() + i * width; };
   auto load = [&](size_t i) { std::copy_n(xs + i * n_embd, n_embd, s.x.data()); };
-  auto store = [&](size_t i) { std::copy_n(s.x.data(), n_embd, xs + i * n_embd); };
   // acts[i] = the chunk's rows of `in` ([n][width]), normed with `norm` first when given.
   auto set_acts = [&](std::vector<float>& in, size_t width, const float* norm) {
     for (size_t i = 0; i < n; ++i) {
@@ -320,15 +319,17 @@ void Model::Route(int layer, int pos, const float* router, int* ids, float* weig
   const ModelConfig& c = cfg_;
   kernels::RouteTopK(router, c.n_expert, c.n_expert_used, c.norm_topk_prob, ids, weights);
   static const std::vector<int32_t> kNone;
-  const std::vector<int32_t>& predicted =
-      options_.prefetch && static_cast<size_t>(layer) < predicted_.size() ? predicted_[static_cast<size_t>(layer)] : kNone;
+  const bool have = options_.prefetch && static_cast<size_t>(layer) < predicted_.size();
+  const std::vector<int32_t>& predicted = have ? predicted_[static_cast<size_t>(layer)] : kNone;
   if (!predicted.empty()) {
     counters_.experts_chosen_predicted += static_cast<uint64_t>(c.n_expert_used);
     for (int i = 0; i < c.n_expert_used; ++i) {
       counters_.experts_chosen_in_prediction += std::count(predicted.begin(), predicted.end(), ids[i]) > 0 ? 1 : 0;
     }
   }
-  if (route_trace_ != nullptr) route_trace_->push_back({pos, layer, std::vector<int32_t>(ids, ids + c.n_expert_used), predicted});
+  if (route_trace_ != nullptr) {
+    route_trace_->push_back({pos, layer, std::vector<int32_t>(ids, ids + c.n_expert_used), predicted});
+  }
 }
 
 // Paged: the compute order of `experts` (of one layer): those already on the compute

@@ -212,9 +212,9 @@ Result<RunReport> RunSession(const RunOptions& o) {
       if (wanted(pos + i)) rows.push_back(i);
     }
     chunk_logits.resize(rows.size() * n_vocab);
-    TIERKV_RETURN_IF_ERROR(model->ForwardBatch(
-        *cache, seq, std::span<const int32_t>(r.prompt_tokens).subspan(static_cast<size_t>(pos), static_cast<size_t>(n)),
-        pos, rows, chunk_logits));
+    const auto chunk =
+        std::span<const int32_t>(r.prompt_tokens).subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
+    TIERKV_RETURN_IF_ERROR(model->ForwardBatch(*cache, seq, chunk, pos, rows, chunk_logits));
     for (size_t k = 0; k < rows.size(); ++k) {
       std::copy_n(chunk_logits.begin() + static_cast<ptrdiff_t>(k * n_vocab), n_vocab, logits.begin());
       if (o.dump_logits > 0) r.logits.push_back(Entry(pos + rows[k], logits));

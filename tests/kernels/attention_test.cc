@@ -519,5 +519,80 @@ TEST(AttentionTest, SingleTokenReturnsItsValue) {
   }
 }
 
+// Several queries of a prefill chunk (each at its own position, with its own q) through
+// the *Multi forms give each query the bits of running it alone: online, two-pass over
+// batches, and fused two-pass; plain and grouped codecs; any batching; 1 or 2 threads;
+// queries whose last block is partial and queries that see fewer blocks than the view.
+template <typename Codec>
+void CheckMultiQueries(const Codec& codec, const Fixture& f, ThreadPool* pool) {
+  const std::vector<int64_t> positions = {20, 31, 32, 47, 60, 61, 74};
+  const size_t n = positions.size();
+  std::vector<std::vector<float>> qs(n);
+  for (size_t t = 0; t < n; ++t) {
+    qs[t] = f.q;
+    for (size_t i = 0; i < qs[t].size(); ++i) qs[t][i] *= 1.0f + 0.1f * static_cast<float>((t + i) % 5);
+  }
+  const int n_blocks = static_cast<int>(f.blocks.size());
+  const std::vector<std::vector<int>> splits = {
+      {n_blocks}, {2, n_blocks - 2}, std::vector<int>(static_cast<size_t>(n_blocks), 1)};
+  for (int form = 0; form < 3; ++form) {  // online, two-pass in batches, fused two-pass
+    for (const auto& batches : splits) {
+      if (form == 2 && batches.size() > 1) continue;  // fused: one batch of every block
+      SCOPED_TRACE("form " + std::to_string(form) + ", " + std::to_string(batches.size()) + " batches");
+      std::vector<AttentionParams> ps(n);
+      std::vector<AttentionState> alone(n), together(n);
+      std::vector<AttentionState*> ptrs;
+      for (size_t t = 0; t < n; ++t) {
+        ps[t] = f.Params(positions[t]);
+        ps[t].round_query_f16 = ps[t].round_weights_f16 = form > 0;
+        AttentionBegin(codec, ps[t], qs[t].data(), &alone[t]);
+        AttentionBegin(codec, ps[t], qs[t].data(), &together[t]);
+        ptrs.push_back(&together[t]);
+      }
+      const int64_t m = static_cast<int64_t>(n);
+      const int passes = form == 1 ? 2 : 1;
+      for (int pass = 0; pass < passes; ++pass) {
+        int b = 0;
+        for (size_t k = 0; k < batches.size(); ++k) {
+          const PagedKvView view = f.View(b, batches[k], codec.vector_bytes());
+          b += batches[k];
+          for (size_t t = 0; t < n; ++t) {
+            if (form == 0) AttentionBlocks(codec, ps[t], view, &alone[t], pool);
+            if (form == 1 && pass == 0) AttentionScores(codec, ps[t], view, &alone[t], pool);
+            if (form == 1 && pass == 1) AttentionValues(codec, ps[t], view, &alone[t], pool);
+            if (form == 2) AttentionTwoPass(codec, ps[t], view, &alone[t], pool);
+          }
+          if (form == 0) AttentionBlocksMulti(codec, ps.data(), ptrs.data(), m, view, pool);
+          if (form == 1 && pass == 0) AttentionScoresMulti(codec, ps.data(), ptrs.data(), m, view, pool);
+          if (form == 1 && pass == 1) AttentionValuesMulti(codec, ps.data(), ptrs.data(), m, view, pool);
+          if (form == 2) AttentionTwoPassMulti(codec, ps.data(), ptrs.data(), m, view, pool);
+        }
+        if (form == 1 && pass == 0) {
+          for (size_t t = 0; t < n; ++t) AttentionSoftmax(ps[t], &alone[t], pool);
+          AttentionSoftmaxMulti(ps.data(), ptrs.data(), m, pool);
+        }
+      }
+      for (size_t t = 0; t < n; ++t) {
+        std::vector<float> want(f.q.size()), got(f.q.size());
+        AttentionEnd(codec, ps[t], &alone[t], want.data());
+        AttentionEnd(codec, ps[t], &together[t], got.data());
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0) << "query at " << positions[t];
+      }
+    }
+  }
+}
+
+TEST(AttentionTest, MultiQueryFormsGiveEachQueryItsOwnBits) {
+  F32Codec plain(32);
+  GroupedF32Codec grouped(32);
+  Fixture f;
+  f.Build(plain, 23);
+  ThreadPool pool(2);
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+    CheckMultiQueries(plain, f, p);
+    CheckMultiQueries(grouped, f, p);
+  }
+}
+
 }  // namespace
 }  // namespace tierkv::kernels

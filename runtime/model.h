@@ -233,7 +233,9 @@ class Model {
   Status Moe(const Layer& L, int layer, int pos);
   Status ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::ActivationRow* const* acts, float* x);
   void Route(int layer, int pos, const float* router, int* ids, float* weights);
-  void ExpertOrder(int layer, std::span<const int> experts, std::vector<int>* order);
+  int ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order);
+  void MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p, int window);
+  void QueueExpert(int layer, int e);
   Status AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin);
   void CombineExperts(const float* weights, const float* rows, float* out) const;
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.

@@ -334,14 +334,17 @@ void Model::Route(int layer, int pos, const float* router, int* ids, float* weig
 
 // Paged: the compute order of `experts` (of one layer): those already on the compute
 // tier (or arriving from the prediction made a layer earlier) first, counted as hits;
-// the others are queued now, one copy each in the given order, and compute last, so
-// those copies run meanwhile. Unpaged: the given order.
-void Model::ExpertOrder(int layer, std::span<const int> experts, std::vector<int>* order) {
+// then the misses, the first `window` of which are queued now as urgent copies (in
+// order), to run while the hits compute; MissAhead queues each later one as the miss
+// `window` places before it starts computing. So at most `window` expert copies are in
+// flight: a chunk's misses can be more experts than the compute tier holds at once.
+// Returns the number of hits. Unpaged: the given order, all hits.
+int Model::ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order) {
   const ModelConfig& c = cfg_;
   order->clear();
   if (mm_ == nullptr) {
     for (size_t i = 0; i < experts.size(); ++i) order->push_back(static_cast<int>(i));
-    return;
+    return static_cast<int>(experts.size());
   }
   std::vector<int> misses;
   for (size_t i = 0; i < experts.size(); ++i) {
@@ -351,11 +354,29 @@ void Model::ExpertOrder(int layer, std::span<const int> experts, std::vector<int
       ++counters_.expert_hits;
       order->push_back(static_cast<int>(i));
     } else {
-      if (options_.prefetch) (void)mm_->Prefetch({page}, weight_tier_, /*urgent=*/true);
       misses.push_back(static_cast<int>(i));
     }
   }
+  const int hits = static_cast<int>(order->size());
   order->insert(order->end(), misses.begin(), misses.end());
+  for (int m = 0; m < window && m < static_cast<int>(misses.size()); ++m) {
+    QueueExpert(layer, experts[static_cast<size_t>(misses[static_cast<size_t>(m)])]);
+  }
+  return hits;
+}
+
+// Before order[p] computes: the copy of the miss `window` places ahead.
+void Model::MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p,
+                      int window) {
+  const size_t ahead = p + static_cast<size_t>(window);
+  if (p >= static_cast<size_t>(hits) && ahead < order.size()) {
+    QueueExpert(layer, experts[static_cast<size_t>(order[ahead])]);
+  }
+}
+
+void Model::QueueExpert(int layer, int e) {
+  if (mm_ == nullptr || !options_.prefetch) return;
+  (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)]}, weight_tier_, /*urgent=*/true);
 }
 
 // Expert e of the layer: its gate, up and down matrices, pinned on the compute tier when
@@ -396,7 +417,8 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   s.expert_ids.resize(static_cast<size_t>(c.n_expert_used));
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
   Route(layer, pos, s.router.data(), s.expert_ids.data(), s.expert_weights.data());
-  ExpertOrder(layer, s.expert_ids, &s.expert_order);
+  // A token's misses are all queued at once (window n_expert_used).
+  ExpertOrder(layer, s.expert_ids, c.n_expert_used, &s.expert_order);
   const size_t n_embd = static_cast<size_t>(c.n_embd);
   s.expert_out.resize(static_cast<size_t>(c.n_expert_used) * n_embd);
   for (int i : s.expert_order) {
@@ -444,10 +466,13 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
       u.emplace_back(static_cast<int>(i), static_cast<int>(j));
     }
   }
-  ExpertOrder(layer, used, &s.expert_order);
+  // As many expert copies in flight as one token's step has.
+  const int window = c.n_expert_used;
+  const int hits = ExpertOrder(layer, used, window, &s.expert_order);
   s.chunk_expert_out.resize(nt * k * n_embd);
-  for (int u : s.expert_order) {
-    const int e = used[static_cast<size_t>(u)];
+  for (size_t p = 0; p < s.expert_order.size(); ++p) {
+    MissAhead(layer, used, s.expert_order, hits, p, window);
+    const int e = used[static_cast<size_t>(s.expert_order[p])];
     const std::vector<std::pair<int, int>>& who = users[static_cast<size_t>(e)];
     const size_t m = who.size();
     kernels::MatrixView w[3];

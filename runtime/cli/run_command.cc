@@ -159,9 +159,12 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       }
     }
     std::fprintf(stderr, "%s\n", shown.c_str());
-    std::fprintf(stderr, "prompt %zu tokens (%d reused from the session) in %.3f s, %zu generated in %.3f s (%.1f tok/s)\n",
-                 r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, r.generated_tokens.size(), r.decode_s,
-                 r.decode_s > 0 ? static_cast<double>(r.generated_tokens.size()) / r.decode_s : 0.0);
+    const auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+    std::fprintf(stderr,
+                 "prompt %zu tokens (%d reused from the session) in %.3f s (%.1f tok/s), %zu generated in %.3f s "
+                 "(%.1f tok/s)\n",
+                 r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, rate(r.prefill_tokens, r.prefill_s),
+                 r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
     if (f->json) std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   });
 }

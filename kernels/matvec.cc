@@ -22,7 +22,8 @@ int SlotOf(WeightType act) {
   return 0;
 }
 
-// Below this many multiply-adds in one MatVecMany a fork-join costs more than it saves.
+// Below this many multiply-adds in one MatMulMany (or MatVecMany) a fork-join costs more
+// than it saves.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
 
 // Multiply-adds per parallel task: at least ~16K (to amortise the hand-out), and big
@@ -32,21 +33,36 @@ int64_t MacsPerTask(int64_t total_macs, int threads) {
   return std::max<int64_t>(int64_t{1} << 14, total_macs / (8 * std::max(threads, 1)));
 }
 
-struct Chunk {
-  const MatVecJob* job;
+// Rows a MatMul chunk dots with every token before moving on: about 24 KiB of them (a
+// multiple of 16 rows, the multi-row kernels' group), so they stay in L1 while they do.
+int64_t RowsInCache(size_t row_bytes) {
+  const int64_t rows = static_cast<int64_t>((24 * 1024) / std::max<size_t>(row_bytes, 1));
+  return std::max<int64_t>(16, rows / 16 * 16);
+}
+
+struct MulChunk {
+  const MatMulJob* job;
   DotFn dot;
-  DotRowsFn dot_rows;  // nullptr: dot per row
-  const void* act;
+  DotRowsFn dot_rows;
+  const void* const* acts;  // [job->n]
   int64_t begin, end;
 };
 
-void RunChunk(const Chunk& c) {
+void RunMulChunk(const MulChunk& c) {
   const MatrixView& w = *c.job->w;
-  if (c.dot_rows != nullptr) {
-    c.dot_rows(w.Row(c.begin), w.row_bytes, c.end - c.begin, c.act, w.cols, c.job->y + c.begin);
-    return;
+  // One token: the whole chunk in one call (the multi-row kernels' longest run).
+  const int64_t sub = c.job->n == 1 ? c.end - c.begin : RowsInCache(w.row_bytes);
+  for (int64_t r0 = c.begin; r0 < c.end; r0 += sub) {
+    const int64_t r1 = std::min(c.end, r0 + sub);
+    for (int t = 0; t < c.job->n; ++t) {
+      float* y = c.job->y + static_cast<size_t>(t) * c.job->y_stride;
+      if (c.dot_rows != nullptr) {
+        c.dot_rows(w.Row(r0), w.row_bytes, r1 - r0, c.acts[t], w.cols, y + r0);
+      } else {
+        for (int64_t r = r0; r < r1; ++r) y[r] = c.dot(w.Row(r), c.acts[t], w.cols);
+      }
+    }
   }
-  for (int64_t r = c.begin; r < c.end; ++r) c.job->y[r] = c.dot(w.Row(r), c.act, w.cols);
 }
 
 }  // namespace
@@ -69,64 +85,6 @@ const void* ActivationRow::For(WeightType weight_type) {
   }
   return buf_[static_cast<size_t>(slot)].data();
 }
-
-void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
-  // Plan the chunks first (the conversions happen here, on this thread).
-  std::vector<Chunk> chunks;
-  const SimdLevel level = ActiveSimdLevel();
-  int64_t macs = 0;
-  for (const MatVecJob& j : jobs) macs += j.w->rows * j.w->cols;
-  if (macs < kMinParallelMacs) pool = nullptr;
-  const int64_t task_macs = MacsPerTask(macs, pool != nullptr ? pool->size() : 1);
-  for (const MatVecJob& j : jobs) {
-    assert(j.x->size() == j.w->cols);
-    const void* act = j.x->For(j.w->type);
-    const DotFn dot = GetDotFn(j.w->type, level);
-    const DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
-    const int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols, 1));
-    for (int64_t b = 0; b < j.w->rows; b += step) chunks.push_back({&j, dot, dot_rows, act, b, std::min(j.w->rows, b + step)});
-  }
-  if (pool == nullptr || chunks.size() == 1) {
-    for (const Chunk& c : chunks) RunChunk(c);
-    return;
-  }
-  pool->ParallelFor(static_cast<int64_t>(chunks.size()), [&](int64_t i) { RunChunk(chunks[static_cast<size_t>(i)]); });
-}
-
-namespace {
-
-// Rows a MatMul chunk dots with every token before moving on: about 24 KiB of them (a
-// multiple of 16 rows, the multi-row kernels' group), so they stay in L1 while they do.
-int64_t RowsInCache(size_t row_bytes) {
-  const int64_t rows = static_cast<int64_t>((24 * 1024) / std::max<size_t>(row_bytes, 1));
-  return std::max<int64_t>(16, rows / 16 * 16);
-}
-
-struct MulChunk {
-  const MatMulJob* job;
-  DotFn dot;
-  DotRowsFn dot_rows;
-  const void* const* acts;  // [job->n]
-  int64_t begin, end;
-};
-
-void RunMulChunk(const MulChunk& c) {
-  const MatrixView& w = *c.job->w;
-  const int64_t sub = RowsInCache(w.row_bytes);
-  for (int64_t r0 = c.begin; r0 < c.end; r0 += sub) {
-    const int64_t r1 = std::min(c.end, r0 + sub);
-    for (int t = 0; t < c.job->n; ++t) {
-      float* y = c.job->y + static_cast<size_t>(t) * c.job->y_stride;
-      if (c.dot_rows != nullptr) {
-        c.dot_rows(w.Row(r0), w.row_bytes, r1 - r0, c.acts[t], w.cols, y + r0);
-      } else {
-        for (int64_t r = r0; r < r1; ++r) y[r] = c.dot(w.Row(r), c.acts[t], w.cols);
-      }
-    }
-  }
-}
-
-}  // namespace
 
 void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
   const SimdLevel level = ActiveSimdLevel();
@@ -164,6 +122,13 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
   }
   pool->ParallelFor(static_cast<int64_t>(chunks.size()),
                     [&](int64_t i) { RunMulChunk(chunks[static_cast<size_t>(i)]); });
+}
+
+void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
+  std::vector<MatMulJob> mul;
+  mul.reserve(jobs.size());
+  for (const MatVecJob& j : jobs) mul.push_back({j.w, &j.x, 1, j.y, static_cast<size_t>(j.w->rows)});
+  MatMulMany(mul, pool);
 }
 
 void MatVec(const MatrixView& w, ActivationRow& x, float* y, ThreadPool* pool) {

@@ -118,7 +118,8 @@ struct RouteRecord {
   int32_t pos = 0;
   int32_t layer = 0;
   std::vector<int32_t> experts;    // chosen by the layer's router, in router order
-  std::vector<int32_t> predicted;  // predicted one layer earlier (empty for layer 0)
+  std::vector<int32_t> predicted;  // predicted one layer earlier (empty for layer 0, and
+                                   // for a prefill chunk's tokens but the last)
 };
 
 // The paged decoder's counters since Load or ResetCounters (DESIGN.md pipeline).
@@ -174,7 +175,8 @@ class Model {
 
   const DecodeCounters& counters() const { return counters_; }
   void ResetCounters() { counters_ = {}; }
-  // While set, each Forward appends one RouteRecord per MoE layer (null: off).
+  // While set, each Forward appends one RouteRecord per MoE layer, and ForwardBatch one
+  // per token and MoE layer, layer by layer (null: off).
   void set_route_trace(std::vector<RouteRecord>* trace) { route_trace_ = trace; }
 
   // The KV geometry this model needs, for KvCache::Create.
@@ -232,7 +234,7 @@ class Model {
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
   Status ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::ActivationRow* const* acts, float* x);
-  void Route(int layer, int pos, const float* router, int* ids, float* weights);
+  void Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights);
   int ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order);
   void MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p, int window);
   void QueueExpert(int layer, int e);

@@ -314,12 +314,13 @@ void Model::Ffn(const Layer& L) {
 }
 
 // The experts of one token from its router logits: ids and weights [n_expert_used] in
-// router order; counts the prediction's recall and records the routing trace.
-void Model::Route(int layer, int pos, const float* router, int* ids, float* weights) {
+// router order; counts the prediction's recall and records the routing trace. `predicted`:
+// the layer's prediction was made for this token (in a chunk, only for the last one).
+void Model::Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights) {
   const ModelConfig& c = cfg_;
   kernels::RouteTopK(router, c.n_expert, c.n_expert_used, c.norm_topk_prob, ids, weights);
   static const std::vector<int32_t> kNone;
-  const bool have = options_.prefetch && static_cast<size_t>(layer) < predicted_.size();
+  const bool have = predicted_for_it && options_.prefetch && static_cast<size_t>(layer) < predicted_.size();
   const std::vector<int32_t>& predicted = have ? predicted_[static_cast<size_t>(layer)] : kNone;
   if (!predicted.empty()) {
     counters_.experts_chosen_predicted += static_cast<uint64_t>(c.n_expert_used);
@@ -416,7 +417,7 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   kernels::MatVec(L.gate_inp, s.act, s.router.data(), pool_.get());
   s.expert_ids.resize(static_cast<size_t>(c.n_expert_used));
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
-  Route(layer, pos, s.router.data(), s.expert_ids.data(), s.expert_weights.data());
+  Route(layer, pos, s.router.data(), /*predicted_for_it=*/true, s.expert_ids.data(), s.expert_weights.data());
   // A token's misses are all queued at once (window n_expert_used).
   ExpertOrder(layer, s.expert_ids, c.n_expert_used, &s.expert_order);
   const size_t n_embd = static_cast<size_t>(c.n_embd);
@@ -459,7 +460,8 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
   used.clear();
   for (size_t i = 0; i < nt; ++i) {
     int* ids = s.chunk_expert_ids.data() + i * k;
-    Route(layer, pos + static_cast<int>(i), s.chunk_router.data() + i * ne, ids, s.chunk_expert_weights.data() + i * k);
+    Route(layer, pos + static_cast<int>(i), s.chunk_router.data() + i * ne, /*predicted_for_it=*/i + 1 == nt, ids,
+          s.chunk_expert_weights.data() + i * k);
     for (size_t j = 0; j < k; ++j) {
       std::vector<std::pair<int, int>>& u = users[static_cast<size_t>(ids[j])];
       if (u.empty()) used.push_back(ids[j]);

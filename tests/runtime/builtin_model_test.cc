@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <span>
 
 #include <gtest/gtest.h>
 
@@ -119,6 +120,58 @@ TEST(BuiltinModelTest, ExpertPopularityIsSkewed) {
   for (int e = 0; e < 8; ++e) low += count[static_cast<size_t>(e)];
   for (int e = 24; e < 32; ++e) high += count[static_cast<size_t>(e)];
   EXPECT_GT(low, 2 * high) << "experts 0-7 chosen " << low << " times, 24-31 " << high;
+}
+
+// A prefill in chunks routes every token as one Forward per token does; its routing
+// trace has one record per token and layer, with a prediction for each chunk's last
+// token only (the one it was made for).
+TEST(BuiltinModelTest, ChunkedPrefillRoutesLikeOneTokenAtATime) {
+  std::shared_ptr<const GgufFile> file = BuildBuiltinModel("tiny-moe").value();
+  const std::string text = "The quick brown fox jumps over the lazy dog; 0123456789. ";
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < 40; ++i) ids.push_back(static_cast<unsigned char>(text[i % text.size()]));
+  constexpr int kChunk = 16;
+  std::vector<RouteRecord> traces[2];
+  for (int chunked = 0; chunked < 2; ++chunked) {
+    ModelOptions mo;
+    mo.threads = 2;
+    auto model = Model::Load(file, mo);
+    ASSERT_TRUE(model.ok());
+    testing::TempDir dir;
+    testing::SmallTiers s;
+    s.frame_bytes = 64 * 1024;
+    s.device_frames = 0;
+    s.host_frames = 1024;
+    s.disk_frames = 0;
+    auto mm = testing::MakeManager(s, dir.path());
+    auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kQ8_0));
+    ASSERT_TRUE(cache.ok());
+    (*model)->set_route_trace(&traces[chunked]);
+    const SeqId seq = (*cache)->NewSequence();
+    std::vector<float> logits(258);
+    for (int pos = 0; pos < static_cast<int>(ids.size());) {
+      const int n = chunked ? std::min(kChunk, static_cast<int>(ids.size()) - pos) : 1;
+      const Status st = chunked ? (*model)->ForwardBatch(**cache, seq, std::span(ids).subspan(pos, n), pos, {}, {})
+                                : (*model)->Forward(**cache, seq, ids[static_cast<size_t>(pos)], pos, logits);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      pos += n;
+    }
+  }
+  ASSERT_EQ(traces[0].size(), ids.size() * 4);
+  ASSERT_EQ(traces[1].size(), traces[0].size());
+  auto by_pos = [](const RouteRecord& a, const RouteRecord& b) {
+    return a.pos != b.pos ? a.pos < b.pos : a.layer < b.layer;
+  };
+  std::stable_sort(traces[1].begin(), traces[1].end(), by_pos);
+  for (size_t i = 0; i < traces[0].size(); ++i) {
+    const RouteRecord& one = traces[0][i];
+    const RouteRecord& chunk = traces[1][i];
+    ASSERT_EQ(chunk.pos, one.pos);
+    ASSERT_EQ(chunk.layer, one.layer);
+    EXPECT_EQ(chunk.experts, one.experts) << "pos " << one.pos << " layer " << one.layer;
+    const bool last_of_chunk = one.pos % kChunk == kChunk - 1 || one.pos + 1 == static_cast<int>(ids.size());
+    EXPECT_EQ(chunk.predicted.empty(), !last_of_chunk || one.layer == 0) << "pos " << one.pos;
+  }
 }
 
 // A short tiny-moe run with a session file in dir (mlock off, two threads).

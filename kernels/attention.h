@@ -1,8 +1,9 @@
 // kernels/attention.h
 //
-// Paged attention for one query token over one layer's KV blocks, reading the stored
-// (encoded) K and V directly through a codec's operations: never a dequantized copy of
-// the cache. Causal, grouped-query (query head h reads KV head h / (n_heads / n_kv_heads)),
+// Paged attention for one query token (or, in the *Multi forms at the end, the queries
+// of a prefill chunk, each with the bits it has alone) over one layer's KV blocks,
+// reading the stored (encoded) K and V directly through a codec's operations: never a
+// dequantized copy of the cache. Causal, grouped-query (query head h reads KV head h / (n_heads / n_kv_heads)),
 // scores scaled by `scale` (1/sqrt(head_dim) for the supported models).
 //
 // Two ways to form the softmax; in both, blocks may be fed in any number of batches (a
@@ -779,7 +780,8 @@ inline PagedKvView OneBlock(const PagedKvView& kv, int b) {
 template <typename F>
 void ForQueryTasks(const AttentionParams& p, int64_t n, int64_t work, ThreadPool* pool, F&& fn) {
   const int threads = pool != nullptr ? pool->size() : 1;
-  const int64_t ranges = std::clamp<int64_t>((threads + p.n_kv_heads - 1) / p.n_kv_heads, 1, std::max<int64_t>(n, 1));
+  const int64_t per_head = (threads + p.n_kv_heads - 1) / p.n_kv_heads;
+  const int64_t ranges = std::clamp<int64_t>(per_head, 1, std::max<int64_t>(n, 1));
   const int64_t per = (n + ranges - 1) / ranges;
   ForTasks(static_cast<int64_t>(p.n_kv_heads) * ranges, work, pool, [&](int64_t task) {
     const int64_t t0 = (task % ranges) * per;
@@ -787,8 +789,9 @@ void ForQueryTasks(const AttentionParams& p, int64_t n, int64_t work, ThreadPool
   });
 }
 
-template <typename F>
-int64_t MultiWork(const AttentionParams* ps, int64_t n, const PagedKvView& kv, F&& per_key) {
+// Multiply-adds of n queries over the view's blocks, per_key of them per key and head
+// dimension (for the fork-join threshold).
+inline int64_t MultiWork(const AttentionParams* ps, int64_t n, const PagedKvView& kv, int64_t per_key) {
   return n * static_cast<int64_t>(kv.n_blocks) * kv.block_tokens * ps[0].n_heads * ps[0].head_dim * per_key;
 }
 

@@ -12,9 +12,12 @@
 // then, if asked, the final norm and the logits. The arithmetic follows llama.cpp's CPU
 // backend (docs/kernels.md): activations rounded to each weight type's dot-product type,
 // and with an f16 KV codec Q and the softmax weights rounded to f16 in attention.
+// ForwardBatch runs a prefill chunk of tokens layer by layer with the same bits per
+// token (docs/architecture.md, prefill in chunks); its scratch (per-token buffers, the
+// queries' score rows) is kept for the next chunk.
 //
 // Thread-safety: a Model is immutable after Load except for its scratch buffers: one
-// Forward at a time per Model (several Models may share one GgufFile).
+// Forward or ForwardBatch at a time per Model (several Models may share one GgufFile).
 #pragma once
 
 #include <array>

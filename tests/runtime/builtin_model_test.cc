@@ -90,29 +90,48 @@ TEST(BuiltinModelTest, InfoDescribesIt) {
   EXPECT_NE(text->find("tierkv tiny-moe"), std::string::npos);
 }
 
+// builtin:tiny-moe on two threads with a q8_0 KV cache on a 64 MiB host tier.
+struct TinyMoe {
+  testing::TempDir dir;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<MemoryManager> mm;
+  std::unique_ptr<KvCache> cache;
+  SeqId seq;
+
+  void Start() {
+    ModelOptions mo;
+    mo.threads = 2;
+    auto loaded = Model::Load(BuildBuiltinModel("tiny-moe").value(), mo);
+    ASSERT_TRUE(loaded.ok());
+    model = std::move(loaded).value();
+    testing::SmallTiers s;
+    s.frame_bytes = 64 * 1024;
+    s.device_frames = 0;
+    s.host_frames = 1024;
+    s.disk_frames = 0;
+    mm = testing::MakeManager(s, dir.path());
+    auto made = KvCache::Create(mm.get(), model->KvGeometryFor(KvCodec::kQ8_0));
+    ASSERT_TRUE(made.ok());
+    cache = std::move(made).value();
+    seq = cache->NewSequence();
+  }
+  ~TinyMoe() {
+    cache.reset();
+    model.reset();
+  }
+};
+
 // Routing over a token stream: low expert ids are chosen more often than high ones.
 TEST(BuiltinModelTest, ExpertPopularityIsSkewed) {
-  std::shared_ptr<const GgufFile> file = BuildBuiltinModel("tiny-moe").value();
-  ModelOptions mo;
-  mo.threads = 2;
-  auto model = Model::Load(file, mo);
-  ASSERT_TRUE(model.ok());
-  testing::TempDir dir;
-  testing::SmallTiers s;
-  s.frame_bytes = 64 * 1024;
-  s.device_frames = 0;
-  s.host_frames = 1024;
-  s.disk_frames = 0;
-  auto mm = testing::MakeManager(s, dir.path());
-  auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kQ8_0));
-  ASSERT_TRUE(cache.ok());
+  TinyMoe r;
+  ASSERT_NO_FATAL_FAILURE(r.Start());
   std::vector<RouteRecord> trace;
-  (*model)->set_route_trace(&trace);
-  const SeqId seq = (*cache)->NewSequence();
+  r.model->set_route_trace(&trace);
   const std::string text = "The quick brown fox jumps over the lazy dog; 0123456789. ";
   std::vector<float> logits(258);
   for (int pos = 0; pos < 120; ++pos) {
-    ASSERT_TRUE((*model)->Forward(**cache, seq, static_cast<unsigned char>(text[pos % text.size()]), pos, logits).ok());
+    const int32_t token = static_cast<unsigned char>(text[static_cast<size_t>(pos) % text.size()]);
+    ASSERT_TRUE(r.model->Forward(*r.cache, r.seq, token, pos, logits).ok());
   }
   std::vector<int> count(32, 0);
   for (const RouteRecord& r : trace) for (int e : r.experts) ++count[static_cast<size_t>(e)];
@@ -126,33 +145,20 @@ TEST(BuiltinModelTest, ExpertPopularityIsSkewed) {
 // trace has one record per token and layer, with a prediction for each chunk's last
 // token only (the one it was made for).
 TEST(BuiltinModelTest, ChunkedPrefillRoutesLikeOneTokenAtATime) {
-  std::shared_ptr<const GgufFile> file = BuildBuiltinModel("tiny-moe").value();
   const std::string text = "The quick brown fox jumps over the lazy dog; 0123456789. ";
   std::vector<int32_t> ids;
   for (size_t i = 0; i < 40; ++i) ids.push_back(static_cast<unsigned char>(text[i % text.size()]));
   constexpr int kChunk = 16;
   std::vector<RouteRecord> traces[2];
   for (int chunked = 0; chunked < 2; ++chunked) {
-    ModelOptions mo;
-    mo.threads = 2;
-    auto model = Model::Load(file, mo);
-    ASSERT_TRUE(model.ok());
-    testing::TempDir dir;
-    testing::SmallTiers s;
-    s.frame_bytes = 64 * 1024;
-    s.device_frames = 0;
-    s.host_frames = 1024;
-    s.disk_frames = 0;
-    auto mm = testing::MakeManager(s, dir.path());
-    auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kQ8_0));
-    ASSERT_TRUE(cache.ok());
-    (*model)->set_route_trace(&traces[chunked]);
-    const SeqId seq = (*cache)->NewSequence();
+    TinyMoe r;
+    ASSERT_NO_FATAL_FAILURE(r.Start());
+    r.model->set_route_trace(&traces[chunked]);
     std::vector<float> logits(258);
     for (int pos = 0; pos < static_cast<int>(ids.size());) {
       const int n = chunked ? std::min(kChunk, static_cast<int>(ids.size()) - pos) : 1;
-      const Status st = chunked ? (*model)->ForwardBatch(**cache, seq, std::span(ids).subspan(pos, n), pos, {}, {})
-                                : (*model)->Forward(**cache, seq, ids[static_cast<size_t>(pos)], pos, logits);
+      const Status st = chunked ? r.model->ForwardBatch(*r.cache, r.seq, std::span(ids).subspan(pos, n), pos, {}, {})
+                                : r.model->Forward(*r.cache, r.seq, ids[static_cast<size_t>(pos)], pos, logits);
       ASSERT_TRUE(st.ok()) << st.ToString();
       pos += n;
     }

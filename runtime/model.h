@@ -121,8 +121,9 @@ struct RouteRecord {
   int32_t pos = 0;
   int32_t layer = 0;
   std::vector<int32_t> experts;    // chosen by the layer's router, in router order
-  std::vector<int32_t> predicted;  // predicted one layer earlier (empty for layer 0, and
-                                   // for a prefill chunk's tokens but the last)
+  std::vector<int32_t> predicted;  // predicted one layer earlier (layer 0: from the
+                                   // embedding); empty for a prefill chunk's tokens
+                                   // but the last
 };
 
 // The paged decoder's counters since Load or ResetCounters (DESIGN.md pipeline).
@@ -251,6 +252,9 @@ class Model {
                              uint64_t* hits = nullptr);
   // Queues what layer `next` needs (weights, first KV batch, predicted experts).
   void PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos);
+  // predicted_[layer] = the layer's router's top n_expert_used + predict_extra for the
+  // hidden state in s_->x, and their copies queued (paged experts).
+  void PredictExperts(int layer);
   int KvBatchBlocks(KvCache& cache, int n_blocks) const;
 
   std::shared_ptr<const GgufFile> file_;

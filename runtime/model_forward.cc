@@ -119,6 +119,8 @@ Status Model::ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> t
 Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits) {
   Scratch& s = *s_;
   kernels::GetRow(w_->token_embd, token, s.x.data());
+  // Layer 0's experts, predicted from the embedding, fetch while its attention computes.
+  if (options_.prefetch) PredictExperts(0);
   for (int l = 0; l < cfg_.n_layer; ++l) {
     // What layer l + 1 needs (after the last layer: layer 0 of the next step) is queued
     // on the copy stream before layer l computes.
@@ -177,6 +179,10 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   };
   for (size_t i = 0; i < n; ++i) kernels::GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
   const int last = pos + ni - 1;
+  if (options_.prefetch) {
+    load(n - 1);
+    PredictExperts(0);
+  }
   for (int l = 0; l < c.n_layer; ++l) {
     if (options_.prefetch) {
       load(n - 1);  // the next layer's experts are predicted for the chunk's last token

@@ -203,7 +203,6 @@ int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
 }
 
 void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
-  const ModelConfig& c = cfg_;
   MemoryManager& mm = cache.memory();
   const Tier tier = mm.cpu_tier();
   std::vector<PageId> pages;
@@ -216,34 +215,40 @@ void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
   const int ahead = std::min(kKvLookahead * KvBatchBlocks(cache, n_blocks), n_blocks);
   for (int b = 0; b < ahead; ++b) pages.push_back(cache.BlockPage(seq, next, b));
   if (n_blocks > ahead) pages.push_back(cache.BlockPage(seq, next, n_blocks - 1));
-  predicted_.resize(static_cast<size_t>(c.n_layer));
-  std::vector<int32_t>& predicted = predicted_[static_cast<size_t>(next)];
-  predicted.clear();
-  // Predicted only where it is used: paged experts to fetch, or a routing trace.
-  if (c.is_moe() && next > 0 && (mm_ != nullptr || route_trace_ != nullptr)) {
-    // The next layer's router on the current hidden state (normed as its input will be).
-    Scratch& s = *s_;
-    const Layer& N = w_->layers[static_cast<size_t>(next)];
-    kernels::RmsNorm(s.x.data(), N.ffn_norm, c.n_embd, c.rms_eps, s.pred_xn.data());
-    s.pred_act.Set(s.pred_xn.data(), c.n_embd);
-    kernels::MatVec(N.gate_inp, s.pred_act, s.router.data(), pool_.get());
-    const int extra = options_.predict_extra >= 0 ? options_.predict_extra : c.n_expert_used / 2;
-    const int k = std::min(c.n_expert, c.n_expert_used + extra);
-    predicted.resize(static_cast<size_t>(k));
-    std::vector<float> weights(predicted.size());
-    kernels::RouteTopK(s.router.data(), c.n_expert, k, c.norm_topk_prob, predicted.data(), weights.data());
-  }
   (void)pos;
   // Fire and forget: a failed prefetch is retried, and reported, by the Acquire that
-  // needs the page. Experts go one per task, so that a demand miss (urgent) waits for
-  // at most one expert's copy in progress, not for the whole prediction.
+  // needs the page.
   counters_.prefetched_pages += pages.size();
   (void)mm.Prefetch(std::move(pages), tier);
-  if (mm_ != nullptr) {
-    for (int32_t e : predicted) {
-      ++counters_.prefetched_pages;
-      (void)mm.Prefetch({expert_pages_[static_cast<size_t>(next * c.n_expert + e)]}, tier);
-    }
+  // Layer 0's experts are predicted when the next token's embedding is known, at the
+  // start of its step (ForwardLayers).
+  if (next > 0) PredictExperts(next);
+}
+
+void Model::PredictExperts(int layer) {
+  const ModelConfig& c = cfg_;
+  predicted_.resize(static_cast<size_t>(c.n_layer));
+  std::vector<int32_t>& predicted = predicted_[static_cast<size_t>(layer)];
+  predicted.clear();
+  // Predicted only where it is used: paged experts to fetch, or a routing trace.
+  if (!c.is_moe() || (mm_ == nullptr && route_trace_ == nullptr)) return;
+  // The layer's router on the current hidden state (normed as its input will be).
+  Scratch& s = *s_;
+  const Layer& N = w_->layers[static_cast<size_t>(layer)];
+  kernels::RmsNorm(s.x.data(), N.ffn_norm, c.n_embd, c.rms_eps, s.pred_xn.data());
+  s.pred_act.Set(s.pred_xn.data(), c.n_embd);
+  kernels::MatVec(N.gate_inp, s.pred_act, s.router.data(), pool_.get());
+  const int extra = options_.predict_extra >= 0 ? options_.predict_extra : c.n_expert_used / 2;
+  const int k = std::min(c.n_expert, c.n_expert_used + extra);
+  predicted.resize(static_cast<size_t>(k));
+  std::vector<float> weights(predicted.size());
+  kernels::RouteTopK(s.router.data(), c.n_expert, k, c.norm_topk_prob, predicted.data(), weights.data());
+  // One expert per task, so that a demand miss (urgent) waits for at most one expert's
+  // copy in progress, not for the whole prediction.
+  if (mm_ == nullptr) return;
+  for (int32_t e : predicted) {
+    ++counters_.prefetched_pages;
+    (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * c.n_expert + e)]}, weight_tier_);
   }
 }
 

@@ -241,7 +241,7 @@ class Model {
   void Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights);
   int ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order);
   void MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p, int window);
-  void QueueExpert(int layer, int e);
+  void QueueExpert(int layer, int e, bool urgent);
   Status AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin);
   void CombineExperts(const float* weights, const float* rows, float* out) const;
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.

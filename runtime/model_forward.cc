@@ -367,7 +367,7 @@ int Model::ExpertOrder(int layer, std::span<const int> experts, int window, std:
   const int hits = static_cast<int>(order->size());
   order->insert(order->end(), misses.begin(), misses.end());
   for (int m = 0; m < window && m < static_cast<int>(misses.size()); ++m) {
-    QueueExpert(layer, experts[static_cast<size_t>(misses[static_cast<size_t>(m)])]);
+    QueueExpert(layer, experts[static_cast<size_t>(misses[static_cast<size_t>(m)])], /*urgent=*/true);
   }
   return hits;
 }
@@ -377,13 +377,14 @@ void Model::MissAhead(int layer, std::span<const int> experts, std::span<const i
                       int window) {
   const size_t ahead = p + static_cast<size_t>(window);
   if (p >= static_cast<size_t>(hits) && ahead < order.size()) {
-    QueueExpert(layer, experts[static_cast<size_t>(order[ahead])]);
+    QueueExpert(layer, experts[static_cast<size_t>(order[ahead])], /*urgent=*/true);
   }
 }
 
-void Model::QueueExpert(int layer, int e) {
+// The copy of expert e of the layer to the compute tier, queued (paged, prefetch on).
+void Model::QueueExpert(int layer, int e, bool urgent) {
   if (mm_ == nullptr || !options_.prefetch) return;
-  (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)]}, weight_tier_, /*urgent=*/true);
+  (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)]}, weight_tier_, urgent);
 }
 
 // Expert e of the layer: its gate, up and down matrices, pinned on the compute tier when

@@ -248,7 +248,7 @@ void Model::PredictExperts(int layer) {
   if (mm_ == nullptr) return;
   for (int32_t e : predicted) {
     ++counters_.prefetched_pages;
-    (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * c.n_expert + e)]}, weight_tier_);
+    QueueExpert(layer, e, /*urgent=*/false);
   }
 }
 

@@ -31,6 +31,7 @@ constexpr WeightTypeInfo kTypes[] = {
     {WeightType::kQ6_K, "Q6_K", kQkK, sizeof(BlockQ6_K), WeightType::kQ8_K},
     {WeightType::kQ8_K, "Q8_K", kQkK, sizeof(BlockQ8_K), WeightType::kQ8_K},
     {WeightType::kIQ4_NL, "IQ4_NL", kQk0, sizeof(BlockIq4Nl), WeightType::kQ8_0},
+    {WeightType::kIQ4_XS, "IQ4_XS", kQkK, sizeof(BlockIq4Xs), WeightType::kQ8_K},
     {WeightType::kBF16, "BF16", 1, 2, WeightType::kBF16},
 };
 
@@ -161,6 +162,22 @@ void DequantQ6_K(const BlockQ6_K* b, float* y, int64_t nb) {
         y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
         y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
         y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+// Sub-block j's scale (d * (code - 32), in f32, as ggml's row lookup computes it) times
+// the level of each nibble.
+void DequantIq4Xs(const BlockIq4Xs* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = F16ToF32(b[i].d);
+    for (int j = 0; j < kQkK / 32; ++j, y += 32) {
+      const float dl = d * static_cast<float>(ScaleIq4Xs(b[i], j) - 32);
+      const uint8_t* qs = b[i].qs + 16 * j;
+      for (int l = 0; l < 16; ++l) {
+        y[l] = dl * static_cast<float>(kIq4nlValues[qs[l] & 0xf]);
+        y[l + 16] = dl * static_cast<float>(kIq4nlValues[qs[l] >> 4]);
       }
     }
   }
@@ -424,6 +441,26 @@ float DotQ6_KScalar(const void* row, const void* act, int64_t n) {
   return sum;
 }
 
+// IQ4_XS x Q8_K: per super-block the integer sum over sub-blocks of (code - 32) times
+// the sub-block's level x activation sum, scaled by d_w * d_x.
+float DotIq4XsScalar(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockIq4Xs*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    int sumi = 0;
+    for (int j = 0; j < kQkK / 32; ++j) {
+      const uint8_t* qs = w[i].qs + 16 * j;
+      const int8_t* a = x[i].qs + 32 * j;
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += kIq4nlValues[qs[l] & 0xf] * a[l] + kIq4nlValues[qs[l] >> 4] * a[l + 16];
+      sumi += (ScaleIq4Xs(w[i], j) - 32) * s;
+    }
+    sum += F16ToF32(w[i].d) * x[i].d * static_cast<float>(sumi);
+  }
+  return sum;
+}
+
 }  // namespace
 
 const WeightTypeInfo* FindWeightType(uint32_t ggml_id) {
@@ -462,6 +499,7 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
     case WeightType::kQ4_K: DequantQ4_K(static_cast<const BlockQ4_K*>(row), out, n / kQkK); return;
     case WeightType::kQ5_K: DequantQ5_K(static_cast<const BlockQ5_K*>(row), out, n / kQkK); return;
     case WeightType::kQ6_K: DequantQ6_K(static_cast<const BlockQ6_K*>(row), out, n / kQkK); return;
+    case WeightType::kIQ4_XS: DequantIq4Xs(static_cast<const BlockIq4Xs*>(row), out, n / kQkK); return;
     case WeightType::kQ8_K: DequantQ8_K(static_cast<const BlockQ8_K*>(row), out, n / kQkK); return;
   }
   assert(false && "unsupported weight type");
@@ -497,6 +535,7 @@ DotFn ScalarDot(WeightType weight) {
     case WeightType::kQ4_K: return DotQ4_KScalar;
     case WeightType::kQ5_K: return DotQ5_KScalar;
     case WeightType::kQ6_K: return DotQ6_KScalar;
+    case WeightType::kIQ4_XS: return DotIq4XsScalar;
     case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
   }

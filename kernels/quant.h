@@ -13,7 +13,7 @@
 //   Q4_1, Q5_1    Q8_1 (Q8_0 plus s = d * sum)  as Q8_0, plus m_w * s_x per block
 //   Q2_K, Q3_K,   Q8_K (256-value blocks,       integer sums with the 4/6/8-bit sub-block
 //   Q4_K, Q5_K,   f32 scale, 16-value sums)     scales, scaled by d_x * d_w in f32
-//   Q6_K
+//   Q6_K, IQ4_XS
 //
 // Rounding the activation row is what makes quantized matmuls a discontinuous function
 // of their input; doing it exactly as llama.cpp does is what keeps our logits within
@@ -29,6 +29,10 @@
 //   Q5_1  {d; m; uint8 qh[4]; uint8 qs[16]}      x = d * q5 + m
 //   IQ4_NL {d; uint8 qs[16]}                     as Q4_0, x = d * kIq4nlValues[nibble] (a fixed
 //                                                non-uniform table of 16 int8 levels)
+//   IQ4_XS {d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128]}: 8 sub-blocks of 32
+//         with a 6-bit scale code (see ScaleIq4Xs; the scale is code - 32); sub-block j
+//         keeps its values l and l + 16 in the low and high nibble of qs[16j + l], each
+//         an index into kIq4nlValues: x = (d * (code_j - 32)) * kIq4nlValues[nibble]
 //   Q8_1  {d; s; int8 qs[32]} (activations only): s = fp16(d * sum of qs), d the f32 scale
 //   Q2_K  {uint8 scales[16]; uint8 qs[64]; d; dmin}: 16 groups of 16 values, group g
 //         with 4-bit scale scales[g] & 15 and min scales[g] >> 4; value v = 128h + 32j +
@@ -78,6 +82,7 @@ enum class WeightType : uint32_t {
   kQ6_K = 14,
   kQ8_K = 15,  // activations only
   kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kBF16 = 30,
 };
 
@@ -150,6 +155,12 @@ struct BlockQ6_K {
   int8_t scales[kQkK / 16];
   uint16_t d;
 };
+struct BlockIq4Xs {
+  uint16_t d;
+  uint16_t scales_h;
+  uint8_t scales_l[kQkK / 64];
+  uint8_t qs[kQkK / 2];
+};
 struct BlockQ8_K {
   float d;
   int8_t qs[kQkK];
@@ -167,6 +178,7 @@ static_assert(sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockIq4Xs) == 136);
 static_assert(sizeof(BlockQ8_K) == 292);
 
 struct WeightTypeInfo {
@@ -203,6 +215,13 @@ inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
 // of byte 8 + g % 4.
 inline int ScaleQ3K(const uint8_t* scales, int g) {
   return ((scales[g % 8] >> (4 * (g / 8))) & 15) | (((scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+}
+
+// The 6-bit scale code (0..63; the scale is code - 32) of sub-block j (0..7) of an
+// IQ4_XS super-block: low 4 bits in nibble j % 2 of scales_l[j / 2], high 2 bits at bit
+// 2j of scales_h.
+inline int ScaleIq4Xs(const BlockIq4Xs& b, int j) {
+  return ((b.scales_l[j / 2] >> (4 * (j % 2))) & 15) | (((b.scales_h >> (2 * j)) & 3) << 4);
 }
 
 // out[n] = the values of one row. REQUIRES: n % block_size == 0. Q8_1 and Q8_K are

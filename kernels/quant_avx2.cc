@@ -372,6 +372,30 @@ TIERKV_AVX2_FN float DotQ6_KAvx2(const void* row, const void* act, int64_t n) {
   return sum;
 }
 
+// IQ4_XS x Q8_K: ggml's vec_dot order. Per super-block, 8 int32 lanes of the
+// sub-blocks' level x activation pair sums times their scales (code - 32), then one fma
+// of those lanes by d_w * d_x into 8 f32 lanes; one horizontal sum at the end.
+TIERKV_AVX2_FN float DotIq4XsAvx2(const void* row, const void* act, int64_t n) {
+  const auto* w = static_cast<const BlockIq4Xs*>(row);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  const __m256i table = _mm256_set_m128i(levels, levels);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / kQkK; ++i) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < kQkK / 32; ++j) {
+      const __m256i q = _mm256_shuffle_epi8(table, Nibbles32(w[i].qs + 16 * j));
+      const __m256i a = LoadU256(x[i].qs + 32 * j);
+      // |level| <= 127 and |a| <= 127: the pair sums fit int16.
+      const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+      const __m256i scale = _mm256_set1_epi16(static_cast<int16_t>(ScaleIq4Xs(w[i], j) - 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(pairs, scale));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(Half(w[i].d) * x[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return HsumPs(acc);
+}
+
 #undef TIERKV_AVX2_FN
 
 }  // namespace
@@ -393,6 +417,7 @@ DotFn Avx2Dot(WeightType weight) {
     case WeightType::kQ4_K: return DotQ4_KAvx2;
     case WeightType::kQ5_K: return DotQ5_KAvx2;
     case WeightType::kQ6_K: return DotQ6_KAvx2;
+    case WeightType::kIQ4_XS: return DotIq4XsAvx2;
     case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
   }

@@ -37,7 +37,7 @@ class TensorBinder {
     if (info == nullptr || kernels::IsActivationOnly(info->type)) {
       return Status::Unsupported("model: tensor " + name + " has type " + GgmlTypeName(t->type) +
                                  ", which the CPU kernels cannot read (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, "
-                                 "Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+                                 "Q5_1, IQ4_NL, IQ4_XS, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
     }
     const int64_t want_experts = experts > 0 ? experts : 1;
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != want_experts || t->ne[3] != 1) {

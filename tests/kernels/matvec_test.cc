@@ -85,7 +85,7 @@ TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
   ThreadPool pool1(1), pool3(3);
   for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1,
                        WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL, WeightType::kQ2_K, WeightType::kQ3_K,
-                       WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+                       WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K, WeightType::kIQ4_XS}) {
     SCOPED_TRACE(WeightTypeName(t));
     const OwnedMatrix m = RandomMatrix(t, 300, 512, 1);
     const std::vector<float> x = RandomVector(512, 2);
@@ -158,7 +158,8 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
   ThreadPool pool(2);
   for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0,
                        WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1, WeightType::kIQ4_NL,
-                       WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+                       WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
+                       WeightType::kIQ4_XS}) {
     SCOPED_TRACE(WeightTypeName(t));
     constexpr int kTokens = 5;
     const OwnedMatrix a = RandomMatrix(t, 301, 512, 11);

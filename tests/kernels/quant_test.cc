@@ -31,7 +31,7 @@ __attribute__((target("f16c"))) uint16_t HardwareF16(float x) { return static_ca
 constexpr WeightType kWeightTypes[] = {WeightType::kF32,  WeightType::kF16,  WeightType::kBF16, WeightType::kQ8_0,
                                        WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0, WeightType::kQ5_1,
                                        WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
-                                       WeightType::kQ6_K, WeightType::kIQ4_NL};
+                                       WeightType::kQ6_K, WeightType::kIQ4_NL, WeightType::kIQ4_XS};
 
 std::vector<SimdLevel> Levels() {
   std::vector<SimdLevel> v = {SimdLevel::kScalar};
@@ -112,6 +112,13 @@ std::vector<uint8_t> RandomRow(WeightType type, int64_t n, std::mt19937& rng) {
       for (int64_t i = 0; i < n / kQkK; ++i) b[i].d = RandomScale(rng, 0.0002f, 0.002f);
       break;
     }
+    case WeightType::kIQ4_XS: {  // d at byte 0; scale codes and nibbles keep their random bytes
+      for (int64_t i = 0; i < n / kQkK; ++i) {
+        const uint16_t d = RandomScale(rng, 0.0002f, 0.002f);
+        std::memcpy(row.data() + i * 136, &d, 2);
+      }
+      break;
+    }
     case WeightType::kQ2_K: {  // d and dmin at bytes 80 and 82
       for (int64_t i = 0; i < n / kQkK; ++i) {
         const uint16_t d = RandomScale(rng, 0.001f, 0.01f), dmin = RandomScale(rng, 0.001f, 0.01f);
@@ -188,6 +195,20 @@ double RefValue(WeightType type, const uint8_t* row, int64_t i) {
       const int nib = r < 16 ? (b[2 + r] & 15) : (b[2 + r - 16] >> 4);
       return LoadF16(b) * kLevels[nib];
     }
+    case WeightType::kIQ4_XS: {
+      // {d, scales_h (u16), scales_l[4], qs[128]}: sub-block j = r / 32 has the 6-bit
+      // code (nibble j % 2 of scales_l[j / 2]) | (bits 2j, 2j+1 of scales_h) << 4, scale
+      // code - 32; value r % 32 = l (< 16) is the low nibble of qs[16j + l], l + 16 the
+      // high one; each nibble indexes the IQ4_NL levels.
+      static constexpr int kLevels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      const uint8_t* b = row + (i / 256) * 136;
+      const int r = static_cast<int>(i % 256), j = r / 32, l = r % 32;
+      const int scales_h = b[2] | (b[3] << 8);
+      const int code = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) | (((scales_h >> (2 * j)) & 3) << 4);
+      const uint8_t q = b[8 + 16 * j + l % 16];
+      const int nib = l < 16 ? (q & 15) : (q >> 4);
+      return static_cast<double>(static_cast<float>(LoadF16(b) * (code - 32))) * kLevels[nib];
+    }
     case WeightType::kQ4_K:
     case WeightType::kQ5_K: {
       const bool five = type == WeightType::kQ5_K;
@@ -259,6 +280,10 @@ TEST(QuantTest, TypeTableMatchesGgml) {
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ5_0).block_bytes, 22);
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kQ5_1).block_bytes, 24);
   EXPECT_EQ(GetWeightTypeInfo(WeightType::kIQ4_NL).block_bytes, 18);
+  EXPECT_EQ(FindWeightType(23)->type, WeightType::kIQ4_XS);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kIQ4_XS).block_bytes, 136);
+  EXPECT_EQ(GetWeightTypeInfo(WeightType::kIQ4_XS).block_size, 256);
+  EXPECT_EQ(ActivationType(WeightType::kIQ4_XS), WeightType::kQ8_K);
   EXPECT_EQ(ActivationType(WeightType::kQ4_0), WeightType::kQ8_0);
   EXPECT_EQ(ActivationType(WeightType::kQ5_0), WeightType::kQ8_0);
   EXPECT_EQ(ActivationType(WeightType::kIQ4_NL), WeightType::kQ8_0);

@@ -178,7 +178,9 @@ TEST(BuiltinModelTest, ChunkedPrefillRoutesLikeOneTokenAtATime) {
     const bool last_of_chunk = one.pos % kChunk == kChunk - 1 || one.pos + 1 == static_cast<int>(ids.size());
     EXPECT_FALSE(one.predicted.empty()) << "every layer of a step is predicted (layer 0 from the embedding)";
     EXPECT_EQ(chunk.predicted.empty(), !last_of_chunk) << "pos " << one.pos;
-    if (last_of_chunk) EXPECT_EQ(chunk.predicted, one.predicted) << "pos " << one.pos;
+    if (last_of_chunk) {
+      EXPECT_EQ(chunk.predicted, one.predicted) << "pos " << one.pos;
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // tests/runtime/weight_types_test.cc
 //
 // Weight types that no file in ../shared/reference uses (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K,
-// Q3_K, BF16; Q8_0 and Q6_K as controls), end to end: ref-llama-f16's weights are re-quantized here to
+// Q3_K, Q5_K, IQ4_XS, BF16; Q8_0, Q4_K and Q6_K as controls), end to end: ref-llama-f16's weights are re-quantized here to
 // type T (a plain round-to-nearest, not llama-quantize's search), and the model is run
 // twice on the same tokens: once with the T tensors, once with the same values written as
 // F32. The two differ only in how the activations are rounded before each product
@@ -35,6 +35,15 @@ const fs::path kRefModel = fs::path(TIERKV_SHARED_DIR) / "reference" / "models" 
 
 uint16_t Half(float v) { return kernels::F32ToF16(v); }
 float Round(float v) { return std::nearbyint(v); }
+
+// The nearest of the 16 IQ4_NL levels to v.
+int NearestLevel(float v) {
+  int best = 0;
+  for (int k = 1; k < 16; ++k) {
+    if (std::fabs(v - kernels::kIq4nlValues[k]) < std::fabs(v - kernels::kIq4nlValues[best])) best = k;
+  }
+  return best;
+}
 
 // One block of 32 values of `type`, round-to-nearest; `out` gets block_bytes bytes.
 void QuantizeBlock(WeightType type, const float* x, uint8_t* out) {
@@ -88,12 +97,7 @@ void QuantizeBlock(WeightType type, const float* x, uint8_t* out) {
       uint8_t* qs = out + 2;
       std::memset(qs, 0, 16);
       for (int i = 0; i < 32; ++i) {
-        const float v = d > 0.0f ? x[i] / d : 0.0f;
-        int best = 0;
-        for (int k = 1; k < 16; ++k) {
-          if (std::fabs(v - kernels::kIq4nlValues[k]) < std::fabs(v - kernels::kIq4nlValues[best])) best = k;
-        }
-        qs[i % 16] |= static_cast<uint8_t>(best << (i < 16 ? 0 : 4));
+        qs[i % 16] |= static_cast<uint8_t>(NearestLevel(d > 0.0f ? x[i] / d : 0.0f) << (i < 16 ? 0 : 4));
       }
       return;
     }
@@ -191,7 +195,83 @@ void QuantizeQ6K(const float* x, uint8_t* out) {
   std::memcpy(out + 208, &dh, 2);
 }
 
-// A row of n values as `type` (F32, BF16, a 32-value block type, Q2_K, Q3_K or Q6_K).
+// One super-block as Q4_K or Q5_K: per 32-value sub-block j a step a_j and offset b_j
+// (x ~ a_j * q - b_j, q in 0..15 or 0..31), both quantized to 6 bits against d and dmin;
+// the 6-bit pairs packed as ScaleMinK4 reads them; sub-block j keeps value l in nibble
+// j % 2 of qs[32 (j / 2) + l] and (Q5_K) its 5th bit at bit j of qh[l].
+void QuantizeK4(WeightType type, const float* x, uint8_t* out) {
+  const bool five = type == WeightType::kQ5_K;
+  const int top = five ? 31 : 15;
+  float a[8], b[8], amax = 0.0f, bmax = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0.0f, hi = 0.0f;
+    for (int i = 32 * j; i < 32 * j + 32; ++i) {
+      lo = std::min(lo, x[i]);
+      hi = std::max(hi, x[i]);
+    }
+    a[j] = (hi - lo) / static_cast<float>(top);
+    b[j] = -lo;
+    amax = std::max(amax, a[j]);
+    bmax = std::max(bmax, b[j]);
+  }
+  const float d = amax / 63.0f, dmin = bmax / 63.0f;
+  int sc[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0.0f ? std::clamp(static_cast<int>(Round(a[j] / d)), 0, 63) : 0;
+    mn[j] = dmin > 0.0f ? std::clamp(static_cast<int>(Round(b[j] / dmin)), 0, 63) : 0;
+  }
+  std::memset(out, 0, kernels::GetWeightTypeInfo(type).block_bytes);
+  const uint16_t dh = Half(d), mh = Half(dmin);
+  std::memcpy(out, &dh, 2);
+  std::memcpy(out + 2, &mh, 2);
+  uint8_t* scales = out + 4;
+  for (int j = 0; j < 4; ++j) {
+    scales[j] = static_cast<uint8_t>(sc[j] | ((sc[j + 4] >> 4) << 6));
+    scales[j + 4] = static_cast<uint8_t>(mn[j] | ((mn[j + 4] >> 4) << 6));
+    scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  uint8_t* qh = out + 16;
+  uint8_t* qs = out + (five ? 48 : 16);
+  for (int v = 0; v < 256; ++v) {
+    const int j = v / 32, l = v % 32;
+    const float step = d * static_cast<float>(sc[j]);
+    const int q = step > 0.0f ? std::clamp(static_cast<int>(Round((x[v] + dmin * mn[j]) / step)), 0, top) : 0;
+    qs[32 * (j / 2) + l] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
+    if (five && (q & 16)) qh[l] |= static_cast<uint8_t>(1u << j);
+  }
+}
+
+// One super-block as IQ4_XS: per 32-value sub-block a positive scale (code 33..63 over
+// the 32 offset) against d, then each value's nearest IQ4_NL level; codes packed as
+// ScaleIq4Xs reads them.
+void QuantizeIq4Xs(const float* x, uint8_t* out) {
+  float s[8], smax = 0.0f;
+  for (int j = 0; j < 8; ++j) {
+    float mag = 0.0f;
+    for (int i = 32 * j; i < 32 * j + 32; ++i) mag = std::max(mag, std::fabs(x[i]));
+    s[j] = mag / 127.0f;
+    smax = std::max(smax, s[j]);
+  }
+  const float d = smax / 31.0f;
+  std::memset(out, 0, 136);
+  const uint16_t dh = Half(d);
+  std::memcpy(out, &dh, 2);
+  uint16_t scales_h = 0;
+  for (int j = 0; j < 8; ++j) {
+    const int sc = d > 0.0f ? std::clamp(static_cast<int>(Round(s[j] / d)), 0, 31) : 0;
+    const int code = sc + 32;
+    out[4 + j / 2] |= static_cast<uint8_t>((code & 15) << (4 * (j % 2)));
+    scales_h = static_cast<uint16_t>(scales_h | ((code >> 4) << (2 * j)));
+    const float step = kernels::F16ToF32(dh) * static_cast<float>(sc);
+    for (int l = 0; l < 32; ++l) {
+      const int nib = NearestLevel(step > 0.0f ? x[32 * j + l] / step : 0.0f);
+      out[8 + 16 * j + l % 16] |= static_cast<uint8_t>(nib << (l < 16 ? 0 : 4));
+    }
+  }
+  std::memcpy(out + 2, &scales_h, 2);
+}
+
+// A row of n values as `type` (F32, BF16, a 32-value block type, Q2_K .. Q6_K or IQ4_XS).
 std::vector<uint8_t> QuantizeRow(WeightType type, const float* x, int64_t n) {
   std::vector<uint8_t> out(kernels::RowBytes(type, n));
   if (type == WeightType::kF32) {
@@ -207,6 +287,10 @@ std::vector<uint8_t> QuantizeRow(WeightType type, const float* x, int64_t n) {
       uint8_t* o = out.data() + b * info.block_bytes;
       if (type == WeightType::kQ6_K) {
         QuantizeQ6K(x + 256 * b, o);
+      } else if (type == WeightType::kQ4_K || type == WeightType::kQ5_K) {
+        QuantizeK4(type, x + 256 * b, o);
+      } else if (type == WeightType::kIQ4_XS) {
+        QuantizeIq4Xs(x + 256 * b, o);
       } else if (info.block_size == 256) {
         QuantizeSuperBlock(type, x + 256 * b, o);
       } else {
@@ -291,9 +375,10 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
   // have a standard deviation of about 4). Measured (2026-12-02), 32-value types against
   // their Q8_0 / Q8_1 activations: Q8_0 0.39 / 0.055, Q4_1 0.59 / 0.079, Q5_0 0.54 /
   // 0.080, Q5_1 0.58 / 0.077, IQ4_NL 0.42 / 0.060; K-quants against Q8_K (one scale per
-  // 256 values, so coarser): Q6_K 0.79 / 0.10, Q3_K 0.75 / 0.093, Q2_K 0.99 / 0.11;
+  // 256 values, so coarser): Q6_K 0.79 / 0.10, Q3_K 0.75 / 0.093, Q2_K 0.99 / 0.11,
+  // Q4_K 0.83 / 0.10, Q5_K 0.94 / 0.11, IQ4_XS 0.89 / 0.10;
   // BF16 0.19 / 0.022. In each family the new types are as close as the control (Q8_0,
-  // Q6_K), whose paths match llama.cpp's reference vectors. A decoding error in a weight
+  // Q4_K, Q6_K), whose paths match llama.cpp's reference vectors. A decoding error in a weight
   // type moves logits by whole units.
   struct Case {
     WeightType type;
@@ -303,7 +388,8 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
                         Case{WeightType::kQ5_0, 1.0, 0.15}, Case{WeightType::kQ5_1, 1.0, 0.15},
                         Case{WeightType::kIQ4_NL, 1.0, 0.15}, Case{WeightType::kQ6_K, 2.0, 0.25},
                         Case{WeightType::kQ3_K, 2.0, 0.25}, Case{WeightType::kQ2_K, 2.0, 0.25},
-                        Case{WeightType::kBF16, 0.5, 0.05}}) {
+                        Case{WeightType::kQ4_K, 2.0, 0.25}, Case{WeightType::kQ5_K, 2.0, 0.25},
+                        Case{WeightType::kIQ4_XS, 2.0, 0.25}, Case{WeightType::kBF16, 0.5, 0.05}}) {
     SCOPED_TRACE(kernels::WeightTypeName(c.type));
     const ModelPair p = Requantize(*src, c.type);
     ASSERT_NE(p.typed, nullptr);

@@ -349,7 +349,8 @@ Status MemoryManager::EvictLocked(Lock& lock, Tier t, uint64_t want_frames) {
   }
   if (freed == 0) {
     return Status::Exhausted(std::string(TierName(t)) + " tier full: " + std::to_string(tiers_[TierIndex(t)].stats.frames) +
-                             " frames, every page on it pinned, in flight or holding its only copy");
+                             " frames, every page on it pinned, in flight or holding its only copy (a larger budget, or a tier "
+                             "below it, would make room)");
   }
   if (demote.empty()) return Status::Ok();
   SetInFlight(demote, true);

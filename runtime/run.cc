@@ -10,6 +10,7 @@
 
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
+#include "memory/size.h"
 #include "runtime/builtin_model.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
@@ -29,6 +30,28 @@ nlohmann::json EntryJson(const LogitsEntry& e) {
   nlohmann::json top = nlohmann::json::array();
   for (const auto& [id, v] : e.top) top.push_back({id, v});
   return {{"pos", e.pos}, {"top", top}, {"logsumexp", e.logsumexp}};
+}
+
+// The context's KV blocks (one frame each) must fit in all tiers together, or the run
+// would fail when the cache fills, after the prefill's work: refused before it starts.
+Status CheckKvFits(int n_ctx, const KvCache& cache, const MemoryManager& mm) {
+  const KvGeometry& g = cache.geometry();
+  const uint64_t blocks = static_cast<uint64_t>(g.n_layers) * ((static_cast<uint64_t>(n_ctx) + g.block_tokens - 1) /
+                                                               static_cast<uint64_t>(g.block_tokens));
+  uint64_t frames = 0;
+  std::string held;
+  for (int t = 0; t < kNumTiers; ++t) {
+    const TierStats s = mm.Stats(TierAt(t));
+    if (!s.present) continue;
+    frames += s.frames;
+    held += std::string(held.empty() ? "" : " + ") + TierName(s.tier) + " " + FormatBytes(s.budget_bytes);
+  }
+  if (blocks <= frames) return Status::Ok();
+  const uint64_t frame = mm.frame_bytes();
+  return Status::InvalidArgument(
+      "impossible budget: a context of " + std::to_string(n_ctx) + " tokens needs " + FormatBytes(blocks * frame) +
+      " of KV cache (" + std::to_string(blocks) + " blocks of " + FormatBytes(frame) + "), more than all tiers hold (" +
+      held + "); raise --host, add --disk SIZE, or lower -c");
 }
 
 }  // namespace
@@ -168,6 +191,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   if (o.page_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), model->KvGeometryFor(o.kv_type)));
   r.kv_type = KvCodecName(o.kv_type);
+  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, *cache, *mm));
 
   // Session restore and prefix reuse.
   const ModelFingerprint fp = FingerprintOf(*file);

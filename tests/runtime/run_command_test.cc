@@ -2,7 +2,8 @@
 //
 // `tierkv run` flag handling, in process: contradictory or out-of-range flags give one
 // error line and exit code 2 before anything loads; a --vram without a device tier is a
-// warning, not a silent no-op; llama.cpp's -ctk / -ctv are read.
+// warning, not a silent no-op; llama.cpp's -ctk / -ctv are read; a context whose KV
+// cache cannot fit in all tiers together is refused before the prefill.
 #include "runtime/cli/run_command.h"
 
 #include <algorithm>
@@ -102,6 +103,28 @@ TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv"]["type"], "q8_0");
+}
+
+// tiny-moe keeps 512 tokens of a layer in a 256 KiB block: -c 262144 needs 4 x 512
+// blocks (512 MiB) of KV cache, more than --host 64MiB (with or without a 64 MiB disk
+// tier) holds. Refused up front with one line naming the need and the budgets; with a
+// disk tier large enough the same context runs.
+TEST(RunCommandTest, ContextLargerThanAllTiersIsRefusedUpFront) {
+  const CliResult r = RunCli(Quick({"-c", "262144"}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("error: impossible budget: a context of 262144 tokens needs 512 MiB of KV cache", 0), 0u)
+      << r.err;
+  EXPECT_NE(r.err.find("host 64.0 MiB"), std::string::npos) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+
+  const std::string dir = ::testing::TempDir();
+  const CliResult small = RunCli(Quick({"-c", "262144", "--disk", "64MiB", "--disk-dir", dir}));
+  EXPECT_EQ(small.exit_code, 1);
+  EXPECT_NE(small.err.find("host 64.0 MiB + disk 64.0 MiB"), std::string::npos) << small.err;
+
+  const CliResult fits = RunCli(Quick({"-c", "262144", "--disk", "512MiB", "--disk-dir", dir}));
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
 }
 
 }  // namespace

@@ -98,20 +98,7 @@ Result<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
     return Status::Unsupported("model: head_dim " + std::to_string(cfg.head_dim) + " exceeds the KV codecs' limit");
   }
 
-  // RoPE scaling overrides.
-  if (options.rope_scaling.has_value()) {
-    cfg.rope_scaling = *options.rope_scaling;
-    float factor = options.rope_scale_factor;
-    if (cfg.rope_scaling == RopeScaling::kNone) {
-      factor = 1.0f;
-    } else if (factor == 0.0f) {
-      const int n_ctx = options.n_ctx > 0 ? options.n_ctx : cfg.context_length;
-      factor = std::max(1.0f, static_cast<float>(n_ctx) / static_cast<float>(cfg.context_length));
-    }
-    if (!(factor >= 1.0f)) return Status::InvalidArgument("model: rope scale factor must be >= 1");
-    cfg.rope_scale_factor = factor;
-    if (cfg.rope_scaling == RopeScaling::kYarn && cfg.rope_orig_ctx <= 0) cfg.rope_orig_ctx = cfg.context_length;
-  }
+  TIERKV_RETURN_IF_ERROR(ApplyRopeOverrides(options.rope, options.n_ctx, &cfg));
 
   std::unique_ptr<Model> m(new Model(std::move(file), std::move(cfg), options));
   const ModelConfig& c = m->cfg_;

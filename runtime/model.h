@@ -86,14 +86,35 @@ struct ModelConfig {
 // Reads and checks the hyperparameters; kUnsupported for other architectures.
 Result<ModelConfig> ReadModelConfig(const GgufFile& file);
 
+// RoPE settings over the file's: `tierkv run`'s --rope-* and --yarn-* flags, which are
+// llama.cpp's. Zero or empty keeps the file's value.
+struct RopeOverrides {
+  // The scaling type. A scale_factor without one: the file's type, or linear when the
+  // file has none (llama.cpp reads a missing rope.scaling.type as linear).
+  std::optional<RopeScaling> scaling;
+  // Context multiplier (llama.cpp's --rope-scale; its --rope-freq-scale is 1 / this).
+  // 0 with a scaling type: the file's factor when it has one of that type, else
+  // n_ctx / context_length (running past the trained length). < 1 is refused.
+  float scale_factor = 0.0f;
+  float freq_base = 0.0f;         // --rope-freq-base
+  int orig_ctx = 0;               // --yarn-orig-ctx: the trained context YaRN refers to
+  float yarn_attn_factor = 0.0f;  // --yarn-attn-factor: multiplies the file's (as llama.cpp)
+  float yarn_beta_fast = 0.0f;    // --yarn-beta-fast
+  float yarn_beta_slow = 0.0f;    // --yarn-beta-slow
+  bool any() const {
+    return scaling.has_value() || scale_factor != 0.0f || freq_base != 0.0f || orig_ctx != 0 ||
+           yarn_attn_factor != 0.0f || yarn_beta_fast != 0.0f || yarn_beta_slow != 0.0f;
+  }
+};
+
+// Applies `o` to `c` (ModelConfig from the file); kInvalidArgument for values out of
+// range. n_ctx: the context the caller means to use (0 = the trained one).
+Status ApplyRopeOverrides(const RopeOverrides& o, int n_ctx, ModelConfig* c);
+
 struct ModelOptions {
   // Kernel threads in all (the calling thread included); 0 = hardware concurrency.
   int threads = 0;
-  // RoPE scaling: empty keeps the file's. kYarn or kLinear with factor 0 derive the
-  // factor from n_ctx / context_length (running past the trained length); factor < 1 is
-  // refused.
-  std::optional<RopeScaling> rope_scaling;
-  float rope_scale_factor = 0.0f;
+  RopeOverrides rope;
   int n_ctx = 0;  // the context the caller means to use (0 = the trained one)
   // With an f16 KV codec, round Q and the softmax weights to f16 in attention as
   // llama.cpp does without flash attention (keeps logits closest to llama.cpp's).

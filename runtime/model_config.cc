@@ -2,6 +2,7 @@
 //
 // ModelConfig from GGUF metadata: the keys llama.cpp writes for llama, qwen2, qwen3 and
 // qwen3moe, with llama.cpp's defaults for the optional ones.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -60,6 +61,7 @@ std::string ModelConfig::ToString() const {
   }
   o << ", rope " << (rope_mode == kernels::RopeMode::kNorm ? "norm" : "neox") << " base " << rope_freq_base;
   if (rope_scaling != RopeScaling::kNone) o << " " << RopeScalingName(rope_scaling) << " x" << rope_scale_factor;
+  if (rope_scaling == RopeScaling::kYarn) o << " from " << rope_orig_ctx;
   o << ", ctx " << context_length << ", eps " << rms_eps;
   if (qk_norm) o << ", qk-norm";
   if (qkv_bias) o << ", qkv-bias";
@@ -162,6 +164,45 @@ Result<ModelConfig> ReadModelConfig(const GgufFile& file) {
   }
   c.n_vocab = static_cast<int>(embd->ne[1]);
   return c;
+}
+
+Status ApplyRopeOverrides(const RopeOverrides& o, int n_ctx, ModelConfig* c) {
+  const auto bad = [](const std::string& what) { return Status::InvalidArgument("RoPE: " + what); };
+  if (o.freq_base < 0.0f || !std::isfinite(o.freq_base)) return bad("--rope-freq-base must be positive");
+  if (o.orig_ctx < 0) return bad("--yarn-orig-ctx must not be negative");
+  for (const float v : {o.yarn_attn_factor, o.yarn_beta_fast, o.yarn_beta_slow}) {
+    if (v < 0.0f || !std::isfinite(v)) return bad("--yarn-attn-factor, --yarn-beta-fast and --yarn-beta-slow must be positive");
+  }
+  if (o.freq_base > 0.0f) c->rope_freq_base = o.freq_base;
+  if (o.scaling.has_value() || o.scale_factor != 0.0f) {
+    const RopeScaling file_type = c->rope_scaling;
+    if (o.scaling.has_value()) {
+      c->rope_scaling = *o.scaling;
+    } else if (c->rope_scaling == RopeScaling::kNone) {
+      c->rope_scaling = RopeScaling::kLinear;
+    }
+    float factor = o.scale_factor;
+    if (c->rope_scaling == RopeScaling::kNone) {
+      factor = 1.0f;
+    } else if (factor == 0.0f) {
+      if (file_type == c->rope_scaling && c->rope_scale_factor > 1.0f) {
+        factor = c->rope_scale_factor;
+      } else {
+        const int ctx = n_ctx > 0 ? n_ctx : c->context_length;
+        factor = std::max(1.0f, static_cast<float>(ctx) / static_cast<float>(c->context_length));
+      }
+    }
+    if (!(factor >= 1.0f) || !std::isfinite(factor)) {
+      return bad("the scale factor (--rope-scale) must be >= 1 (--rope-freq-scale <= 1)");
+    }
+    c->rope_scale_factor = factor;
+  }
+  if (o.orig_ctx > 0) c->rope_orig_ctx = o.orig_ctx;
+  if (c->rope_orig_ctx <= 0) c->rope_orig_ctx = c->context_length;
+  if (o.yarn_attn_factor > 0.0f) c->yarn_attn_factor *= o.yarn_attn_factor;
+  if (o.yarn_beta_fast > 0.0f) c->yarn_beta_fast = o.yarn_beta_fast;
+  if (o.yarn_beta_slow > 0.0f) c->yarn_beta_slow = o.yarn_beta_slow;
+  return Status::Ok();
 }
 
 }  // namespace tierkv

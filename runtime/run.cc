@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -52,6 +53,26 @@ Status CheckKvFits(int n_ctx, const KvCache& cache, const MemoryManager& mm) {
       "impossible budget: a context of " + std::to_string(n_ctx) + " tokens needs " + FormatBytes(blocks * frame) +
       " of KV cache (" + std::to_string(blocks) + " blocks of " + FormatBytes(frame) + "), more than all tiers hold (" +
       held + "); raise --host, add --disk SIZE, or lower -c");
+}
+
+// The RoPE settings that shape the cached K (stored after RoPE), as text.
+std::string RopeKey(const ModelConfig& c) {
+  char buf[192];
+  std::snprintf(buf, sizeof(buf), "%s x%.9g base %.9g from %d attn %.9g beta %.9g/%.9g", RopeScalingName(c.rope_scaling),
+                c.rope_scale_factor, c.rope_freq_base, c.rope_orig_ctx, c.yarn_attn_factor, c.yarn_beta_fast,
+                c.yarn_beta_slow);
+  return buf;
+}
+
+// Sessions hold K after RoPE, so a run whose RoPE settings differ from the file's
+// (--rope-* / --yarn-* flags) must not share sessions with the file's defaults: its
+// fingerprint mixes the settings in, and its description names them.
+ModelFingerprint WithRope(ModelFingerprint fp, const GgufFile& file, const ModelConfig& used) {
+  auto from_file = ReadModelConfig(file);
+  const std::string key = RopeKey(used);
+  if (from_file.ok() && RopeKey(*from_file) == key) return fp;
+  const std::string mixed = std::to_string(fp.hash) + ";rope " + key;
+  return ModelFingerprint{Checksum(mixed.data(), mixed.size()), fp.description + ", RoPE " + key};
 }
 
 }  // namespace
@@ -119,6 +140,7 @@ nlohmann::json RunReport::ToJson() const {
                   {"expert_prediction_recall", ratio(d.experts_chosen_in_prediction, d.experts_chosen_predicted)},
                   {"prefetched_pages", d.prefetched_pages}};
   j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
+  j["rope"] = rope;
   j["frame_bytes"] = frame_bytes;
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
@@ -169,6 +191,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
   mo.kv_batch_blocks = o.kv_batch_blocks;
+  mo.rope = o.rope;
   // mm is declared before the model so that the model is destroyed first, while the
   // pages it placed there still exist; it is created once the frame size is known.
   std::unique_ptr<MemoryManager> mm;
@@ -194,7 +217,8 @@ Result<RunReport> RunSession(const RunOptions& o) {
   TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, *cache, *mm));
 
   // Session restore and prefix reuse.
-  const ModelFingerprint fp = FingerprintOf(*file);
+  const ModelFingerprint fp = WithRope(FingerprintOf(*file), *file, model->config());
+  r.rope = RopeKey(model->config());
   SeqId seq;
   int start = 0;
   std::shared_ptr<SessionFile> session_file;

@@ -40,6 +40,7 @@ struct RunOptions {
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; 1 = one Forward each)
+  RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
 };
 
 struct LogitsEntry {
@@ -58,6 +59,7 @@ struct RunReport {
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
+  std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"
   int kv_tokens = 0;
   uint64_t frame_bytes = 0;  // the frame size the run used
   uint64_t kv_bytes = 0;

@@ -1,6 +1,7 @@
 // runtime/cli/run_command.cc
 #include "runtime/cli/run_command.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -27,7 +28,43 @@ struct RunFlags {
   std::string weights = "paged";
   int kv_batch = 0;
   int batch = 64;
+  std::string rope_scaling;
+  float rope_scale = 0, rope_freq_scale = 0, rope_freq_base = 0;
+  float yarn_attn_factor = 0, yarn_beta_fast = 0, yarn_beta_slow = 0;
+  int yarn_orig_ctx = 0;
 };
+
+// llama.cpp's RoPE flags. --rope-scale N and --rope-freq-scale 1/N say the same.
+Result<RopeOverrides> ToRope(const RunFlags& f) {
+  RopeOverrides r;
+  if (!f.rope_scaling.empty()) {
+    if (f.rope_scaling == "none") {
+      r.scaling = RopeScaling::kNone;
+    } else if (f.rope_scaling == "linear") {
+      r.scaling = RopeScaling::kLinear;
+    } else if (f.rope_scaling == "yarn") {
+      r.scaling = RopeScaling::kYarn;
+    } else {
+      return Status::InvalidArgument("--rope-scaling must be none, linear or yarn, not '" + f.rope_scaling + "'");
+    }
+  }
+  if (f.rope_scale < 0 || f.rope_freq_scale < 0) return Status::InvalidArgument("--rope-scale and --rope-freq-scale must be positive");
+  if (f.rope_scale > 0 && f.rope_freq_scale > 0 && std::fabs(f.rope_scale * f.rope_freq_scale - 1.0f) > 1e-6f) {
+    return Status::InvalidArgument("--rope-scale " + std::to_string(f.rope_scale) + " and --rope-freq-scale " +
+                                   std::to_string(f.rope_freq_scale) + " disagree (one is the other's inverse)");
+  }
+  r.scale_factor = f.rope_scale > 0 ? f.rope_scale : f.rope_freq_scale > 0 ? 1.0f / f.rope_freq_scale : 0.0f;
+  r.freq_base = f.rope_freq_base;
+  r.orig_ctx = f.yarn_orig_ctx;
+  r.yarn_attn_factor = f.yarn_attn_factor;
+  r.yarn_beta_fast = f.yarn_beta_fast;
+  r.yarn_beta_slow = f.yarn_beta_slow;
+  // Out-of-range values are bad flags (exit 2), found before the model loads.
+  ModelConfig probe;
+  probe.context_length = 1;
+  TIERKV_RETURN_IF_ERROR(ApplyRopeOverrides(r, 0, &probe));
+  return r;
+}
 
 Result<RunOptions> ToOptions(const RunFlags& f) {
   RunOptions o;
@@ -83,6 +120,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.kv_batch_blocks = f.kv_batch;
   if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");
   o.batch = f.batch;
+  TIERKV_ASSIGN_OR_RETURN(o.rope, ToRope(f));
   return o;
 }
 
@@ -129,6 +167,14 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-b,--batch-size", f->batch,
                   "prompt tokens computed together, layer by layer (default 64; 1 = one at a time; same logits)");
   run->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");
+  run->add_option("--rope-scaling", f->rope_scaling, "RoPE scaling: none, linear, yarn (default: the model's)");
+  run->add_option("--rope-scale", f->rope_scale, "RoPE context scaling factor N (the context grows N times)");
+  run->add_option("--rope-freq-scale", f->rope_freq_scale, "RoPE frequency scale (1 / --rope-scale)");
+  run->add_option("--rope-freq-base", f->rope_freq_base, "RoPE base frequency (default: the model's)");
+  run->add_option("--yarn-orig-ctx", f->yarn_orig_ctx, "YaRN: the model's trained context (default: the model's)");
+  run->add_option("--yarn-attn-factor", f->yarn_attn_factor, "YaRN: attention magnitude factor (default 1)");
+  run->add_option("--yarn-beta-fast", f->yarn_beta_fast, "YaRN: low correction dimension (default: the model's, 32)");
+  run->add_option("--yarn-beta-slow", f->yarn_beta_slow, "YaRN: high correction dimension (default: the model's, 1)");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
   run->callback([f, &exit_code] {

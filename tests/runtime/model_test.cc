@@ -283,7 +283,7 @@ TEST(ModelTest, RopeScalingOptions) {
   REQUIRE_REF(file, "ref-qwen3moe-f16");
   ModelOptions mo;
   mo.threads = 1;
-  mo.rope_scaling = RopeScaling::kYarn;
+  mo.rope.scaling = RopeScaling::kYarn;
   mo.n_ctx = 4 * 262144;
   auto yarn = Model::Load(file, mo);
   ASSERT_TRUE(yarn.ok()) << yarn.status().ToString();
@@ -291,8 +291,8 @@ TEST(ModelTest, RopeScalingOptions) {
   EXPECT_FLOAT_EQ((*yarn)->config().rope_scale_factor, 4.0f);
   EXPECT_EQ((*yarn)->config().rope_orig_ctx, 262144);
 
-  mo.rope_scaling = RopeScaling::kLinear;
-  mo.rope_scale_factor = 0.5f;
+  mo.rope.scaling = RopeScaling::kLinear;
+  mo.rope.scale_factor = 0.5f;
   EXPECT_EQ(Model::Load(file, mo).status().code(), StatusCode::kInvalidArgument);
 
   // Scaling changes the numbers (positions > 0), but not at position 0.
@@ -303,6 +303,78 @@ TEST(ModelTest, RopeScalingOptions) {
   const auto la = a.Run(**plain, toks), lb = b.Run(**yarn, toks);
   EXPECT_TRUE(la[0] == lb[0]);
   EXPECT_FALSE(la[2] == lb[2]);
+}
+
+// llama.cpp's RoPE flags over a config: a factor without a type scales linearly (a file
+// without rope.scaling.type reads as linear there); a type without a factor keeps the
+// file's factor of that type, else derives it from the context; the YaRN attention
+// factor multiplies the file's; out-of-range values are refused.
+TEST(ModelTest, RopeOverridesApplyAsLlamaCppFlags) {
+  ModelConfig base;
+  base.context_length = 32768;
+  base.rope_freq_base = 1e6f;
+  base.rope_orig_ctx = 32768;
+  base.yarn_attn_factor = 1.5f;
+
+  ModelConfig c = base;
+  ASSERT_TRUE(ApplyRopeOverrides({}, 0, &c).ok());
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kNone);
+  EXPECT_FLOAT_EQ(c.rope_scale_factor, 1.0f);
+
+  RopeOverrides o;
+  o.scale_factor = 2.0f;
+  o.freq_base = 5e5f;
+  c = base;
+  ASSERT_TRUE(ApplyRopeOverrides(o, 0, &c).ok());
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kLinear);
+  EXPECT_FLOAT_EQ(c.rope_scale_factor, 2.0f);
+  EXPECT_FLOAT_EQ(c.rope_freq_base, 5e5f);
+
+  // Qwen3's recipe for 128K: yarn, factor 4, from its 32768 trained tokens.
+  o = {};
+  o.scaling = RopeScaling::kYarn;
+  o.scale_factor = 4.0f;
+  o.orig_ctx = 32768;
+  o.yarn_attn_factor = 2.0f;
+  o.yarn_beta_fast = 16.0f;
+  c = base;
+  c.rope_orig_ctx = 0;
+  ASSERT_TRUE(ApplyRopeOverrides(o, 131072, &c).ok());
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kYarn);
+  EXPECT_FLOAT_EQ(c.rope_scale_factor, 4.0f);
+  EXPECT_EQ(c.rope_orig_ctx, 32768);
+  EXPECT_FLOAT_EQ(c.yarn_attn_factor, 3.0f);
+  EXPECT_FLOAT_EQ(c.yarn_beta_fast, 16.0f);
+  EXPECT_FLOAT_EQ(c.yarn_beta_slow, base.yarn_beta_slow);
+
+  // A type alone: derived from the context, or the file's factor of that type.
+  o = {};
+  o.scaling = RopeScaling::kYarn;
+  c = base;
+  ASSERT_TRUE(ApplyRopeOverrides(o, 98304, &c).ok());
+  EXPECT_FLOAT_EQ(c.rope_scale_factor, 3.0f);
+  c = base;
+  c.rope_scaling = RopeScaling::kYarn;
+  c.rope_scale_factor = 8.0f;
+  ASSERT_TRUE(ApplyRopeOverrides(o, 98304, &c).ok());
+  EXPECT_FLOAT_EQ(c.rope_scale_factor, 8.0f);
+  // "none" switches a file's scaling off.
+  o.scaling = RopeScaling::kNone;
+  ASSERT_TRUE(ApplyRopeOverrides(o, 98304, &c).ok());
+  EXPECT_EQ(c.rope_scaling, RopeScaling::kNone);
+  EXPECT_FLOAT_EQ(c.rope_scale_factor, 1.0f);
+
+  std::vector<RopeOverrides> bads(4);
+  bads[0].scale_factor = 0.5f;
+  bads[1].freq_base = -1.0f;
+  bads[2].orig_ctx = -5;
+  bads[3].yarn_beta_slow = -1.0f;
+  for (const RopeOverrides& bad : bads) {
+    c = base;
+    const Status s = ApplyRopeOverrides(bad, 0, &c);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_EQ(s.message().rfind("RoPE: ", 0), 0u) << s.message();
+  }
 }
 
 TEST(ModelTest, LoadErrors) {

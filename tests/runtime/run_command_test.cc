@@ -7,6 +7,7 @@
 #include "runtime/cli/run_command.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,9 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--kv-batch", "-1"}, "--kv-batch must be >= 0"},
       {{"-b", "0"}, "-b/--batch-size must be >= 1"},
       {{"--disk", "lots"}, "lots"},
+      {{"--rope-scaling", "ntk"}, "--rope-scaling must be none, linear or yarn, not 'ntk'"},
+      {{"--rope-scale", "2", "--rope-freq-scale", "0.25"}, "disagree"},
+      {{"--rope-scale", "0.5"}, "RoPE: the scale factor (--rope-scale) must be >= 1"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags[0]);
@@ -103,6 +107,37 @@ TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv"]["type"], "q8_0");
+}
+
+// llama.cpp's RoPE flags reach the model (the report names the settings used), and a
+// session made with other RoPE settings than the run's is refused (its K was rotated
+// differently), while the same settings spelled out again reuse it.
+TEST(RunCommandTest, RopeFlagsReachTheModelAndSeparateSessions) {
+  const std::string session = ::testing::TempDir() + "/rope_flags.tkv";
+  std::remove(session.c_str());
+  const CliResult plain = RunCli(Quick({"--session", session, "--json"}));
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(nlohmann::json::parse(plain.out)["rope"], "none x1 base 1000000 from 262144 attn 1 beta 32/1");
+
+  const std::vector<std::string> yarn = {"--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "32768"};
+  std::vector<std::string> flags = yarn;
+  flags.insert(flags.end(), {"--session", session, "--json"});
+  const CliResult refused = RunCli(Quick(flags));
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("RoPE yarn x4"), std::string::npos) << refused.err;
+  EXPECT_EQ(Lines(refused.err), 1) << refused.err;
+
+  flags = yarn;
+  flags.insert(flags.end(), {"--json"});
+  const CliResult scaled = RunCli(Quick(flags));
+  ASSERT_EQ(scaled.exit_code, 0) << scaled.err;
+  EXPECT_EQ(nlohmann::json::parse(scaled.out)["rope"], "yarn x4 base 1000000 from 32768 attn 1 beta 32/1");
+
+  // The file's own base, given explicitly: the same settings, the same session.
+  const CliResult same = RunCli(Quick({"--rope-freq-base", "1000000", "--session", session, "--json"}));
+  ASSERT_EQ(same.exit_code, 0) << same.err;
+  EXPECT_GT(nlohmann::json::parse(same.out)["session"]["reused_prefix_tokens"].get<int>(), 0);
+  std::remove(session.c_str());
 }
 
 // tiny-moe keeps 512 tokens of a layer in a 256 KiB block: -c 262144 needs 4 x 512

@@ -75,6 +75,21 @@ ModelFingerprint WithRope(ModelFingerprint fp, const GgufFile& file, const Model
   return ModelFingerprint{Checksum(mixed.data(), mixed.size()), fp.description + ", RoPE " + key};
 }
 
+// --weights auto (RunOptions::Weights): paged with a device tier, or when the weight
+// pages and the context's KV cache (f16, the largest codec) fit the host budget together.
+bool PageWeights(const RunOptions& o, const Model& model, int n_ctx) {
+  switch (o.weights) {
+    case RunOptions::Weights::kPaged: return true;
+    case RunOptions::Weights::kMapped: return false;
+    case RunOptions::Weights::kAuto: break;
+  }
+  if (o.memory.device != DeviceKind::kNone) return true;
+  const ModelConfig& c = model.config();
+  const uint64_t kv = 4ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_head_kv) *
+                      static_cast<uint64_t>(c.head_dim) * static_cast<uint64_t>(n_ctx);
+  return model.WeightPageBytes(256 * kKiB) + kv <= o.memory.host_bytes;
+}
+
 }  // namespace
 
 ModelFingerprint FingerprintOf(const GgufFile& file) {
@@ -141,6 +156,7 @@ nlohmann::json RunReport::ToJson() const {
                   {"prefetched_pages", d.prefetched_pages}};
   j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
   j["rope"] = rope;
+  j["weights"] = paged_weights ? "paged" : "mapped";
   j["frame_bytes"] = frame_bytes;
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
@@ -197,21 +213,22 @@ Result<RunReport> RunSession(const RunOptions& o) {
   std::unique_ptr<MemoryManager> mm;
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
   MemoryOptions memory = o.memory;
+  r.paged_weights = PageWeights(o, *model, n_ctx);
   if (o.auto_frame) {
     uint64_t session_block_bytes = 0;
     if (!o.session.empty() && std::filesystem::exists(o.session)) {
       // A file that cannot be read is left to the restore below, which names the problem.
       if (auto summary = SessionFile::Inspect(o.session); summary.ok()) session_block_bytes = summary->block_bytes;
     }
-    const uint64_t w_small = o.page_weights ? model->WeightPageBytes(256 * kKiB) : 0;
-    const uint64_t w_large = o.page_weights ? model->WeightPageBytes(kMiB) : 0;
+    const uint64_t w_small = r.paged_weights ? model->WeightPageBytes(256 * kKiB) : 0;
+    const uint64_t w_large = r.paged_weights ? model->WeightPageBytes(kMiB) : 0;
     memory.frame_bytes = AutoFrameBytes(n_ctx, memory, w_small, w_large, session_block_bytes);
   }
   r.frame_bytes = memory.frame_bytes;
   const auto t_warm = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
   r.warmup_s = Since(t_warm);
-  if (o.page_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
+  if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), model->KvGeometryFor(o.kv_type)));
   r.kv_type = KvCodecName(o.kv_type);
   TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, *cache, *mm));

@@ -36,7 +36,12 @@ struct RunOptions {
   std::string session;         // "" = no session file
   int threads = 0;             // 0 = all cores
   int dump_logits = 0;         // first and last N prompt positions, plus every step
-  bool page_weights = true;    // weights as pages under the budgets (Model::UseMemory)
+  // Weights as pages under the budgets (Model::UseMemory) or read in place from the
+  // mapping. Auto: paged with a Device tier, or when the weight pages and the context's
+  // KV cache fit the Host budget together; otherwise in place (on the CPU the mapping is
+  // host memory already, and pages that do not fit would be copied again every token).
+  enum class Weights { kAuto, kPaged, kMapped };
+  Weights weights = Weights::kAuto;
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; 1 = one Forward each)
@@ -59,6 +64,7 @@ struct RunReport {
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
+  bool paged_weights = false;  // what --weights (auto) chose
   std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"
   int kv_tokens = 0;
   uint64_t frame_bytes = 0;  // the frame size the run used

@@ -25,7 +25,7 @@ struct RunFlags {
   uint64_t seed = 0;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false;
-  std::string weights = "paged";
+  std::string weights = "auto";
   int kv_batch = 0;
   int batch = 64;
   std::string rope_scaling;
@@ -112,10 +112,15 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   m.sim_gbps = f.sim_gbps;
   m.warmup = !f.no_warmup;
   o.prefetch = !f.no_prefetch;
-  if (f.weights != "paged" && f.weights != "mapped") {
-    return Status::InvalidArgument("--weights must be paged or mapped, not '" + f.weights + "'");
+  if (f.weights == "auto") {
+    o.weights = RunOptions::Weights::kAuto;
+  } else if (f.weights == "paged") {
+    o.weights = RunOptions::Weights::kPaged;
+  } else if (f.weights == "mapped") {
+    o.weights = RunOptions::Weights::kMapped;
+  } else {
+    return Status::InvalidArgument("--weights must be auto, paged or mapped, not '" + f.weights + "'");
   }
-  o.page_weights = f.weights == "paged";
   if (f.kv_batch < 0) return Status::InvalidArgument("--kv-batch must be >= 0");
   o.kv_batch_blocks = f.kv_batch;
   if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");
@@ -163,7 +168,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--mlock", f->mlock, "off | try | require (default try)");
   run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
   run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
-  run->add_option("--weights", f->weights, "paged (weights are pages under the budgets) or mapped (read in place)");
+  run->add_option("--weights", f->weights,
+                  "paged (pages under the budgets), mapped (read in place) or auto (default: paged with a device tier "
+                  "or when they take at most half the host budget)");
   run->add_option("-b,--batch-size", f->batch,
                   "prompt tokens computed together, layer by layer (default 64; 1 = one at a time; same logits)");
   run->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");

@@ -212,14 +212,47 @@ TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
   const nlohmann::json j = r->ToJson();
   EXPECT_TRUE(j.contains("decoder"));
   EXPECT_EQ(j["tiers"].size(), 2u);  // device (sim) and host
+  EXPECT_EQ(j["weights"], "paged");  // auto, with a device tier
   // The same run with weights read in place gives the same tokens.
   RunOptions m = o;
-  m.page_weights = false;
+  m.weights = RunOptions::Weights::kMapped;
   m.prefetch = false;
   m.session.clear();
   auto r2 = RunSession(m);
   ASSERT_TRUE(r2.ok()) << r2.status().ToString();
   EXPECT_EQ(r2->generated_tokens, r->generated_tokens);
+  EXPECT_FALSE(r2->paged_weights);
+  EXPECT_EQ(r2->decoder.weight_acquires, 0u);
+}
+
+// --weights auto without a device tier: tiny-moe's weight pages (34.3 MiB in 256 KiB
+// frames) are paged when they and the context's KV cache fit the host budget, and read
+// in place when they do not (pages that do not fit would be copied out of the mapping
+// again for every token); an explicit --weights paged still pages them. The tokens are
+// the same every way.
+TEST(BuiltinModelTest, AutoWeightsPagesOnlyWhatTheHostBudgetHolds) {
+  testing::TempDir dir;
+  RunOptions o = TinyMoeSession(dir, 4);
+  o.session.clear();
+  o.memory.frame_bytes = 256 * 1024;
+  o.memory.host_bytes = 64 << 20;
+  auto roomy = RunSession(o);
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  EXPECT_TRUE(roomy->paged_weights);
+  EXPECT_GT(roomy->decoder.weight_acquires, 0u);
+
+  o.memory.host_bytes = 32 << 20;
+  auto tight = RunSession(o);
+  ASSERT_TRUE(tight.ok()) << tight.status().ToString();
+  EXPECT_FALSE(tight->paged_weights);
+  EXPECT_EQ(tight->decoder.weight_acquires, 0u);
+  EXPECT_EQ(tight->generated_tokens, roomy->generated_tokens);
+
+  o.weights = RunOptions::Weights::kPaged;
+  auto forced = RunSession(o);
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_TRUE(forced->paged_weights);
+  EXPECT_EQ(forced->generated_tokens, roomy->generated_tokens);
 }
 
 // --frame auto: the rule (long contexts on big budgets with little rounding loss in the

@@ -73,7 +73,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--dump-logits", "-3"}, "--dump-logits must not be negative"},
       {{"--kv-type", "q5"}, "unknown KV codec 'q5'"},
       {{"-ctk", "q8_0", "-ctv", "f16"}, "-ctk q8_0 and -ctv f16 differ"},
-      {{"--weights", "somewhere"}, "--weights must be paged or mapped"},
+      {{"--weights", "somewhere"}, "--weights must be auto, paged or mapped"},
       {{"--device", "tpu"}, "--device must be cuda, sim or none"},
       {{"--kv-batch", "-1"}, "--kv-batch must be >= 0"},
       {{"-b", "0"}, "-b/--batch-size must be >= 1"},

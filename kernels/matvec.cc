@@ -109,7 +109,8 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
   size_t first_act = 0;
   for (const MatMulJob& j : jobs) {
     const DotFn dot = GetDotFn(j.w->type, level);
-    const DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
+    DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
+    if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type)) dot_rows = nullptr;
     const int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));
     for (int64_t b = 0; b < j.w->rows; b += step) {
       chunks.push_back({&j, dot, dot_rows, acts.data() + first_act, b, std::min(j.w->rows, b + step)});

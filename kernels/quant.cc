@@ -553,6 +553,8 @@ DotFn GetDotFn(WeightType weight, SimdLevel level) {
   return quant_internal::ScalarDot(weight);
 }
 
+bool DotRowsFnStreams(WeightType weight) { return weight != WeightType::kQ8_0; }
+
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
   if (level >= SimdLevel::kAvx512) return quant_internal::Avx512DotRows(weight);
   return nullptr;

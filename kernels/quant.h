@@ -260,6 +260,18 @@ using DotRowsFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, c
 // DotFn per row). Today: the quantized types at the AVX-512 level when the CPU also has
 // AVX512-VNNI.
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
+// Rows of at least this many bytes are "long": the multi-row kernels prefetch each of
+// their rows ahead (they read R interleaved streams, which the hardware prefetchers
+// follow poorly), and for one activation row MatVec may read them one at a time
+// (DotRowsFnStreams).
+inline constexpr size_t kLongRowBytes = 1024;
+// Whether the multi-row kernel of `weight` reads long rows from memory at least as fast
+// as its one-row kernel does (bench/matvec_bench.cc, docs/benchmarks.md: Q8_0's does
+// not, at 0.75x; the others gain 1.2 - 1.8x). Where it does not, a matrix-vector product
+// over long rows (a decode step: weights come from memory) takes the one-row kernel;
+// with several activation rows (a prefill chunk: the rows are in cache for all but the
+// first) the multi-row kernel is faster and stays.
+bool DotRowsFnStreams(WeightType weight);
 
 namespace quant_internal {
 // Per-level kernel tables (quant.cc, quant_avx2.cc, quant_avx512.cc); nullptr = none.

@@ -13,20 +13,37 @@ std::string KvGeometry::ToString() const {
          std::to_string(head_dim) + ", block " + std::to_string(block_tokens) + " tokens, " + KvCodecName(codec);
 }
 
-Result<std::unique_ptr<KvCache>> KvCache::Create(MemoryManager* mm, KvGeometry g, uint32_t page_tag) {
+namespace {
+
+Result<std::unique_ptr<VectorCodec>> CodecFor(const KvGeometry& g) {
   if (g.n_layers <= 0 || g.n_kv_heads <= 0 || g.head_dim <= 0) {
     return Status::InvalidArgument("KV geometry needs positive layers, kv heads and head_dim (" + g.ToString() + ")");
   }
   auto codec = VectorCodec::Create(g.codec, g.head_dim, g.codec_seed);
   if (!codec.ok()) return codec.status().Annotate("KV cache");
-  const uint64_t per_token = 2ull * static_cast<uint64_t>(g.n_kv_heads) * (*codec)->vector_bytes();
-  if (g.block_tokens == 0) {
-    int bt = 16;
-    while (per_token * static_cast<uint64_t>(bt) * 2 <= mm->frame_bytes()) bt *= 2;
-    g.block_tokens = bt;
-  }
+  return codec;
+}
+
+int DerivedBlockTokens(const KvGeometry& g, const VectorCodec& codec, uint64_t frame_bytes) {
+  if (g.block_tokens != 0) return g.block_tokens;
+  const uint64_t per_token = 2ull * static_cast<uint64_t>(g.n_kv_heads) * codec.vector_bytes();
+  int bt = 16;
+  while (per_token * static_cast<uint64_t>(bt) * 2 <= frame_bytes) bt *= 2;
+  return bt;
+}
+
+}  // namespace
+
+Result<int> KvCache::BlockTokensFor(const KvGeometry& g, uint64_t frame_bytes) {
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<VectorCodec> codec, CodecFor(g));
+  return DerivedBlockTokens(g, *codec, frame_bytes);
+}
+
+Result<std::unique_ptr<KvCache>> KvCache::Create(MemoryManager* mm, KvGeometry g, uint32_t page_tag) {
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<VectorCodec> codec, CodecFor(g));
+  g.block_tokens = DerivedBlockTokens(g, *codec, mm->frame_bytes());
   if (g.block_tokens < 1 || g.block_tokens > (1 << 20)) return Status::InvalidArgument("block_tokens out of range");
-  return std::unique_ptr<KvCache>(new KvCache(mm, g, std::move(codec).value(), page_tag));
+  return std::unique_ptr<KvCache>(new KvCache(mm, g, std::move(codec), page_tag));
 }
 
 KvCache::KvCache(MemoryManager* mm, KvGeometry g, std::unique_ptr<VectorCodec> codec, uint32_t tag)

@@ -69,6 +69,9 @@ class KvCache {
  public:
   // REQUIRES: geometry valid for the codec (head_dim rules in codec.h).
   static Result<std::unique_ptr<KvCache>> Create(MemoryManager* mm, KvGeometry geometry, uint32_t page_tag = 1);
+  // The block_tokens Create would use with frames of frame_bytes (geometry.block_tokens
+  // when set), so that callers can size a context before the memory exists.
+  static Result<int> BlockTokensFor(const KvGeometry& geometry, uint64_t frame_bytes);
   ~KvCache();  // frees every block
 
   const KvGeometry& geometry() const { return g_; }

@@ -34,21 +34,24 @@ nlohmann::json EntryJson(const LogitsEntry& e) {
 }
 
 // The context's KV blocks (one frame each) must fit in all tiers together, or the run
-// would fail when the cache fills, after the prefill's work: refused before it starts.
-Status CheckKvFits(int n_ctx, const KvCache& cache, const MemoryManager& mm) {
-  const KvGeometry& g = cache.geometry();
-  const uint64_t blocks = static_cast<uint64_t>(g.n_layers) * ((static_cast<uint64_t>(n_ctx) + g.block_tokens - 1) /
-                                                               static_cast<uint64_t>(g.block_tokens));
+// would fail when the cache fills, after the prefill's work: refused before it starts
+// (and before the warmup touches the arenas).
+Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m) {
+  const uint64_t frame = m.frame_bytes;
+  if (frame == 0) return Status::Ok();  // MemoryManager::Create names that problem
+  TIERKV_ASSIGN_OR_RETURN(const int block_tokens, KvCache::BlockTokensFor(g, frame));
+  const uint64_t blocks = static_cast<uint64_t>(g.n_layers) *
+                          ((static_cast<uint64_t>(n_ctx) + block_tokens - 1) / static_cast<uint64_t>(block_tokens));
   uint64_t frames = 0;
   std::string held;
-  for (int t = 0; t < kNumTiers; ++t) {
-    const TierStats s = mm.Stats(TierAt(t));
-    if (!s.present) continue;
-    frames += s.frames;
-    held += std::string(held.empty() ? "" : " + ") + TierName(s.tier) + " " + FormatBytes(s.budget_bytes);
-  }
+  const auto add = [&](Tier t, uint64_t budget) {
+    frames += budget / frame;
+    held += std::string(held.empty() ? "" : " + ") + TierName(t) + " " + FormatBytes(budget);
+  };
+  if (m.device != DeviceKind::kNone) add(Tier::kDevice, m.device_bytes);
+  add(Tier::kHost, m.host_bytes);
+  if (m.disk_bytes > 0) add(Tier::kDisk, m.disk_bytes);
   if (blocks <= frames) return Status::Ok();
-  const uint64_t frame = mm.frame_bytes();
   return Status::InvalidArgument(
       "impossible budget: a context of " + std::to_string(n_ctx) + " tokens needs " + FormatBytes(blocks * frame) +
       " of KV cache (" + std::to_string(blocks) + " blocks of " + FormatBytes(frame) + "), more than all tiers hold (" +
@@ -225,13 +228,14 @@ Result<RunReport> RunSession(const RunOptions& o) {
     memory.frame_bytes = AutoFrameBytes(n_ctx, memory, w_small, w_large, session_block_bytes);
   }
   r.frame_bytes = memory.frame_bytes;
+  const KvGeometry kv_geometry = model->KvGeometryFor(o.kv_type);
+  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, kv_geometry, memory));
   const auto t_warm = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
   r.warmup_s = Since(t_warm);
   if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), model->KvGeometryFor(o.kv_type)));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);
-  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, *cache, *mm));
 
   // Session restore and prefix reuse.
   const ModelFingerprint fp = WithRope(FingerprintOf(*file), *file, model->config());

@@ -106,14 +106,16 @@ TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
 
 // The multi-row kernels (AVX512-VNNI, 4 rows per step and one-row tails) give the same
 // bits as the AVX2 per-row path: odd row counts so that chunks end in tails, rows of
-// two blocks (a 64-wide output projection) and of many.
+// two blocks (a 64-wide output projection), of many, and long rows (kLongRowBytes and
+// more: prefetched per row, and for Q8_0 read one row at a time by MatVec).
 TEST(MatVecTest, MultiRowKernelsEqualAvx2Rows) {
   if (GetDotRowsFn(WeightType::kQ8_0, DetectedSimdLevel()) == nullptr) GTEST_SKIP() << "no multi-row kernels here";
   ThreadPool pool(2);
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
-    for (int64_t cols : {64, 256, 768}) {
-      const bool k_quant = t == WeightType::kQ4_K || t == WeightType::kQ5_K || t == WeightType::kQ6_K;
-      if (k_quant && cols % 256 != 0) continue;  // 256-value super-blocks
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
+                       WeightType::kIQ4_XS}) {
+    for (int64_t cols : {64, 256, 768, 2048}) {
+      if (GetWeightTypeInfo(t).block_size == 256 && cols % 256 != 0) continue;  // 256-value super-blocks
+      if (cols == 2048) EXPECT_GE(RowBytes(t, cols), kLongRowBytes);
       SCOPED_TRACE(std::string(WeightTypeName(t)) + " cols=" + std::to_string(cols));
       const OwnedMatrix m = RandomMatrix(t, 301, cols, 7);
       const std::vector<float> x = RandomVector(cols, 8);

@@ -494,7 +494,7 @@ TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
 // random codes and scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit
 // scales and mins at 63) for the saturation bounds.
 constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K,
-                                      WeightType::kQ6_K};
+                                      WeightType::kQ6_K, WeightType::kIQ4_XS};
 
 void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t n,
                                   const std::vector<uint8_t>& act) {
@@ -602,6 +602,13 @@ TEST(QuantTest, VnniKernelsWorstCaseCodes) {
           case WeightType::kQ6_K: {
             std::memset(blk + 192, 0x80, 16);  // scales -128
             std::memcpy(blk + 208, &one, 2);
+            break;
+          }
+          case WeightType::kIQ4_XS: {
+            // Odd rows: all codes 0xff (scale 63 - 32, level 113); even rows: scale codes
+            // 0 (scale -32) and nibbles 0 (level -127), the largest magnitudes.
+            std::memcpy(blk, &one, 2);
+            if (r % 2 == 0) std::memset(blk + 2, 0, 134);
             break;
           }
           default: break;

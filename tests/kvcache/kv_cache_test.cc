@@ -144,6 +144,18 @@ TEST(KvCacheTest, DerivedBlockTokensFillAFrame) {
   // f16, 2 heads x 32 dims x 2 bytes x (K+V) = 256 bytes per token -> 16 tokens per 4 KiB.
   EXPECT_EQ(cache->geometry().block_tokens, 16);
   EXPECT_EQ(cache->block_bytes(), 4096u);
+  // BlockTokensFor says the same before any memory exists, for every codec and frame.
+  EXPECT_EQ(KvCache::BlockTokensFor(g, mm->frame_bytes()).value(), 16);
+  for (KvCodec c : {KvCodec::kF16, KvCodec::kQ8_0, KvCodec::kQ4_0, KvCodec::kTq4, KvCodec::kTq3}) {
+    g.codec = c;
+    const int bt = KvCache::BlockTokensFor(g, mm->frame_bytes()).value();
+    EXPECT_EQ(KvCache::Create(mm.get(), g).value()->geometry().block_tokens, bt) << KvCodecName(c);
+    EXPECT_EQ(KvCache::BlockTokensFor(g, 1 << 20).value(), bt * 256) << KvCodecName(c);
+  }
+  g.block_tokens = 48;  // explicit: kept
+  EXPECT_EQ(KvCache::BlockTokensFor(g, 1 << 20).value(), 48);
+  g.head_dim = 0;
+  EXPECT_FALSE(KvCache::BlockTokensFor(g, 1 << 20).ok());
 }
 
 TEST(KvCacheTest, ForkSharesBlocksAndCopiesOnWrite) {

@@ -1,0 +1,123 @@
+// bench/matvec_bench.cc
+//
+// The matrix-vector product y = W x (kernels::MatVec) for each quantized weight type, on
+// one thread or two, through the kernels MatVec picks (the AVX512-VNNI multi-row kernels
+// where the type has one) against the same MatVec with the level capped at AVX2, in the
+// same run. Both give the same bits (tests/kernels/quant_test.cc); only speed differs.
+//
+//   matvec/<type>/rows:<R>/threads:<T>/path:<best|avx2>
+//
+// W is R x 4096 with random codes and fixed, sane block scales (seed 1), x is N(0, 1)
+// converted once to the type's activation (not timed). R = 256 keeps W in the L2 of
+// most cores (a compute comparison); R = 8192 (16 - 34 MB) reads it from L3 or memory.
+// Counter: GB/s of weight bytes (wall time). Commands and results: docs/benchmarks.md.
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "kernels/cpu_features.h"
+#include "kernels/fp16.h"
+#include "kernels/matvec.h"
+#include "kernels/quant.h"
+#include "kernels/thread_pool.h"
+
+namespace tierkv {
+namespace {
+
+using kernels::WeightType;
+
+constexpr int64_t kCols = 4096;
+
+// Random code bytes, then fp16 block scales of 0.01 (and mins of 0.002) where each
+// layout keeps them, so no NaN or infinity reaches the float parts.
+std::vector<uint8_t> RandomRows(WeightType t, int64_t rows) {
+  const size_t rb = kernels::RowBytes(t, kCols);
+  std::vector<uint8_t> m(rb * static_cast<size_t>(rows));
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : m) b = static_cast<uint8_t>(byte(rng));
+  const kernels::WeightTypeInfo& info = kernels::GetWeightTypeInfo(t);
+  const uint16_t d = kernels::F32ToF16(0.01f), dmin = kernels::F32ToF16(0.002f);
+  for (size_t blk = 0; blk < m.size() / static_cast<size_t>(info.block_bytes); ++blk) {
+    uint8_t* p = m.data() + blk * static_cast<size_t>(info.block_bytes);
+    switch (t) {
+      case WeightType::kQ6_K: std::memcpy(p + 208, &d, 2); break;
+      case WeightType::kQ3_K: std::memcpy(p + 108, &d, 2); break;
+      case WeightType::kQ2_K:
+        std::memcpy(p + 80, &d, 2);
+        std::memcpy(p + 82, &dmin, 2);
+        break;
+      case WeightType::kQ4_K:
+      case WeightType::kQ5_K:
+      case WeightType::kQ4_1:
+      case WeightType::kQ5_1:
+        std::memcpy(p, &d, 2);
+        std::memcpy(p + 2, &dmin, 2);
+        break;
+      default: std::memcpy(p, &d, 2); break;
+    }
+  }
+  return m;
+}
+
+void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, int threads) {
+  const std::vector<uint8_t> w = RandomRows(t, rows);
+  const size_t rb = kernels::RowBytes(t, kCols);
+  std::vector<float> x(kCols), y(static_cast<size_t>(rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kernels::ActivationRow act;
+  act.Set(x.data(), kCols);
+  const kernels::MatrixView view{t, w.data(), kCols, rows, rb};
+  std::unique_ptr<kernels::ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<kernels::ThreadPool>(threads);
+  // The AVX2 path: MatVec with the level capped (the same row ranges per thread).
+  const kernels::SimdLevel before = kernels::ActiveSimdLevel();
+  if (!best) kernels::ForceSimdLevel(kernels::SimdLevel::kAvx2);
+  for (auto _ : state) {
+    kernels::MatVec(view, act, y.data(), pool.get());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(kernels::SimdLevelName(kernels::DotFnLevel(t, kernels::ActiveSimdLevel())));
+  kernels::ForceSimdLevel(before);
+  const double bytes = static_cast<double>(w.size()) * static_cast<double>(state.iterations());
+  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+}
+
+void Register() {
+  if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
+                       WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ3_K}) {
+    for (int64_t rows : {256, 2048, 8192, 32768}) {
+      for (int threads : {1, 2}) {
+        for (bool best : {true, false}) {
+          const std::string name = std::string("matvec/") + kernels::WeightTypeName(t) + "/rows:" +
+                                   std::to_string(rows) + "/threads:" + std::to_string(threads) +
+                                   "/path:" + (best ? "best" : "avx2");
+          benchmark::RegisterBenchmark(name.c_str(), BM_MatVec, t, rows, best, threads)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierkv
+
+int main(int argc, char** argv) {
+  tierkv::Register();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -165,19 +165,26 @@ void QuantizeSuperBlock(WeightType type, const float* x, uint8_t* out) {
   }
 }
 
+// For each of `groups` groups of `size` values: the step max |x| / top into step[g];
+// returns the largest step.
+float GroupSteps(const float* x, int groups, int size, float top, float* step) {
+  float largest = 0.0f;
+  for (int g = 0; g < groups; ++g) {
+    float mag = 0.0f;
+    for (int i = size * g; i < size * g + size; ++i) mag = std::max(mag, std::fabs(x[i]));
+    step[g] = mag / top;
+    largest = std::max(largest, step[g]);
+  }
+  return largest;
+}
+
 // One super-block as Q6_K (the control for the Q8_K activation path: ref-llama-q4_k_m
 // uses Q6_K): a signed 8-bit scale per 16-value group against d, 6-bit values stored +32;
 // value v = 128h + 32k + l keeps its low 4 bits in ql[64h + l + 32 (k & 1)] (nibble k / 2)
 // and its high 2 in bits 2k of qh[32h + l].
 void QuantizeQ6K(const float* x, uint8_t* out) {
-  float s[16], smax = 0.0f;
-  for (int g = 0; g < 16; ++g) {
-    float mag = 0.0f;
-    for (int i = 16 * g; i < 16 * g + 16; ++i) mag = std::max(mag, std::fabs(x[i]));
-    s[g] = mag / 31.0f;
-    smax = std::max(smax, s[g]);
-  }
-  const float d = smax / 127.0f;
+  float s[16];
+  const float d = GroupSteps(x, 16, 16, 31.0f, s) / 127.0f;
   std::memset(out, 0, 210);
   uint8_t* ql = out;
   uint8_t* qh = out + 128;
@@ -245,14 +252,8 @@ void QuantizeK4(WeightType type, const float* x, uint8_t* out) {
 // the 32 offset) against d, then each value's nearest IQ4_NL level; codes packed as
 // ScaleIq4Xs reads them.
 void QuantizeIq4Xs(const float* x, uint8_t* out) {
-  float s[8], smax = 0.0f;
-  for (int j = 0; j < 8; ++j) {
-    float mag = 0.0f;
-    for (int i = 32 * j; i < 32 * j + 32; ++i) mag = std::max(mag, std::fabs(x[i]));
-    s[j] = mag / 127.0f;
-    smax = std::max(smax, s[j]);
-  }
-  const float d = smax / 31.0f;
+  float s[8];
+  const float d = GroupSteps(x, 8, 32, 127.0f, s) / 31.0f;
   std::memset(out, 0, 136);
   const uint16_t dh = Half(d);
   std::memcpy(out, &dh, 2);

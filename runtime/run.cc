@@ -78,15 +78,16 @@ ModelFingerprint WithRope(ModelFingerprint fp, const GgufFile& file, const Model
   return ModelFingerprint{Checksum(mixed.data(), mixed.size()), fp.description + ", RoPE " + key};
 }
 
-// --weights auto (RunOptions::Weights): paged with a device tier, or when the weight
-// pages and the context's KV cache (f16, the largest codec) fit the host budget together.
+// --weights auto (RunOptions::Weights): paged with a device or disk tier (a hierarchy
+// the user asked for), or when the weight pages and the context's KV cache (f16, the
+// largest codec) fit the host budget together.
 bool PageWeights(const RunOptions& o, const Model& model, int n_ctx) {
   switch (o.weights) {
     case RunOptions::Weights::kPaged: return true;
     case RunOptions::Weights::kMapped: return false;
     case RunOptions::Weights::kAuto: break;
   }
-  if (o.memory.device != DeviceKind::kNone) return true;
+  if (o.memory.device != DeviceKind::kNone || o.memory.disk_bytes > 0) return true;
   const ModelConfig& c = model.config();
   const uint64_t kv = 4ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_head_kv) *
                       static_cast<uint64_t>(c.head_dim) * static_cast<uint64_t>(n_ctx);

@@ -37,9 +37,10 @@ struct RunOptions {
   int threads = 0;             // 0 = all cores
   int dump_logits = 0;         // first and last N prompt positions, plus every step
   // Weights as pages under the budgets (Model::UseMemory) or read in place from the
-  // mapping. Auto: paged with a Device tier, or when the weight pages and the context's
-  // KV cache fit the Host budget together; otherwise in place (on the CPU the mapping is
-  // host memory already, and pages that do not fit would be copied again every token).
+  // mapping. Auto: paged with a Device or Disk tier, or when the weight pages and the
+  // context's KV cache fit the Host budget together; otherwise (a Host tier alone, too
+  // small) in place: the CPU computes from host memory, which the mapping already is,
+  // and pages that do not fit would be copied out of it again every token.
   enum class Weights { kAuto, kPaged, kMapped };
   Weights weights = Weights::kAuto;
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)

@@ -225,11 +225,11 @@ TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
   EXPECT_EQ(r2->decoder.weight_acquires, 0u);
 }
 
-// --weights auto without a device tier: tiny-moe's weight pages (34.3 MiB in 256 KiB
+// --weights auto with a host tier alone: tiny-moe's weight pages (34.3 MiB in 256 KiB
 // frames) are paged when they and the context's KV cache fit the host budget, and read
 // in place when they do not (pages that do not fit would be copied out of the mapping
-// again for every token); an explicit --weights paged still pages them. The tokens are
-// the same every way.
+// again for every token); a disk tier, or an explicit --weights paged, pages them
+// anyway. The tokens are the same every way.
 TEST(BuiltinModelTest, AutoWeightsPagesOnlyWhatTheHostBudgetHolds) {
   testing::TempDir dir;
   RunOptions o = TinyMoeSession(dir, 4);
@@ -248,6 +248,14 @@ TEST(BuiltinModelTest, AutoWeightsPagesOnlyWhatTheHostBudgetHolds) {
   EXPECT_EQ(tight->decoder.weight_acquires, 0u);
   EXPECT_EQ(tight->generated_tokens, roomy->generated_tokens);
 
+  o.memory.disk_bytes = 64 << 20;
+  o.memory.disk_dir = dir.path();
+  auto tiered = RunSession(o);
+  ASSERT_TRUE(tiered.ok()) << tiered.status().ToString();
+  EXPECT_TRUE(tiered->paged_weights);
+  EXPECT_EQ(tiered->generated_tokens, roomy->generated_tokens);
+
+  o.memory.disk_bytes = 0;
   o.weights = RunOptions::Weights::kPaged;
   auto forced = RunSession(o);
   ASSERT_TRUE(forced.ok()) << forced.status().ToString();

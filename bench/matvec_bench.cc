@@ -94,7 +94,7 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
 void Register() {
   if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
-                       WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ3_K}) {
+                       WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ3_K, WeightType::kQ2_K}) {
     for (int64_t rows : {256, 2048, 8192, 32768}) {
       for (int threads : {1, 2}) {
         for (bool best : {true, false}) {

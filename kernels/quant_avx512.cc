@@ -727,6 +727,133 @@ TIERKV_VNNI_FN void DotQ6_KRowsVnni(const void* rows, size_t row_bytes, int64_t 
   for (; r < n_rows; ++r) DotQ6_KRowsVnniT<1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
 }
 
+// Q2_K (kThree = false) and Q3_K (kThree = true). DotQ23_KAvx2 sums, per super-block, the
+// 16-value groups' 2-bit (Q2_K) or 3-bit (Q3_K: low 2 bits + 4 * hmask bit) unsigned
+// values times the activation, times the group's scale, exactly in integers; then
+//   Q2_K: sum += d * isum - dmin * summ (mins through the activation's 16-value sums),
+//   Q3_K: sum += d_x * d_w * (isum - 4 * corr) (the -4 offset through those sums).
+// Here zmm k of a super-block covers activation values 64k .. 64k + 63, whose 128-bit
+// lane L is group 4k + L: the 32 bytes of qs of half k / 2 go to both 256-bit halves,
+// shifted per half to chunk 2 (k % 2) and 2 (k % 2) + 1 (and Q3_K's hmask the same way
+// to its bits 4h + j), multiplied by vpmaddubsw and weighted per lane by vpdpwssd. The
+// scales are unpacked with vector shifts (no per-group scalar work, which bounds the
+// AVX2 kernel), Q3_K's correction is folded into the integer sum as Q6_K's is, and the
+// float part per row is DotQ23_KAvx2's, lane-wise for 8 rows (the contractions are
+// GCC's of the scalar forms, as for Q4_K and Q6_K; the bit tests confirm them).
+template <bool kThree, int R>
+TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
+                                            float* out) {
+  static_assert(R == 1 || R == 8);
+  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  const Block* w[R];
+  for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  float sum1 = 0.0f;                  // R == 1
+  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
+  const __m512i m2 = _mm512_set1_epi8(3);
+  [[maybe_unused]] const __m512i one = _mm512_set1_epi8(1);
+  __m512i chunk_shift[2], group_idx[4];
+  for (int c = 0; c < 2; ++c) {  // chunks 2c, 2c + 1 (2 bits each) in the two halves
+    chunk_shift[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(4 * c))),
+                                        _mm256_set1_epi16(static_cast<short>(4 * c + 2)), 1);
+  }
+  for (int k = 0; k < 4; ++k) {  // word w of zmm k takes the scale of group 4k + w / 8
+    alignas(64) int16_t idx[32];
+    for (int v = 0; v < 32; ++v) idx[v] = static_cast<int16_t>(4 * k + v / 8);
+    group_idx[k] = _mm512_load_si512(idx);
+  }
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i xq[4];
+    for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
+    const __m256i bs = Load256(x[i].bsums);
+    [[maybe_unused]] const __m256i bs_m4 = _mm256_mullo_epi16(bs, _mm256_set1_epi16(-4));  // |.| <= 8128
+    if (R > 1 && row_bytes >= kShortRowBytes) {
+      for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
+    }
+    __m512i accs[R];
+    alignas(32) int32_t summs[R];
+    for (int r = 0; r < R; ++r) {
+      const Block& b = w[r][i];
+      __m256i sc16;  // the 16 group scales as int16
+      __m512i acc = _mm512_setzero_si512();
+      if constexpr (kThree) {
+        // Low 4 bits of code g: nibble g / 8 of scales[g % 8]; high 2: bits 2 (g / 4) of
+        // scales[8 + g % 4] (byte g of the replicated word, shifted per 32-bit lane).
+        const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales));
+        const __m128i mask4 = _mm_set1_epi8(0x0f);
+        const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(s8, mask4), _mm_and_si128(_mm_srli_epi16(s8, 4), mask4));
+        uint32_t h32;
+        std::memcpy(&h32, b.scales + 8, 4);
+        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(h32)), _mm_setr_epi32(0, 2, 4, 6)),
+                                         _mm_set1_epi8(3));
+        const __m128i code = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+        sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(code), _mm256_set1_epi16(32));
+        // -4 * sum_g sc_g * bsums_g, folded into the integer accumulator (exact).
+        acc = _mm512_zextsi256_si512(_mm256_madd_epi16(sc16, bs_m4));
+      } else {
+        const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+        const __m128i mask4 = _mm_set1_epi8(0x0f);
+        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, mask4));
+        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), mask4));
+        const __m256i mprod = _mm256_madd_epi16(mn16, bs);
+        summs[r] = HsumEpi32x8(mprod);
+      }
+      const __m512i scz = _mm512_castsi256_si512(sc16);
+      [[maybe_unused]] __m512i hm;
+      if constexpr (kThree) hm = _mm512_broadcast_i64x4(Load256(b.hmask));
+      for (int k = 0; k < 4; ++k) {
+        const int h = k / 2, c = k % 2;
+        const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * h));
+        __m512i u = _mm512_and_si512(_mm512_srlv_epi16(q, chunk_shift[c]), m2);
+        if constexpr (kThree) {
+          // Bit 4h + j of hmask[l] for chunk j = 2c (low half) and 2c + 1 (high half).
+          const __m512i hshift = _mm512_inserti64x4(
+              _mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(4 * h + 2 * c))),
+              _mm256_set1_epi16(static_cast<short>(4 * h + 2 * c + 1)), 1);
+          u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm, hshift), one), 2));
+        }
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, xq[k]), _mm512_permutexvar_epi16(group_idx[k], scz));
+      }
+      accs[r] = acc;
+    }
+    if constexpr (R == 8) {
+      const __m256 xd = _mm256_set1_ps(x[i].d);
+      const __m256 d8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].d, row_bytes));
+      const __m256 isum = _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs));
+      if constexpr (kThree) {
+        sum8 = _mm256_fmadd_ps(d8, isum, sum8);
+      } else {
+        const __m256 m8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].dmin, row_bytes));
+        const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
+        sum8 = _mm256_add_ps(_mm256_fmsub_ps(isum, d8, _mm256_mul_ps(m8, summ)), sum8);
+      }
+    } else if constexpr (kThree) {
+      sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
+    } else {
+      const float d = x[i].d * HalfV(w[0][i].d);
+      const float dmin = x[i].d * HalfV(w[0][i].dmin);
+      sum1 += d * static_cast<float>(ReduceEpi32x16(accs[0])) - dmin * static_cast<float>(summs[0]);
+    }
+  }
+  if constexpr (R == 8) {
+    _mm256_storeu_ps(out, sum8);
+  } else {
+    out[0] = sum1;
+  }
+}
+
+template <bool kThree>
+TIERKV_VNNI_FN void DotQ23_KRowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                    float* out) {
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  const auto* base = static_cast<const uint8_t*>(rows);
+  int64_t r = 0;
+  for (; r + kRowsK <= n_rows; r += kRowsK) {
+    PrefetchGroup(base + r * row_bytes, kRowsK, row_bytes);
+    DotQ23_KRowsVnniT<kThree, kRowsK>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
+  }
+  for (; r < n_rows; ++r) DotQ23_KRowsVnniT<kThree, 1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
+}
+
 // IQ4_XS. DotIq4XsAvx2 keeps, per row and super-block, 8 int32 lanes (lane L: values
 // 4L .. 4L+3 of every sub-block, times that sub-block's scale code - 32), then fma's them
 // by d_w * d_x into 8 f32 lanes; one HsumPs256 at the end. Here a zmm takes sub-blocks
@@ -847,6 +974,8 @@ DotFn Avx512Dot(WeightType weight) {
       case WeightType::kQ5_K: return OneRow<DotK4RowsVnni<true>>;
       case WeightType::kQ6_K: return OneRow<DotQ6_KRowsVnni>;
       case WeightType::kIQ4_XS: return OneRow<DotIq4XsRowsVnni>;
+      case WeightType::kQ2_K: return OneRow<DotQ23_KRowsVnni<false>>;
+      case WeightType::kQ3_K: return OneRow<DotQ23_KRowsVnni<true>>;
       default: break;
     }
   }
@@ -863,6 +992,8 @@ DotRowsFn Avx512DotRows(WeightType weight) {
     case WeightType::kQ5_K: return DotK4RowsVnni<true>;
     case WeightType::kQ6_K: return DotQ6_KRowsVnni;
     case WeightType::kIQ4_XS: return DotIq4XsRowsVnni;
+    case WeightType::kQ2_K: return DotQ23_KRowsVnni<false>;
+    case WeightType::kQ3_K: return DotQ23_KRowsVnni<true>;
     default: return nullptr;
   }
 }

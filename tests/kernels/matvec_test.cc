@@ -112,10 +112,12 @@ TEST(MatVecTest, MultiRowKernelsEqualAvx2Rows) {
   if (GetDotRowsFn(WeightType::kQ8_0, DetectedSimdLevel()) == nullptr) GTEST_SKIP() << "no multi-row kernels here";
   ThreadPool pool(2);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
-                       WeightType::kIQ4_XS}) {
-    for (int64_t cols : {64, 256, 768, 2048}) {
+                       WeightType::kIQ4_XS, WeightType::kQ2_K, WeightType::kQ3_K}) {
+    for (int64_t cols : {64, 256, 768, 4096}) {
       if (GetWeightTypeInfo(t).block_size == 256 && cols % 256 != 0) continue;  // 256-value super-blocks
-      if (cols == 2048) EXPECT_GE(RowBytes(t, cols), kLongRowBytes);
+      if (cols == 4096) {
+        EXPECT_GE(RowBytes(t, cols), kLongRowBytes);
+      }
       SCOPED_TRACE(std::string(WeightTypeName(t)) + " cols=" + std::to_string(cols));
       const OwnedMatrix m = RandomMatrix(t, 301, cols, 7);
       const std::vector<float> x = RandomVector(cols, 8);

@@ -494,7 +494,7 @@ TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
 // random codes and scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit
 // scales and mins at 63) for the saturation bounds.
 constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K,
-                                      WeightType::kQ6_K, WeightType::kIQ4_XS};
+                                      WeightType::kQ6_K, WeightType::kIQ4_XS, WeightType::kQ2_K, WeightType::kQ3_K};
 
 void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t n,
                                   const std::vector<uint8_t>& act) {
@@ -602,6 +602,17 @@ TEST(QuantTest, VnniKernelsWorstCaseCodes) {
           case WeightType::kQ6_K: {
             std::memset(blk + 192, 0x80, 16);  // scales -128
             std::memcpy(blk + 208, &one, 2);
+            break;
+          }
+          case WeightType::kQ2_K: {  // scales 15, mins 15, values 3
+            std::memcpy(blk + 80, &one, 2);
+            std::memcpy(blk + 82, &one, 2);
+            break;
+          }
+          case WeightType::kQ3_K: {
+            // Odd rows: values 7 - 4 with scale codes 63 (31); even rows: codes 0 (-32).
+            std::memcpy(blk + 108, &one, 2);
+            if (r % 2 == 0) std::memset(blk + 96, 0, 12);
             break;
           }
           case WeightType::kIQ4_XS: {

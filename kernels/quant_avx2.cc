@@ -298,18 +298,31 @@ TIERKV_AVX2_FN float DotQ23_KAvx2(const void* row, const void* act, int64_t n) {
   const __m256i m2 = _mm256_set1_epi8(3);
   const __m256i one = _mm256_set1_epi8(1);
   float sum = 0.0f;
+  const __m128i mask4 = _mm_set1_epi8(0x0f);
   for (int64_t i = 0; i < n / kQkK; ++i) {
-    int sc[16];
-    int corr = 0;  // Q2_K: sum of mins x group sums; Q3_K: of scales x group sums
-    for (int g = 0; g < 16; ++g) {
-      if constexpr (kThree) {
-        sc[g] = ScaleQ3K(w[i].scales, g) - 32;
-        corr += sc[g] * x[i].bsums[g];
-      } else {
-        sc[g] = w[i].scales[g] & 15;
-        corr += (w[i].scales[g] >> 4) * x[i].bsums[g];
-      }
+    // The 16 group scales as int16 (unpacked with vector shifts: one by one they were
+    // most of this kernel's time), and corr = Q2_K: sum of mins x group sums; Q3_K: of
+    // scales x group sums.
+    __m256i sc16, weights16;
+    if constexpr (kThree) {
+      // Code g: low 4 bits in nibble g / 8 of scales[g % 8], high 2 at bit 2 (g / 4) of
+      // scales[8 + g % 4] (byte g of the replicated word, shifted per 32-bit lane).
+      const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i].scales));
+      const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(s8, mask4), _mm_and_si128(_mm_srli_epi16(s8, 4), mask4));
+      uint32_t h32;
+      __builtin_memcpy(&h32, w[i].scales + 8, 4);
+      const __m128i hi =
+          _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(h32)), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+      sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm256_set1_epi16(32));
+      weights16 = sc16;
+    } else {
+      const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].scales));
+      sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, mask4));
+      weights16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), mask4));  // the mins
     }
+    const int corr = HsumEpi32(_mm256_madd_epi16(weights16, LoadU256(x[i].bsums)));
+    alignas(32) int16_t sc[16];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(sc), sc16);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i q = LoadU256(w[i].qs + 32 * h);
@@ -345,8 +358,9 @@ TIERKV_AVX2_FN float DotQ6_KAvx2(const void* row, const void* act, int64_t n) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kQkK; ++i) {
     const int8_t* sc = w[i].scales;
-    int corr = 0;  // the -32 offset, applied through the activation's group sums
-    for (int g = 0; g < 16; ++g) corr += sc[g] * x[i].bsums[g];
+    // The -32 offset, applied through the activation's group sums.
+    const int corr = HsumEpi32(_mm256_madd_epi16(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), LoadU256(x[i].bsums)));
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = LoadU256(w[i].ql + 64 * h);

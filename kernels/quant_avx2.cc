@@ -358,9 +358,8 @@ TIERKV_AVX2_FN float DotQ6_KAvx2(const void* row, const void* act, int64_t n) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n / kQkK; ++i) {
     const int8_t* sc = w[i].scales;
-    // The -32 offset, applied through the activation's group sums.
-    const int corr = HsumEpi32(_mm256_madd_epi16(
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), LoadU256(x[i].bsums)));
+    int corr = 0;  // the -32 offset, applied through the activation's group sums
+    for (int g = 0; g < 16; ++g) corr += sc[g] * x[i].bsums[g];
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = LoadU256(w[i].ql + 64 * h);

@@ -10,6 +10,7 @@
 
 #include "kernels/fp16.h"
 #include "kernels/quant.h"
+#include "kernels/quant_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -298,25 +299,16 @@ TIERKV_AVX2_FN float DotQ23_KAvx2(const void* row, const void* act, int64_t n) {
   const __m256i m2 = _mm256_set1_epi8(3);
   const __m256i one = _mm256_set1_epi8(1);
   float sum = 0.0f;
-  const __m128i mask4 = _mm_set1_epi8(0x0f);
   for (int64_t i = 0; i < n / kQkK; ++i) {
     // The 16 group scales as int16 (unpacked with vector shifts: one by one they were
     // most of this kernel's time), and corr = Q2_K: sum of mins x group sums; Q3_K: of
     // scales x group sums.
     __m256i sc16, weights16;
     if constexpr (kThree) {
-      // Code g: low 4 bits in nibble g / 8 of scales[g % 8], high 2 at bit 2 (g / 4) of
-      // scales[8 + g % 4] (byte g of the replicated word, shifted per 32-bit lane).
-      const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[i].scales));
-      const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(s8, mask4), _mm_and_si128(_mm_srli_epi16(s8, 4), mask4));
-      uint32_t h32;
-      __builtin_memcpy(&h32, w[i].scales + 8, 4);
-      const __m128i hi =
-          _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(h32)), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-      sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm256_set1_epi16(32));
-      weights16 = sc16;
+      sc16 = weights16 = simd::ScalesQ3K(w[i].scales);
     } else {
       const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[i].scales));
+      const __m128i mask4 = _mm_set1_epi8(0x0f);
       sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, mask4));
       weights16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), mask4));  // the mins
     }

@@ -14,6 +14,7 @@
 
 #include "kernels/fp16.h"
 #include "kernels/quant.h"
+#include "kernels/quant_simd.h"
 #include "memory/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -776,17 +777,7 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
       __m256i sc16;  // the 16 group scales as int16
       __m512i acc = _mm512_setzero_si512();
       if constexpr (kThree) {
-        // Low 4 bits of code g: nibble g / 8 of scales[g % 8]; high 2: bits 2 (g / 4) of
-        // scales[8 + g % 4] (byte g of the replicated word, shifted per 32-bit lane).
-        const __m128i s8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.scales));
-        const __m128i mask4 = _mm_set1_epi8(0x0f);
-        const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(s8, mask4), _mm_and_si128(_mm_srli_epi16(s8, 4), mask4));
-        uint32_t h32;
-        std::memcpy(&h32, b.scales + 8, 4);
-        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(h32)), _mm_setr_epi32(0, 2, 4, 6)),
-                                         _mm_set1_epi8(3));
-        const __m128i code = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
-        sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(code), _mm256_set1_epi16(32));
+        sc16 = simd::ScalesQ3K(b.scales);
         // -4 * sum_g sc_g * bsums_g, folded into the integer accumulator (exact).
         acc = _mm512_zextsi256_si512(_mm256_madd_epi16(sc16, bs_m4));
       } else {
@@ -869,8 +860,8 @@ TIERKV_VNNI_FN inline void DotIq4XsRows4Vnni(const void* rows, size_t row_bytes,
   const BlockIq4Xs* w[4];
   for (int r = 0; r < 4; ++r) w[r] = RowBlocks<BlockIq4Xs>(rows, row_bytes, r);
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i levels = _mm512_broadcast_i32x4(
-      _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)), _mm_set1_epi8(static_cast<char>(0x80))));
+  const __m128i signed_levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_xor_si128(signed_levels, _mm_set1_epi8(static_cast<char>(0x80))));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i nibble_shift = _mm512_maskz_set1_epi16(0xff00ff00u, 4);  // 128-bit lanes 1 and 3: high nibbles
   const __m256i shift_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);

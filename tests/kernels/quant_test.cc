@@ -16,6 +16,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
+#include "kernels/quant_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -312,6 +313,27 @@ TEST(QuantTest, DequantizeMatchesElementwiseReference) {
     }
   }
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) void VectorScalesQ3K(const uint8_t* scales, int16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), simd::ScalesQ3K(scales));
+}
+
+// The vector unpacking of Q3_K's packed 6-bit scales (AVX2 and AVX-512 kernels) against
+// the scalar ScaleQ3K, over random scale bytes and the extremes.
+TEST(QuantTest, VectorQ3KScalesEqualScalar) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int trial = 0; trial < 1000; ++trial) {
+    uint8_t scales[12];
+    for (uint8_t& b : scales) b = static_cast<uint8_t>(trial == 0 ? 0 : trial == 1 ? 255 : byte(rng));
+    int16_t got[16];
+    VectorScalesQ3K(scales, got);
+    for (int g = 0; g < 16; ++g) ASSERT_EQ(got[g], ScaleQ3K(scales, g) - 32) << "trial " << trial << " group " << g;
+  }
+}
+#endif
 
 TEST(QuantTest, Q8_0ActivationRounding) {
   // amax 127 -> id 1: values round half to even (2.5 -> 2, 3.5 -> 4, -2.5 -> -2).

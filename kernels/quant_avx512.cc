@@ -531,6 +531,28 @@ TIERKV_VNNI_FN inline __m256i ReduceEpi32x16Rows8(const __m512i* acc) {
   return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, t));
 }
 
+// sum += d * isum - dmin * summ with d = d_x * d_w and dmin = d_x * dmin_w: the float
+// step of the AVX2 kernels of the K-quants with mins (Q2_K, Q4_K, Q5_K). For 8 rows
+// lane-wise (row r's d and dmin at d_w + r * stride), contracted as GCC contracts the
+// scalar form, fma(isum, d, -(dmin * summ)) then the add (the bit tests confirm it);
+// for one row, that scalar form itself.
+TIERKV_VNNI_FN inline __m256 AddScaledLessMins8(__m256 sum8, float d_x, const uint16_t* d_w, const uint16_t* dmin_w,
+                                                size_t stride, __m256i isum, const int32_t* summs) {
+  const __m256 xd = _mm256_set1_ps(d_x);
+  const __m256 d8 = _mm256_mul_ps(xd, StridedHalves8(d_w, stride));
+  const __m256 m8 = _mm256_mul_ps(xd, StridedHalves8(dmin_w, stride));
+  const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
+  return _mm256_add_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(isum), d8, _mm256_mul_ps(m8, summ)), sum8);
+}
+
+TIERKV_VNNI_FN inline float AddScaledLessMins1(float sum1, float d_x, uint16_t d_w, uint16_t dmin_w, int isum,
+                                               int summ) {
+  const float d = d_x * HalfV(d_w);
+  const float dmin = d_x * HalfV(dmin_w);
+  sum1 += d * static_cast<float>(isum) - dmin * static_cast<float>(summ);
+  return sum1;
+}
+
 // Q4_K (kFive = false) and Q5_K (kFive = true). Per super-block: the activation's 256
 // codes as four 64-byte vectors (sub-blocks 2c and 2c+1 are x[64c .. 64c + 63]) and the
 // pair sums of its bsums are shared by the rows. Per row and chunk c, the 32 bytes of qs
@@ -596,19 +618,9 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
       accs[r] = acc;
     }
     if constexpr (R == 8) {
-      // sum += d * (float)isum - dmin * (float)summ per row, lane-wise, contracted as GCC
-      // contracts the scalar form: fma(isum, d, -(dmin * summ)), then the add (the bit
-      // tests confirm it).
-      const __m256 xd = _mm256_set1_ps(x[i].d);
-      const __m256 d8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].d, row_bytes));
-      const __m256 m8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].dmin, row_bytes));
-      const __m256 isum = _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs));
-      const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
-      sum8 = _mm256_add_ps(_mm256_fmsub_ps(isum, d8, _mm256_mul_ps(m8, summ)), sum8);
+      sum8 = AddScaledLessMins8(sum8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
     } else {
-      const float d = x[i].d * HalfV(w[0][i].d);
-      const float dmin = x[i].d * HalfV(w[0][i].dmin);
-      sum1 += d * static_cast<float>(ReduceEpi32x16(accs[0])) - dmin * static_cast<float>(summs[0]);
+      sum1 = AddScaledLessMins1(sum1, x[i].d, w[0][i].d, w[0][i].dmin, ReduceEpi32x16(accs[0]), summs[0]);
     }
   }
   if constexpr (R == 8) {
@@ -806,23 +818,15 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
       }
       accs[r] = acc;
     }
-    if constexpr (R == 8) {
-      const __m256 xd = _mm256_set1_ps(x[i].d);
-      const __m256 d8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].d, row_bytes));
-      const __m256 isum = _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs));
-      if constexpr (kThree) {
-        sum8 = _mm256_fmadd_ps(d8, isum, sum8);
-      } else {
-        const __m256 m8 = _mm256_mul_ps(xd, StridedHalves8(&w[0][i].dmin, row_bytes));
-        const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
-        sum8 = _mm256_add_ps(_mm256_fmsub_ps(isum, d8, _mm256_mul_ps(m8, summ)), sum8);
-      }
+    if constexpr (kThree && R == 8) {  // sum += d_x * d_w * isum, as Q6_K
+      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[i].d), StridedHalves8(&w[0][i].d, row_bytes));
+      sum8 = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs)), sum8);
     } else if constexpr (kThree) {
       sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
+    } else if constexpr (R == 8) {
+      sum8 = AddScaledLessMins8(sum8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
     } else {
-      const float d = x[i].d * HalfV(w[0][i].d);
-      const float dmin = x[i].d * HalfV(w[0][i].dmin);
-      sum1 += d * static_cast<float>(ReduceEpi32x16(accs[0])) - dmin * static_cast<float>(summs[0]);
+      sum1 = AddScaledLessMins1(sum1, x[i].d, w[0][i].d, w[0][i].dmin, ReduceEpi32x16(accs[0]), summs[0]);
     }
   }
   if constexpr (R == 8) {

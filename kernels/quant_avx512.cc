@@ -553,6 +553,22 @@ TIERKV_VNNI_FN inline float AddScaledLessMins1(float sum1, float d_x, uint16_t d
   return sum1;
 }
 
+// The K-quant multi-row kernels over n_rows rows: groups of kRowsK rows through Group
+// (a group's rows read side by side), the rows left over one by one through One.
+using KGroupFn = void (*)(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb, float* out);
+template <KGroupFn Group, KGroupFn One>
+TIERKV_VNNI_FN void DotRowsK(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                            float* out) {
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  const auto* base = static_cast<const uint8_t*>(rows);
+  int64_t r = 0;
+  for (; r + kRowsK <= n_rows; r += kRowsK) {
+    PrefetchGroup(base + r * row_bytes, kRowsK, row_bytes);
+    Group(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
+  }
+  for (; r < n_rows; ++r) One(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
+}
+
 // Q4_K (kFive = false) and Q5_K (kFive = true). Per super-block: the activation's 256
 // codes as four 64-byte vectors (sub-blocks 2c and 2c+1 are x[64c .. 64c + 63]) and the
 // pair sums of its bsums are shared by the rows. Per row and chunk c, the 32 bytes of qs
@@ -631,17 +647,7 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
 }
 
 template <bool kFive>
-TIERKV_VNNI_FN void DotK4RowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                 float* out) {
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const auto* base = static_cast<const uint8_t*>(rows);
-  int64_t r = 0;
-  for (; r + kRowsK <= n_rows; r += kRowsK) {
-    PrefetchGroup(base + r * row_bytes, kRowsK, row_bytes);
-    DotK4RowsVnniT<kFive, kRowsK>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
-  }
-  for (; r < n_rows; ++r) DotK4RowsVnniT<kFive, 1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
-}
+constexpr DotRowsFn DotK4RowsVnni = DotRowsK<DotK4RowsVnniT<kFive, kRowsK>, DotK4RowsVnniT<kFive, 1>>;
 
 // Q6_K. Per half h of a super-block: ql[64h .. 64h + 63] as one zmm holds the low
 // nibbles of chunks 0 and 1 (values 0-63 of the half) and, shifted, the high nibbles of
@@ -728,17 +734,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
   }
 }
 
-TIERKV_VNNI_FN void DotQ6_KRowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                   float* out) {
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const auto* base = static_cast<const uint8_t*>(rows);
-  int64_t r = 0;
-  for (; r + kRowsK <= n_rows; r += kRowsK) {
-    PrefetchGroup(base + r * row_bytes, kRowsK, row_bytes);
-    DotQ6_KRowsVnniT<kRowsK>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
-  }
-  for (; r < n_rows; ++r) DotQ6_KRowsVnniT<1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
-}
+constexpr DotRowsFn DotQ6_KRowsVnni = DotRowsK<DotQ6_KRowsVnniT<kRowsK>, DotQ6_KRowsVnniT<1>>;
 
 // Q2_K (kThree = false) and Q3_K (kThree = true). DotQ23_KAvx2 sums, per super-block, the
 // 16-value groups' 2-bit (Q2_K) or 3-bit (Q3_K: low 2 bits + 4 * hmask bit) unsigned
@@ -837,17 +833,7 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
 }
 
 template <bool kThree>
-TIERKV_VNNI_FN void DotQ23_KRowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                    float* out) {
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const auto* base = static_cast<const uint8_t*>(rows);
-  int64_t r = 0;
-  for (; r + kRowsK <= n_rows; r += kRowsK) {
-    PrefetchGroup(base + r * row_bytes, kRowsK, row_bytes);
-    DotQ23_KRowsVnniT<kThree, kRowsK>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
-  }
-  for (; r < n_rows; ++r) DotQ23_KRowsVnniT<kThree, 1>(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
-}
+constexpr DotRowsFn DotQ23_KRowsVnni = DotRowsK<DotQ23_KRowsVnniT<kThree, kRowsK>, DotQ23_KRowsVnniT<kThree, 1>>;
 
 // IQ4_XS. DotIq4XsAvx2 keeps, per row and super-block, 8 int32 lanes (lane L: values
 // 4L .. 4L+3 of every sub-block, times that sub-block's scale code - 32), then fma's them

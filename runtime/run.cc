@@ -69,7 +69,8 @@ std::string RopeKey(const ModelConfig& c) {
 
 // Sessions hold K after RoPE, so a run whose RoPE settings differ from the file's
 // (--rope-* / --yarn-* flags) must not share sessions with the file's defaults: its
-// fingerprint mixes the settings in, and its description names them.
+// fingerprint mixes the settings in, and its description names them. Called only when
+// flags were given (settings spelled out equal to the file's change nothing).
 ModelFingerprint WithRope(ModelFingerprint fp, const GgufFile& file, const ModelConfig& used) {
   auto from_file = ReadModelConfig(file);
   const std::string key = RopeKey(used);
@@ -239,7 +240,8 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.kv_type = KvCodecName(o.kv_type);
 
   // Session restore and prefix reuse.
-  const ModelFingerprint fp = WithRope(FingerprintOf(*file), *file, model->config());
+  const ModelFingerprint fp =
+      o.rope.any() ? WithRope(FingerprintOf(*file), *file, model->config()) : FingerprintOf(*file);
   r.rope = RopeKey(model->config());
   SeqId seq;
   int start = 0;

@@ -202,10 +202,27 @@ Result<RunReport> RunSession(const RunOptions& o) {
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*file));
   r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
   if (r.prompt_tokens.empty()) return Status::InvalidArgument("the prompt is empty (no tokens)");
-  const int n_ctx = o.n_ctx > 0 ? o.n_ctx : static_cast<int>(r.prompt_tokens.size()) + o.n_predict;
-  if (static_cast<int>(r.prompt_tokens.size()) + o.n_predict > n_ctx) {
+  TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
+  const int n_prompt_tokens = static_cast<int>(r.prompt_tokens.size());
+  int n_predict = o.n_predict;
+  int n_ctx = o.n_ctx;
+  if (n_predict < 0) {
+    // -n -1: until an end-of-generation token or a full context (-c, else the model's
+    // trained context, as llama.cpp's default -c 0 takes).
+    if (n_ctx <= 0) {
+      TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
+      n_ctx = config.context_length;
+    }
+    n_predict = n_ctx - n_prompt_tokens;
+    if (n_predict < 1) {
+      return Status::InvalidArgument("the prompt (" + std::to_string(n_prompt_tokens) + " tokens) fills the context of " +
+                                     std::to_string(n_ctx) + " tokens; raise -c");
+    }
+  }
+  if (n_ctx <= 0) n_ctx = n_prompt_tokens + n_predict;
+  if (n_prompt_tokens + n_predict > n_ctx) {
     return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
-                                   std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(o.n_predict));
+                                   std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(n_predict));
   }
   ModelOptions mo;
   mo.threads = o.threads;
@@ -297,15 +314,25 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.prefill_tokens = n_prompt - start;
 
   // Generation.
-  Sampler sampler(o.sampler);
+  SamplerOptions sampling = o.sampler;
+  if (o.ignore_eos) {
+    // As llama.cpp's --ignore-eos: end-of-generation tokens are never drawn.
+    for (int32_t id = 0; id < static_cast<int32_t>(n_vocab); ++id) {
+      if (tok->IsEog(id)) sampling.banned_tokens.push_back(id);
+    }
+  }
+  Sampler sampler(sampling);
+  // The prompt counts for the repetition penalties, as in llama.cpp.
+  for (const int32_t t : r.prompt_tokens) sampler.Accept(t);
   const auto t_decode = std::chrono::steady_clock::now();
   std::vector<int32_t> all = r.prompt_tokens;
-  for (int i = 0; i < o.n_predict; ++i) {
+  for (int i = 0; i < n_predict; ++i) {
     if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
     const int32_t next = sampler.Sample(logits);
+    sampler.Accept(next);
     r.generated_tokens.push_back(next);
     r.text += tok->TokenToPiece(next, /*render_special=*/false);
-    if (tok->IsEog(next) || i + 1 == o.n_predict) break;
+    if ((!o.ignore_eos && tok->IsEog(next)) || i + 1 == n_predict) break;
     const int pos = static_cast<int>(all.size());
     all.push_back(next);
     TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, pos, logits));

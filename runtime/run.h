@@ -27,8 +27,9 @@ namespace tierkv {
 struct RunOptions {
   std::string model;           // path to a .gguf
   std::string prompt;
-  int n_predict = 32;          // -n
-  int n_ctx = 0;               // 0 = prompt + n_predict
+  int n_predict = 32;          // -n; -1 = until end of generation or a full context
+  int n_ctx = 0;               // 0 = prompt + n_predict (with n_predict -1: the model's trained context)
+  bool ignore_eos = false;     // --ignore-eos: end-of-generation tokens are never sampled
   SamplerOptions sampler;
   MemoryOptions memory;        // tiers and budgets
   bool auto_frame = false;     // --frame auto: RunSession picks memory.frame_bytes (AutoFrameBytes)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 namespace tierkv {
 
@@ -34,11 +35,51 @@ double LogSumExp(std::span<const float> logits) {
   return m + std::log(s);
 }
 
+Status SamplerOptions::Validate() const {
+  auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) return bad("--temp must be >= 0");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("--top-p must be in (0, 1]");
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("--min-p must be in [0, 1]");
+  if (!(repeat_penalty > 0.0f) || !std::isfinite(repeat_penalty)) return bad("--repeat-penalty must be positive");
+  if (repeat_last_n < -1) return bad("--repeat-last-n must be -1 (all), 0 (off) or positive");
+  if (!std::isfinite(frequency_penalty) || !std::isfinite(presence_penalty)) {
+    return bad("--frequency-penalty and --presence-penalty must be finite");
+  }
+  return Status::Ok();
+}
+
+void Sampler::Accept(int32_t token) {
+  if (options_.repeat_last_n == 0) return;
+  history_.push_back(token);
+  ++counts_[token];
+  if (options_.repeat_last_n > 0 && history_.size() > static_cast<size_t>(options_.repeat_last_n)) {
+    const int32_t old = history_.front();
+    history_.pop_front();
+    if (--counts_[old] == 0) counts_.erase(old);
+  }
+}
+
 int32_t Sampler::Sample(std::span<const float> logits) {
-  if (options_.temperature <= 0.0f) return Argmax(logits);
+  const bool penalize = options_.penalizes() && !counts_.empty();
+  if (!penalize && options_.banned_tokens.empty() && options_.temperature <= 0.0f) return Argmax(logits);
   candidates_.clear();
   for (size_t i = 0; i < logits.size(); ++i) candidates_.push_back({logits[i], static_cast<int32_t>(i)});
+  for (const int32_t id : options_.banned_tokens) {
+    if (id >= 0 && static_cast<size_t>(id) < candidates_.size()) candidates_[static_cast<size_t>(id)].first = -INFINITY;
+  }
+  if (penalize) {
+    // llama.cpp's penalties: divide a positive logit by the repeat penalty, multiply a
+    // negative one, then subtract the frequency and presence terms.
+    for (const auto& [id, count] : counts_) {
+      if (id < 0 || static_cast<size_t>(id) >= candidates_.size()) continue;
+      float& l = candidates_[static_cast<size_t>(id)].first;
+      l = l <= 0.0f ? l * options_.repeat_penalty : l / options_.repeat_penalty;
+      l -= static_cast<float>(count) * options_.frequency_penalty + options_.presence_penalty;
+    }
+  }
   auto better = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  if (options_.temperature <= 0.0f) return std::min_element(candidates_.begin(), candidates_.end(), better)->second;
+
   size_t n = candidates_.size();
   if (options_.top_k > 0 && static_cast<size_t>(options_.top_k) < n) {
     n = static_cast<size_t>(options_.top_k);
@@ -46,34 +87,39 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   } else {
     std::sort(candidates_.begin(), candidates_.end(), better);
   }
-  // Softmax at temperature over the kept candidates (sorted descending).
-  std::vector<double> p(n);
+  // top-p and min-p on the distribution at temperature 1 (sorted descending).
   const double top = candidates_[0].first;
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    p[i] = std::exp((candidates_[i].first - top) / options_.temperature);
-    sum += p[i];
-  }
-  size_t keep = n;
   if (options_.top_p < 1.0f) {
+    probs_.resize(n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += probs_[i] = std::exp(candidates_[i].first - top);
     double acc = 0;
     for (size_t i = 0; i < n; ++i) {
-      acc += p[i] / sum;
+      acc += probs_[i] / sum;
       if (acc >= options_.top_p) {
-        keep = i + 1;
+        n = i + 1;
         break;
       }
     }
   }
+  if (options_.min_p > 0.0f) {
+    // p_i >= min_p * p_max  <=>  l_i >= l_max + log(min_p).
+    const double floor = top + std::log(static_cast<double>(options_.min_p));
+    size_t keep = 1;
+    while (keep < n && candidates_[keep].first >= floor) ++keep;
+    n = keep;
+  }
+  // The draw, at the temperature.
+  probs_.resize(n);
   double kept = 0;
-  for (size_t i = 0; i < keep; ++i) kept += p[i];
+  for (size_t i = 0; i < n; ++i) kept += probs_[i] = std::exp((candidates_[i].first - top) / options_.temperature);
   std::uniform_real_distribution<double> u(0.0, kept);
   double r = u(rng_);
-  for (size_t i = 0; i < keep; ++i) {
-    r -= p[i];
+  for (size_t i = 0; i < n; ++i) {
+    r -= probs_[i];
     if (r <= 0) return candidates_[i].second;
   }
-  return candidates_[keep - 1].second;
+  return candidates_[n - 1].second;
 }
 
 }  // namespace tierkv

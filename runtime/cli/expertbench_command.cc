@@ -79,7 +79,10 @@ Result<ExpertTrace> RecordModelTrace(const ExpertbenchOptions& o) {
   std::vector<RouteRecord> records;
   model->set_route_trace(&records);
   const SeqId seq = cache->NewSequence();
-  Sampler sampler(SamplerOptions{0.8f, 40, 0.95f, o.seed});
+  SamplerOptions sampling;  // llama.cpp's sampling defaults
+  sampling.temperature = 0.8f;
+  sampling.seed = o.seed;
+  Sampler sampler(sampling);
   std::vector<float> logits(static_cast<size_t>(c.n_vocab));
   const int n_prompt = static_cast<int>(tokens.size());
   for (int pos = 0; pos < o.tokens; ++pos) {

@@ -21,7 +21,10 @@ struct RunFlags {
   std::string device = "none", vram = "0", host = "1GiB", disk = "0", disk_dir = "/tmp";
   std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
   int n = 32, ctx = 0, top_k = 40, threads = 0, dump_logits = 0;
-  float temp = 0.0f, top_p = 0.95f;
+  float temp = 0.0f, top_p = 0.95f, min_p = 0.05f;
+  float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
+  int repeat_last_n = 64;
+  bool ignore_eos = false;
   uint64_t seed = 0;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false;
@@ -79,10 +82,21 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   } else {
     o.prompt = f.prompt;
   }
-  if (f.n < 0) return Status::InvalidArgument("-n must not be negative");
+  if (f.n < -1) return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
   o.n_predict = f.n;
+  o.ignore_eos = f.ignore_eos;
   o.n_ctx = f.ctx;
-  o.sampler = SamplerOptions{f.temp, f.top_k, f.top_p, f.seed};
+  SamplerOptions& so = o.sampler;
+  so.temperature = f.temp;
+  so.top_k = f.top_k;
+  so.top_p = f.top_p;
+  so.min_p = f.min_p;
+  so.repeat_penalty = f.repeat_penalty;
+  so.repeat_last_n = f.repeat_last_n;
+  so.frequency_penalty = f.frequency_penalty;
+  so.presence_penalty = f.presence_penalty;
+  so.seed = f.seed;
+  TIERKV_RETURN_IF_ERROR(so.Validate());
   o.threads = f.threads;
   if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
   o.dump_logits = f.dump_logits;
@@ -145,11 +159,17 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
   run->add_option("-p,--prompt", f->prompt, "prompt text");
   run->add_option("-f,--prompt-file", f->prompt_file, "read the prompt from a file");
-  run->add_option("-n,--n-predict", f->n, "tokens to generate (default 32)");
+  run->add_option("-n,--n-predict", f->n, "tokens to generate (default 32; -1 = until end of generation or a full context)");
   run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n)");
   run->add_option("--temp", f->temp, "temperature; 0 = greedy (default)");
   run->add_option("--top-k", f->top_k, "top-k (default 40; <= 0 off)");
   run->add_option("--top-p", f->top_p, "top-p (default 0.95; 1 off)");
+  run->add_option("--min-p", f->min_p, "min-p: drop tokens below p * the top probability (default 0.05; 0 off)");
+  run->add_option("--repeat-penalty", f->repeat_penalty, "penalty on tokens of the last --repeat-last-n (default 1.0 = off)");
+  run->add_option("--repeat-last-n", f->repeat_last_n, "tokens the penalties look back over (default 64; 0 off, -1 all)");
+  run->add_option("--frequency-penalty", f->frequency_penalty, "minus count x F on repeated tokens (default 0)");
+  run->add_option("--presence-penalty", f->presence_penalty, "minus P on tokens that occurred (default 0)");
+  run->add_flag("--ignore-eos", f->ignore_eos, "never sample end-of-generation tokens; generate all -n tokens");
   run->add_option("-s,--seed", f->seed, "sampling seed (default 0)");
   run->add_option("--device", f->device, "cuda | sim | none (default none)");
   run->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");

@@ -3,7 +3,8 @@
 // `tierkv run` flag handling, in process: contradictory or out-of-range flags give one
 // error line and exit code 2 before anything loads; a --vram without a device tier is a
 // warning, not a silent no-op; llama.cpp's -ctk / -ctv are read; a context whose KV
-// cache cannot fit in all tiers together is refused before the prefill.
+// cache cannot fit in all tiers together is refused before the prefill; -n -1 fills the
+// context and --ignore-eos never samples an end-of-generation token.
 #include "runtime/cli/run_command.h"
 
 #include <algorithm>
@@ -69,7 +70,10 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
     std::vector<std::string> flags;
     const char* message;
   } cases[] = {
-      {{"-n", "-1"}, "-n must not be negative"},
+      {{"-n", "-2"}, "-n must be -1 (until end of generation or a full context) or more"},
+      {{"--temp", "-1"}, "--temp must be >= 0"},
+      {{"--min-p", "2"}, "--min-p must be in [0, 1]"},
+      {{"--repeat-last-n", "-5"}, "--repeat-last-n must be -1 (all), 0 (off) or positive"},
       {{"--dump-logits", "-3"}, "--dump-logits must not be negative"},
       {{"--kv-type", "q5"}, "unknown KV codec 'q5'"},
       {{"-ctk", "q8_0", "-ctv", "f16"}, "-ctk q8_0 and -ctv f16 differ"},
@@ -90,6 +94,39 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
     EXPECT_EQ(Lines(r.err), 1) << r.err;
   }
+}
+
+// -n -1 generates until an end-of-generation token or a full context; --ignore-eos
+// never samples one, so the context fills.
+TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
+  const CliResult r = RunCli(Quick({"-n", "-1", "-c", "12", "--ignore-eos", "--temp", "1.5", "--min-p", "0",
+                                    "--repeat-penalty", "1.3", "-s", "7", "--json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const size_t n_prompt = j["prompt_tokens"].size();
+  EXPECT_EQ(j["generated_tokens"].size(), 12 - n_prompt);
+  EXPECT_EQ(j["kv"]["tokens"], 11);  // the last token is sampled, never fed back
+
+  // Near-uniform draws (temperature 100, no cuts) reach the end-of-text token by token
+  // 163 with seed 1 (about 1 in 258 a step); with --ignore-eos every one of the 300 comes.
+  const std::vector<std::string> uniform = {"-n", "300", "--temp", "100", "--top-k", "0", "--top-p", "1",
+                                            "--min-p", "0", "-s", "1", "--json"};
+  const CliResult stops = RunCli(Quick(uniform));
+  ASSERT_EQ(stops.exit_code, 0) << stops.err;
+  const nlohmann::json js = nlohmann::json::parse(stops.out);
+  ASSERT_LT(js["generated_tokens"].size(), 300u);
+  const int eog = js["generated_tokens"].back();
+  std::vector<std::string> ignoring = uniform;
+  ignoring.push_back("--ignore-eos");
+  const CliResult goes_on = RunCli(Quick(ignoring));
+  ASSERT_EQ(goes_on.exit_code, 0) << goes_on.err;
+  const nlohmann::json jg = nlohmann::json::parse(goes_on.out);
+  ASSERT_EQ(jg["generated_tokens"].size(), 300u);
+  for (const int t : jg["generated_tokens"]) EXPECT_NE(t, eog);
+
+  const CliResult full = RunCli(Quick({"-n", "-1", "-c", "2"}));
+  EXPECT_EQ(full.exit_code, 1) << full.err;
+  EXPECT_NE(full.err.find("fills the context of 2 tokens"), std::string::npos) << full.err;
 }
 
 TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {

@@ -3,15 +3,33 @@
 
 #include <cmath>
 #include <map>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 namespace tierkv {
 namespace {
 
+SamplerOptions Opts(float temperature, int top_k, float top_p, uint64_t seed, float min_p = 0.0f) {
+  SamplerOptions o;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.min_p = min_p;
+  o.seed = seed;
+  return o;
+}
+
+std::map<int32_t, int> Draws(Sampler& s, const std::vector<float>& logits, int n) {
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < n; ++i) ++seen[s.Sample(logits)];
+  return seen;
+}
+
 TEST(SamplerTest, GreedyIsArgmaxWithTiesToTheSmallerId) {
   const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f};
-  Sampler s({0.0f, 40, 0.95f, 1});
+  Sampler s(Opts(0.0f, 40, 0.95f, 1, 0.05f));
   EXPECT_EQ(s.Sample(logits), 1);
   EXPECT_EQ(Argmax(logits), 1);
 }
@@ -33,7 +51,7 @@ TEST(SamplerTest, LogSumExpIsStable) {
 TEST(SamplerTest, SameSeedSameTokensAndTopKLimitsTheChoice) {
   std::vector<float> logits(100);
   for (int i = 0; i < 100; ++i) logits[static_cast<size_t>(i)] = static_cast<float>(i % 7) * 0.3f;
-  Sampler a({0.8f, 5, 1.0f, 42}), b({0.8f, 5, 1.0f, 42}), c({0.8f, 5, 1.0f, 43});
+  Sampler a(Opts(0.8f, 5, 1.0f, 42)), b(Opts(0.8f, 5, 1.0f, 42)), c(Opts(0.8f, 5, 1.0f, 43));
   std::map<int32_t, int> seen;
   bool differs = false;
   for (int i = 0; i < 500; ++i) {
@@ -50,12 +68,107 @@ TEST(SamplerTest, SameSeedSameTokensAndTopKLimitsTheChoice) {
 TEST(SamplerTest, TopPKeepsTheSmallestSufficientSetAndTemperatureShapesFrequencies) {
   // p = softmax([2, 1, 0, -5]) ~ [0.665, 0.245, 0.090, 0.0006]: top-p 0.8 keeps {0, 1}.
   const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -5.0f};
-  Sampler s({1.0f, 0, 0.8f, 7});
-  std::map<int32_t, int> seen;
-  for (int i = 0; i < 4000; ++i) ++seen[s.Sample(logits)];
+  Sampler s(Opts(1.0f, 0, 0.8f, 7));
+  std::map<int32_t, int> seen = Draws(s, logits, 4000);
   EXPECT_EQ(seen.size(), 2u);
   const double p0 = seen[0] / 4000.0;
   EXPECT_NEAR(p0, 0.665 / (0.665 + 0.245), 0.03);
+}
+
+TEST(SamplerTest, TopPAndMinPActOnTheDistributionAtTemperatureOne) {
+  // llama.cpp's order: top-p and min-p before the temperature. At T = 1, p0 = 0.665 >=
+  // 0.6, so top-p keeps token 0 alone, however hot the draw (at T = 5 first, p0 would be
+  // 0.37 and top-p would keep three tokens).
+  const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -5.0f};
+  Sampler hot(Opts(5.0f, 0, 0.6f, 3));
+  EXPECT_EQ(Draws(hot, logits, 500), (std::map<int32_t, int>{{0, 500}}));
+
+  // min-p 0.1 keeps p_i >= 0.1 p_max: exp(-1), exp(-2) stay, exp(-3.5) = 0.03 goes.
+  const std::vector<float> steps = {0.0f, -1.0f, -2.0f, -3.5f};
+  Sampler cut(Opts(1.0f, 0, 1.0f, 5, 0.1f)), open(Opts(1.0f, 0, 1.0f, 5, 0.0f));
+  const auto with_cut = Draws(cut, steps, 4000), without = Draws(open, steps, 4000);
+  EXPECT_EQ(with_cut.size(), 3u);
+  EXPECT_EQ(with_cut.count(3), 0u);
+  EXPECT_GT(without.count(3), 0u);  // p ~ 0.02: about 80 of 4000
+  const double z = 1.0 + std::exp(-1.0) + std::exp(-2.0);
+  EXPECT_NEAR(with_cut.at(0) / 4000.0, 1.0 / z, 0.03);
+}
+
+TEST(SamplerTest, RepeatPenaltyDividesPositiveAndMultipliesNegativeLogits) {
+  SamplerOptions o = Opts(0.0f, 40, 0.95f, 1);
+  o.repeat_penalty = 1.5f;
+  {
+    const std::vector<float> logits = {3.0f, 2.5f, -1.0f};
+    Sampler s(o);
+    EXPECT_EQ(s.Sample(logits), 0);
+    s.Accept(0);  // 3 / 1.5 = 2 < 2.5
+    EXPECT_EQ(s.Sample(logits), 1);
+    s.Accept(1);  // 2.5 / 1.5 = 1.67 < 2
+    EXPECT_EQ(s.Sample(logits), 0);
+  }
+  {
+    const std::vector<float> logits = {-1.0f, -1.2f};
+    Sampler s(o);
+    s.Accept(0);  // -1 * 1.5 = -1.5 < -1.2 (dividing would have raised it)
+    EXPECT_EQ(s.Sample(logits), 1);
+  }
+}
+
+TEST(SamplerTest, FrequencyAndPresencePenaltiesCountOccurrencesInTheWindow) {
+  const std::vector<float> logits = {1.0f, 0.5f};
+  SamplerOptions o = Opts(0.0f, 40, 0.95f, 1);
+  o.frequency_penalty = 0.2f;
+  Sampler freq(o);
+  freq.Accept(0);
+  freq.Accept(0);
+  EXPECT_EQ(freq.Sample(logits), 0);  // 1 - 2 x 0.2 = 0.6 > 0.5
+  o.presence_penalty = 0.2f;
+  Sampler both(o);
+  both.Accept(0);
+  both.Accept(0);
+  EXPECT_EQ(both.Sample(logits), 1);  // 0.6 - 0.2 = 0.4 < 0.5
+
+  // The window: with repeat_last_n 2, token 0 has left it after two more tokens.
+  o.repeat_last_n = 2;
+  Sampler window(o);
+  for (const int32_t t : {0, 0, 5, 6}) window.Accept(t);
+  EXPECT_EQ(window.Sample(logits), 0);
+  o.repeat_last_n = -1;  // all of the context
+  Sampler all(o);
+  for (const int32_t t : {0, 0, 5, 6}) all.Accept(t);
+  EXPECT_EQ(all.Sample(logits), 1);
+  o.repeat_last_n = 0;  // off
+  Sampler off(o);
+  for (const int32_t t : {0, 0}) off.Accept(t);
+  EXPECT_EQ(off.Sample(logits), 0);
+}
+
+TEST(SamplerTest, BannedTokensAreNeverDrawn) {
+  const std::vector<float> logits = {5.0f, 1.0f, 0.5f};
+  SamplerOptions o = Opts(0.0f, 40, 0.95f, 9);
+  o.banned_tokens = {0};
+  Sampler greedy(o);
+  EXPECT_EQ(greedy.Sample(logits), 1);
+  o.temperature = 2.0f;
+  o.min_p = 0.0f;
+  Sampler hot(o);
+  const auto seen = Draws(hot, logits, 1000);
+  EXPECT_EQ(seen.count(0), 0u);
+  EXPECT_EQ(seen.size(), 2u);
+}
+
+TEST(SamplerTest, ValidateNamesTheValueOutOfRange) {
+  const auto message = [](auto edit) {
+    SamplerOptions o;
+    edit(o);
+    return o.Validate().message();
+  };
+  EXPECT_TRUE(SamplerOptions().Validate().ok());
+  EXPECT_NE(message([](SamplerOptions& o) { o.temperature = -1; }).find("--temp"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.top_p = 0; }).find("--top-p"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.min_p = 1.5f; }).find("--min-p"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.repeat_penalty = 0; }).find("--repeat-penalty"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.repeat_last_n = -2; }).find("--repeat-last-n"), std::string::npos);
 }
 
 }  // namespace

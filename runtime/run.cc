@@ -11,6 +11,7 @@
 
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
+#include "memory/meminfo.h"
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
 #include "runtime/model.h"
@@ -36,7 +37,8 @@ nlohmann::json EntryJson(const LogitsEntry& e) {
 // The context's KV blocks (one frame each) must fit in all tiers together, or the run
 // would fail when the cache fills, after the prefill's work: refused before it starts
 // (and before the warmup touches the arenas).
-Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m) {
+// host_note: how the host budget was chosen when the user did not ("" when they did).
+Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m, const std::string& host_note) {
   const uint64_t frame = m.frame_bytes;
   if (frame == 0) return Status::Ok();  // MemoryManager::Create names that problem
   TIERKV_ASSIGN_OR_RETURN(const int block_tokens, KvCache::BlockTokensFor(g, frame));
@@ -50,6 +52,7 @@ Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m) {
   };
   if (m.device != DeviceKind::kNone) add(Tier::kDevice, m.device_bytes);
   add(Tier::kHost, m.host_bytes);
+  held += host_note;
   if (m.disk_bytes > 0) add(Tier::kDisk, m.disk_bytes);
   if (blocks <= frames) return Status::Ok();
   return Status::InvalidArgument(
@@ -82,17 +85,25 @@ ModelFingerprint WithRope(ModelFingerprint fp, const GgufFile& file, const Model
 // --weights auto (RunOptions::Weights): paged with a device or disk tier (a hierarchy
 // the user asked for), or when the weight pages and the context's KV cache (f16, the
 // largest codec) fit the host budget together.
-bool PageWeights(const RunOptions& o, const Model& model, int n_ctx) {
+bool PageWeights(const RunOptions& o, const MemoryOptions& m, const Model& model, int n_ctx) {
   switch (o.weights) {
     case RunOptions::Weights::kPaged: return true;
     case RunOptions::Weights::kMapped: return false;
     case RunOptions::Weights::kAuto: break;
   }
-  if (o.memory.device != DeviceKind::kNone || o.memory.disk_bytes > 0) return true;
+  if (m.device != DeviceKind::kNone || m.disk_bytes > 0) return true;
   const ModelConfig& c = model.config();
   const uint64_t kv = 4ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_head_kv) *
                       static_cast<uint64_t>(c.head_dim) * static_cast<uint64_t>(n_ctx);
-  return model.WeightPageBytes(256 * kKiB) + kv <= o.memory.host_bytes;
+  return model.WeightPageBytes(256 * kKiB) + kv <= m.host_bytes;
+}
+
+// ", --host auto: 90% of the 3.20 GiB available" when the automatic host budget was
+// capped by the machine's memory, else "".
+std::string AutoHostNote(const AutoHost& h) {
+  if (!h.capped) return "";
+  return ", --host auto: " + std::to_string(kAutoHostAvailablePercent) + "% of the " + FormatBytes(h.available_bytes) +
+         " available";
 }
 
 }  // namespace
@@ -196,6 +207,32 @@ uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& m, uint64_t weights_256k
   return kLarge;
 }
 
+AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, uint64_t available_bytes) {
+  AutoHost h;
+  h.bytes = kAutoHostFloor;
+  h.available_bytes = available_bytes;
+  // A device or disk tier is a hierarchy the user laid out: the host keeps the floor.
+  if (m.device != DeviceKind::kNone || m.disk_bytes > 0) return h;
+  // The KV cache in 1 MiB blocks (the largest grain --frame auto picks, and the most
+  // rounding), plus 1/16 and 64 MiB for copies in flight and weight pages.
+  const auto block_tokens = KvCache::BlockTokensFor(g, kMiB);
+  if (!block_tokens.ok()) return h;  // CheckKvFits / KvCache::Create name the problem
+  const uint64_t per_layer = (static_cast<uint64_t>(n_ctx) + static_cast<uint64_t>(*block_tokens) - 1) /
+                             static_cast<uint64_t>(*block_tokens);
+  const uint64_t kv = static_cast<uint64_t>(g.n_layers) * per_layer * kMiB;
+  uint64_t need = kv + kv / 16 + 64 * kMiB;
+  need = (need + kMiB - 1) / kMiB * kMiB;
+  if (need <= h.bytes) return h;
+  const uint64_t cap = available_bytes / 100 * kAutoHostAvailablePercent / kMiB * kMiB;
+  if (available_bytes > 0 && need > cap) {
+    h.capped = true;
+    h.bytes = std::max(h.bytes, cap);
+    return h;
+  }
+  h.bytes = need;
+  return h;
+}
+
 Result<RunReport> RunSession(const RunOptions& o) {
   RunReport r;
   TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, OpenModelFile(o.model));
@@ -235,7 +272,16 @@ Result<RunReport> RunSession(const RunOptions& o) {
   std::unique_ptr<MemoryManager> mm;
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
   MemoryOptions memory = o.memory;
-  r.paged_weights = PageWeights(o, *model, n_ctx);
+  const KvGeometry kv_geometry = model->KvGeometryFor(o.kv_type);
+  std::string host_note;
+  if (o.auto_host) {
+    const auto meminfo = ReadMeminfo();
+    const AutoHost h = AutoHostBytes(n_ctx, kv_geometry, memory,
+                                     meminfo.ok() ? meminfo->available_bytes : 0);
+    memory.host_bytes = h.bytes;
+    host_note = AutoHostNote(h);
+  }
+  r.paged_weights = PageWeights(o, memory, *model, n_ctx);
   if (o.auto_frame) {
     uint64_t session_block_bytes = 0;
     if (!o.session.empty() && std::filesystem::exists(o.session)) {
@@ -247,8 +293,11 @@ Result<RunReport> RunSession(const RunOptions& o) {
     memory.frame_bytes = AutoFrameBytes(n_ctx, memory, w_small, w_large, session_block_bytes);
   }
   r.frame_bytes = memory.frame_bytes;
-  const KvGeometry kv_geometry = model->KvGeometryFor(o.kv_type);
-  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, kv_geometry, memory));
+  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, kv_geometry, memory, host_note));
+  if (o.auto_host && memory.host_bytes > kAutoHostFloor) {
+    spdlog::info("host tier: {} (--host auto: the KV cache of {} tokens{})", FormatBytes(memory.host_bytes), n_ctx,
+                 host_note);
+  }
   const auto t_warm = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
   r.warmup_s = Since(t_warm);

@@ -32,6 +32,7 @@ struct RunOptions {
   bool ignore_eos = false;     // --ignore-eos: end-of-generation tokens are never sampled
   SamplerOptions sampler;
   MemoryOptions memory;        // tiers and budgets
+  bool auto_host = false;      // --host auto: RunSession sizes memory.host_bytes (AutoHostBytes)
   bool auto_frame = false;     // --frame auto: RunSession picks memory.frame_bytes (AutoFrameBytes)
   KvCodec kv_type = KvCodec::kF16;
   std::string session;         // "" = no session file
@@ -98,6 +99,20 @@ inline constexpr int kAutoFrameLongContext = 16384;
 inline constexpr uint64_t kAutoFrameMinFrames = 64;
 uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& memory, uint64_t weights_256k, uint64_t weights_1m,
                         uint64_t session_block_bytes);
+
+// --host auto (the default; docs/cli.md): kAutoHostFloor (1 GiB), or, with neither a
+// device nor a disk tier, enough for the context's KV cache (n_ctx tokens in 1 MiB
+// blocks, plus 1/16 and 64 MiB for copies in flight and weight pages), at most
+// kAutoHostAvailablePercent of available_bytes (MemAvailable; 0 = unknown, no cap).
+// A capped budget may be too small: CheckKvFits then refuses the context, naming it.
+inline constexpr uint64_t kAutoHostFloor = 1ull << 30;
+inline constexpr int kAutoHostAvailablePercent = 90;
+struct AutoHost {
+  uint64_t bytes = 0;
+  uint64_t available_bytes = 0;
+  bool capped = false;  // the need was above the cap
+};
+AutoHost AutoHostBytes(int n_ctx, const KvGeometry& geometry, const MemoryOptions& memory, uint64_t available_bytes);
 
 Result<RunReport> RunSession(const RunOptions& options);
 

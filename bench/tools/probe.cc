@@ -371,29 +371,6 @@ nlohmann::ordered_json BandwidthJson(const std::optional<Bandwidth>& bw) {
 
 // ---- public ------------------------------------------------------------------------
 
-Result<MemInfo> ParseMeminfo(std::string_view text) {
-  std::optional<uint64_t> total, available, mem_free;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    const std::string line(text.substr(pos, end - pos));
-    pos = end + 1;
-    char key[64] = {};
-    unsigned long long kib = 0;
-    // Lines look like "MemTotal:       24731708 kB" (the kernel's kB are KiB).
-    if (std::sscanf(line.c_str(), "%63[^:]: %llu", key, &kib) != 2) continue;
-    const std::string k(key);
-    if (k == "MemTotal") total = kib * kKiB;
-    else if (k == "MemAvailable") available = kib * kKiB;
-    else if (k == "MemFree") mem_free = kib * kKiB;
-  }
-  if (!total) return Status::Corruption("/proc/meminfo has no MemTotal line");
-  // Kernels before 3.14 have no MemAvailable; MemFree underestimates but is honest.
-  if (!available && !mem_free) return Status::Corruption("/proc/meminfo has neither MemAvailable nor MemFree");
-  return MemInfo{*total, available ? *available : *mem_free};
-}
-
 std::string FilesystemTypeName(int64_t magic) {
   // statfs(2) f_type values (linux/magic.h and the filesystems' own headers).
   struct Entry {
@@ -432,7 +409,7 @@ Result<ProbeReport> RunProbe(const ProbeOptions& options) {
 
   // Host RAM. Two host arenas plus a tmpfs file of the buffer size are alive at once.
   HostReport& host = report.host;
-  auto meminfo = ParseMeminfo(ReadSmallFile("/proc/meminfo"));
+  auto meminfo = ReadMeminfo();
   if (meminfo.ok()) {
     host.total_bytes = meminfo->total_bytes;
     host.available_bytes = meminfo->available_bytes;

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "memory/meminfo.h"
 #include "memory/status.h"
 
 namespace CLI {
@@ -116,13 +117,6 @@ std::vector<ProbeRow> ProbeRows(const ProbeReport& report);
 std::string FormatProbeTable(const ProbeReport& report);
 // One JSON object (keys in docs/probe.md), newline-terminated.
 std::string FormatProbeJson(const ProbeReport& report);
-
-// Parses /proc/meminfo text into MemTotal / MemAvailable bytes.
-struct MemInfo {
-  uint64_t total_bytes = 0;
-  uint64_t available_bytes = 0;
-};
-Result<MemInfo> ParseMeminfo(std::string_view text);
 
 // Name of a statfs f_type magic number: "ext2/3/4", "tmpfs", "xfs", ... or "0x1234abcd".
 std::string FilesystemTypeName(int64_t magic);

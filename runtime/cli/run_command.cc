@@ -18,7 +18,7 @@ namespace {
 
 struct RunFlags {
   std::string model, prompt, prompt_file, session;
-  std::string device = "none", vram = "0", host = "1GiB", disk = "0", disk_dir = "/tmp";
+  std::string device = "none", vram = "0", host = "auto", disk = "0", disk_dir = "/tmp";
   std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
   int n = 32, ctx = 0, top_k = 40, threads = 0, dump_logits = 0;
   float temp = 0.0f, top_p = 0.95f, min_p = 0.05f;
@@ -114,7 +114,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     spdlog::warn("--vram {} is ignored: --device none has no device tier (use --device cuda or sim)", f.vram);
     m.device_bytes = 0;
   }
-  TIERKV_ASSIGN_OR_RETURN(m.host_bytes, ParseSize(f.host));
+  o.auto_host = f.host == "auto";
+  if (!o.auto_host) {
+    TIERKV_ASSIGN_OR_RETURN(m.host_bytes, ParseSize(f.host));
+  }
   TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, ParseSize(f.disk));
   o.auto_frame = f.frame == "auto";
   if (!o.auto_frame) {
@@ -173,7 +176,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-s,--seed", f->seed, "sampling seed (default 0)");
   run->add_option("--device", f->device, "cuda | sim | none (default none)");
   run->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");
-  run->add_option("--host", f->host, "Host tier budget (default 1GiB)");
+  run->add_option("--host", f->host,
+                  "Host tier budget, or auto (default: 1GiB, or with no device or disk tier enough for the "
+                  "context's KV cache, at most 90% of available memory)");
   run->add_option("--disk", f->disk, "Disk tier budget (default 0: no disk tier)");
   run->add_option("--disk-dir", f->disk_dir, "Disk tier directory (default /tmp)");
   run->add_option("--sim-gbps", f->sim_gbps, "--device sim copy bandwidth in GB/s (0: unthrottled)");

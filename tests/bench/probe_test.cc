@@ -305,24 +305,6 @@ TEST(ProbeFormatTest, RowsOfAHandMadeReport) {
   EXPECT_EQ(j["device"]["present"], false);
 }
 
-TEST(ProbeParseTest, Meminfo) {
-  auto m = ParseMeminfo(
-      "MemTotal:       24731708 kB\n"
-      "MemFree:        23350740 kB\n"
-      "MemAvailable:   24431216 kB\n"
-      "HugePages_Total:       0\n");
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  EXPECT_EQ(m->total_bytes, 24731708ull * 1024);
-  EXPECT_EQ(m->available_bytes, 24431216ull * 1024);
-
-  auto old_kernel = ParseMeminfo("MemTotal: 1000 kB\nMemFree: 400 kB\n");
-  ASSERT_TRUE(old_kernel.ok());
-  EXPECT_EQ(old_kernel->available_bytes, 400u * 1024);
-
-  EXPECT_FALSE(ParseMeminfo("MemFree: 400 kB\n").ok());
-  EXPECT_FALSE(ParseMeminfo("").ok());
-}
-
 TEST(ProbeParseTest, FilesystemTypeNames) {
   EXPECT_EQ(FilesystemTypeName(0x01021994), "tmpfs");
   EXPECT_EQ(FilesystemTypeName(0xEF53), "ext2/3/4");

@@ -129,6 +129,24 @@ TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
   EXPECT_NE(full.err.find("fills the context of 2 tokens"), std::string::npos) << full.err;
 }
 
+// Without --host, a context whose KV cache passes 1 GiB gets a host tier to hold it
+// (here 4M tokens of tiny-moe, 8 GiB of f16 KV; --no-warmup, so only reserved).
+TEST(RunCommandTest, AutoHostGrowsToTheContext) {
+  const CliResult r = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--no-warmup", "--mlock",
+                              "off", "-c", "4194304", "--json"});
+  if (r.exit_code == 1 && r.err.find("--host auto: 90% of the") != std::string::npos) {
+    GTEST_SKIP() << "this machine has less than 9 GiB available: " << r.err;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  uint64_t host = 0;
+  for (const auto& t : j["tiers"]) {
+    if (t["name"] == "host") host = t["budget_bytes"];
+  }
+  EXPECT_GE(host, 8ull << 30);
+  EXPECT_LT(host, 9ull << 30);
+}
+
 TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {
   const CliResult r = RunCli(Quick({"--vram", "1GiB"}));
   EXPECT_EQ(r.exit_code, 0) << r.err;

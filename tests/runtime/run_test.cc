@@ -24,6 +24,41 @@ RunOptions Options(const std::string& model) {
   return o;
 }
 
+// --host auto: the 1 GiB floor, grown to the context's KV cache with a host tier alone,
+// capped by the available memory.
+TEST(RunTest, AutoHostBudgetFitsTheContextWithinAvailableMemory) {
+  // 2 layers x 4 heads x 32 dims of f16: 512 B of K and V per token and layer, so 2048
+  // tokens a 1 MiB block.
+  KvGeometry g;
+  g.n_layers = 2;
+  g.n_kv_heads = 4;
+  g.head_dim = 32;
+  MemoryOptions m;
+  const uint64_t gib = 1ull << 30;
+  const AutoHost small = AutoHostBytes(4096, g, m, 16 * gib);
+  EXPECT_EQ(small.bytes, kAutoHostFloor);
+  EXPECT_FALSE(small.capped);
+
+  // 4M tokens: 2 layers x 2048 blocks of 1 MiB = 4 GiB, plus 1/16 and 64 MiB.
+  const AutoHost big = AutoHostBytes(4 << 20, g, m, 16 * gib);
+  EXPECT_EQ(big.bytes, 4 * gib + gib / 4 + 64 * kMiB);
+  EXPECT_FALSE(big.capped);
+  EXPECT_EQ(AutoHostBytes(4 << 20, g, m, 0).bytes, big.bytes) << "unknown available memory: no cap";
+
+  const AutoHost capped = AutoHostBytes(4 << 20, g, m, 2 * gib);
+  EXPECT_TRUE(capped.capped);
+  EXPECT_EQ(capped.bytes, kAutoHostFloor + 819 * kMiB) << "90% of 2 GiB, in whole MiB";
+  EXPECT_EQ(AutoHostBytes(4 << 20, g, m, gib / 2).bytes, kAutoHostFloor) << "never below the floor";
+
+  MemoryOptions disk = m;
+  disk.disk_bytes = 8 * gib;
+  EXPECT_EQ(AutoHostBytes(4 << 20, g, disk, 16 * gib).bytes, kAutoHostFloor) << "a disk tier takes the rest";
+  MemoryOptions dev = m;
+  dev.device = DeviceKind::kSim;
+  dev.device_bytes = gib;
+  EXPECT_EQ(AutoHostBytes(4 << 20, g, dev, 16 * gib).bytes, kAutoHostFloor);
+}
+
 TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
   if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
   for (const char* name : {"ref-llama-q8_0", "ref-qwen3moe-f16"}) {

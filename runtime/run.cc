@@ -14,6 +14,7 @@
 #include "memory/meminfo.h"
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
+#include "runtime/chat_template.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
 
@@ -173,6 +174,7 @@ nlohmann::json RunReport::ToJson() const {
   j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
   j["rope"] = rope;
   j["weights"] = paged_weights ? "paged" : "mapped";
+  j["chat"] = chat.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat);
   j["frame_bytes"] = frame_bytes;
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
@@ -237,7 +239,26 @@ Result<RunReport> RunSession(const RunOptions& o) {
   RunReport r;
   TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, OpenModelFile(o.model));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*file));
-  r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
+  if (o.chat) {
+    // One chat turn in the model's format; its markers are special tokens (parsed, as
+    // llama.cpp does in chat mode). The user's own text may then spell special tokens too.
+    std::string tmpl = o.chat_template;
+    if (tmpl.empty() && file->Has("tokenizer.chat_template")) {
+      TIERKV_ASSIGN_OR_RETURN(const std::string_view t, file->GetString("tokenizer.chat_template"));
+      tmpl = std::string(t);
+    }
+    auto format = DetectChatFormat(tmpl);
+    if (!format.ok()) {
+      return format.status().code() == StatusCode::kNotFound
+                 ? Status::NotFound(format.status().message() + "; give --chat-template chatml|llama3|llama2")
+                 : format.status();
+    }
+    r.chat = ChatFamilyName(format->family);
+    r.prompt_tokens = tok->Encode(FormatChatTurn(*format, o.system_prompt, o.prompt), /*add_special=*/true,
+                                  /*parse_special=*/true);
+  } else {
+    r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
+  }
   if (r.prompt_tokens.empty()) return Status::InvalidArgument("the prompt is empty (no tokens)");
   TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
   const int n_prompt_tokens = static_cast<int>(r.prompt_tokens.size());

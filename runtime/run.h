@@ -27,6 +27,11 @@ namespace tierkv {
 struct RunOptions {
   std::string model;           // path to a .gguf
   std::string prompt;
+  // --chat: the prompt is one user turn in the model's chat format (runtime/chat_template.h),
+  // after system_prompt when not empty; chat_template names the format ("" = the file's).
+  bool chat = false;
+  std::string system_prompt;
+  std::string chat_template;
   int n_predict = 32;          // -n; -1 = until end of generation or a full context
   int n_ctx = 0;               // 0 = prompt + n_predict (with n_predict -1: the model's trained context)
   bool ignore_eos = false;     // --ignore-eos: end-of-generation tokens are never sampled
@@ -68,6 +73,7 @@ struct RunReport {
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
   bool paged_weights = false;  // what --weights (auto) chose
+  std::string chat;            // the chat format used ("" without --chat)
   std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"
   int kv_tokens = 0;
   uint64_t frame_bytes = 0;  // the frame size the run used

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "memory/size.h"
+#include "runtime/chat_template.h"
 #include "runtime/run.h"
 
 namespace tierkv {
@@ -25,6 +26,8 @@ struct RunFlags {
   float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
   int repeat_last_n = 64;
   bool ignore_eos = false;
+  bool chat = false;
+  std::string system_prompt, chat_template;
   uint64_t seed = 0;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false;
@@ -85,6 +88,14 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.n < -1) return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
   o.n_predict = f.n;
   o.ignore_eos = f.ignore_eos;
+  // -sys and --chat-template say "chat" on their own, as in llama.cpp's conversation mode.
+  o.chat = f.chat || !f.system_prompt.empty() || !f.chat_template.empty();
+  o.system_prompt = f.system_prompt;
+  o.chat_template = f.chat_template;
+  if (!f.chat_template.empty()) {
+    auto format = DetectChatFormat(f.chat_template);
+    if (!format.ok()) return Status::InvalidArgument("--chat-template: " + format.status().message());
+  }
   o.n_ctx = f.ctx;
   SamplerOptions& so = o.sampler;
   so.temperature = f.temp;
@@ -149,10 +160,12 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
 }  // namespace
 
 void NormalizeLlamaFlags(int argc, char** argv) {
-  static char k[] = "--cache-type-k", v[] = "--cache-type-v";
+  static char k[] = "--cache-type-k", v[] = "--cache-type-v", cnv[] = "--chat", sys[] = "--system-prompt";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-ctk") == 0) argv[i] = k;
     else if (std::strcmp(argv[i], "-ctv") == 0) argv[i] = v;
+    else if (std::strcmp(argv[i], "-cnv") == 0 || std::strcmp(argv[i], "--conversation") == 0) argv[i] = cnv;
+    else if (std::strcmp(argv[i], "-sys") == 0) argv[i] = sys;
   }
 }
 
@@ -172,6 +185,11 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--repeat-last-n", f->repeat_last_n, "tokens the penalties look back over (default 64; 0 off, -1 all)");
   run->add_option("--frequency-penalty", f->frequency_penalty, "minus count x F on repeated tokens (default 0)");
   run->add_option("--presence-penalty", f->presence_penalty, "minus P on tokens that occurred (default 0)");
+  run->add_flag("--chat", f->chat, "the prompt is one user turn in the model's chat format (llama.cpp's -cnv)");
+  run->add_option("--system-prompt", f->system_prompt, "system message before the prompt (implies --chat; -sys)");
+  run->add_option("--chat-template", f->chat_template,
+                  "chat format: chatml, llama3, llama2, llama2-sys, llama2-sys-strip, or a Jinja template text "
+                  "(default: the model's tokenizer.chat_template; implies --chat)");
   run->add_flag("--ignore-eos", f->ignore_eos, "never sample end-of-generation tokens; generate all -n tokens");
   run->add_option("-s,--seed", f->seed, "sampling seed (default 0)");
   run->add_option("--device", f->device, "cuda | sim | none (default none)");

@@ -8,7 +8,7 @@
 namespace tierkv {
 
 void AddRunCommand(CLI::App& app, int& exit_code);
-// Rewrites llama.cpp's multi-letter single-dash flags (-ctk, -ctv) to their long form,
+// Rewrites llama.cpp's multi-letter single-dash flags (-ctk, -ctv, -cnv, -sys) to their long form,
 // which CLI11 cannot declare. Call on argv before parsing.
 void NormalizeLlamaFlags(int argc, char** argv);
 

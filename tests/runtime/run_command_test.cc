@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,40 @@ TEST(RunCommandTest, AutoHostGrowsToTheContext) {
   }
   EXPECT_GE(host, 8ull << 30);
   EXPECT_LT(host, 9ull << 30);
+}
+
+// --chat wraps the prompt in the model's chat format (the reference qwen3 vocabulary
+// carries a chatml template); -sys implies it; a model without a template is refused
+// with one line, and an unknown --chat-template is a bad flag.
+TEST(RunCommandTest, ChatUsesTheModelsTemplate) {
+  const std::string ref = std::string(TIERKV_SHARED_DIR) + "/reference/models/";
+  if (!std::filesystem::exists(ref + "ref-qwen3moe-q8_0.gguf")) GTEST_SKIP() << "no reference models";
+  const std::vector<std::string> base = {"run", "-n", "2", "--no-warmup", "--mlock", "off", "-p", "Hi", "--json"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return RunCli(a);
+  };
+  const CliResult chat = with({"-m", ref + "ref-qwen3moe-q8_0.gguf", "-sys", "Be brief."});
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  const nlohmann::json j = nlohmann::json::parse(chat.out);
+  EXPECT_EQ(j["chat"], "chatml");
+  ASSERT_FALSE(j["prompt_tokens"].empty());
+  EXPECT_EQ(j["prompt_tokens"][0], 151644);  // <|im_start|>
+  const CliResult plain = with({"-m", ref + "ref-qwen3moe-q8_0.gguf"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_TRUE(nlohmann::json::parse(plain.out)["chat"].is_null());
+
+  const CliResult none = with({"-m", ref + "ref-llama-q8_0.gguf", "-cnv"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("the model has no chat template"), std::string::npos) << none.err;
+  EXPECT_EQ(Lines(none.err), 1) << none.err;
+  const CliResult named = with({"-m", ref + "ref-llama-q8_0.gguf", "--chat-template", "llama2-sys"});
+  ASSERT_EQ(named.exit_code, 0) << named.err;
+  EXPECT_EQ(nlohmann::json::parse(named.out)["chat"], "llama2");
+  const CliResult bad = with({"-m", ref + "ref-llama-q8_0.gguf", "--chat-template", "alpaca"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--chat-template: "), std::string::npos) << bad.err;
 }
 
 TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {

@@ -1,0 +1,46 @@
+// runtime/chat_template.h
+//
+// One chat turn as the model was trained to see it: `tierkv run --chat` wraps the prompt
+// (and an optional --system-prompt) in the model's chat format and adds the assistant's
+// opening, the way llama.cpp's built-in templates do (llama.cpp does not run the Jinja
+// in tokenizer.chat_template either: it recognises the family by marker strings and
+// formats in code). Families:
+//
+//   chatml  (Qwen 1.5 – 3, many fine-tunes)   <|im_start|>ROLE\nTEXT<|im_end|>\n ... <|im_start|>assistant\n
+//   llama3  (Llama 3.x)                        <|start_header_id|>ROLE<|end_header_id|>\n\nTEXT<|eot_id|> ... assistant header
+//   llama2  (Llama 2 chat, Mistral v0.1-style) [INST] <<SYS>>\nSYS\n<</SYS>>\n\nUSER [/INST]
+//           (variants by marker: without <<SYS>> the system text is a plain first line;
+//           "content.strip()" strips the texts)
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "memory/status.h"
+
+namespace tierkv {
+
+enum class ChatFamily { kChatml, kLlama3, kLlama2 };
+
+struct ChatFormat {
+  ChatFamily family = ChatFamily::kChatml;
+  bool llama2_system = true;  // llama2: the system text inside <<SYS>> markers
+  bool llama2_strip = false;  // llama2: texts stripped of surrounding whitespace
+};
+
+// "chatml", "llama3", "llama2".
+const char* ChatFamilyName(ChatFamily family);
+
+// The format of a tokenizer.chat_template text, or of a name given with --chat-template
+// (chatml, llama3, llama2, llama2-sys, llama2-sys-strip). kUnsupported naming the
+// supported families when neither matches; kNotFound when text is empty.
+Result<ChatFormat> DetectChatFormat(std::string_view template_or_name);
+
+// The prompt text of one turn: the system message (when not empty), the user message,
+// and the opening of the assistant's reply. Its special tokens are meant to be parsed
+// (Tokenizer::Encode with parse_special = true), as llama.cpp does in chat mode.
+std::string FormatChatTurn(const ChatFormat& format, std::string_view system, std::string_view user);
+
+}  // namespace tierkv

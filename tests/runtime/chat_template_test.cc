@@ -1,0 +1,104 @@
+// tests/runtime/chat_template_test.cc
+//
+// Chat formats: which family a template text or name selects, the exact text of one
+// turn in each family (llama.cpp's built-in formats), and that the qwen3 vocabulary of
+// the reference models turns a chatml turn into its special tokens.
+#include "runtime/chat_template.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "runtime/gguf.h"
+#include "runtime/tokenizer.h"
+
+namespace tierkv {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kQwenModel = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-q8_0.gguf";
+
+TEST(ChatTemplateTest, NamesAndMarkersSelectTheFamily) {
+  auto expect = [](std::string_view t, ChatFamily family, bool sys = true, bool strip = false) {
+    auto f = DetectChatFormat(t);
+    ASSERT_TRUE(f.ok()) << t << ": " << f.status().ToString();
+    EXPECT_EQ(f->family, family) << t;
+    if (family == ChatFamily::kLlama2) {
+      EXPECT_EQ(f->llama2_system, sys) << t;
+      EXPECT_EQ(f->llama2_strip, strip) << t;
+    }
+  };
+  expect("chatml", ChatFamily::kChatml);
+  expect("llama3", ChatFamily::kLlama3);
+  expect("llama2", ChatFamily::kLlama2, false);
+  expect("llama2-sys", ChatFamily::kLlama2, true);
+  expect("llama2-sys-strip", ChatFamily::kLlama2, true, true);
+  expect("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}{% endfor %}",
+         ChatFamily::kChatml);
+  expect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}", ChatFamily::kLlama3);
+  expect("{{ bos_token + '[INST] <<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n' + content.strip() + ' [/INST]' }}",
+         ChatFamily::kLlama2, true, true);
+  expect("{{ '[INST] ' + message['content'] + ' [/INST]' }}", ChatFamily::kLlama2, false, false);
+
+  EXPECT_EQ(DetectChatFormat("").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(DetectChatFormat("{{ '<start_of_turn>user' }}").status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(DetectChatFormat("{{ '[SYSTEM_PROMPT]' }}{{ '[INST]' }}").status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(DetectChatFormat("{{ '<|im_start|>' }}{{ '<|im_sep|>' }}").status().code(), StatusCode::kUnsupported);
+  const auto unknown = DetectChatFormat("alpaca");
+  EXPECT_NE(unknown.status().message().find("chatml, llama3, llama2"), std::string::npos) << unknown.status().message();
+}
+
+TEST(ChatTemplateTest, OneTurnInEachFamily) {
+  ChatFormat chatml;
+  EXPECT_EQ(FormatChatTurn(chatml, "", "Hi"), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(FormatChatTurn(chatml, "Be brief.", " Hi "),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n<|im_start|>assistant\n");
+
+  ChatFormat llama3{ChatFamily::kLlama3};
+  EXPECT_EQ(FormatChatTurn(llama3, " Be brief.\n", " Hi "),
+            "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+
+  ChatFormat llama2{ChatFamily::kLlama2, /*llama2_system=*/true, /*llama2_strip=*/false};
+  EXPECT_EQ(FormatChatTurn(llama2, "Be brief.", "Hi"), "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]");
+  EXPECT_EQ(FormatChatTurn(llama2, "", "Hi"), "[INST] Hi [/INST]");
+  llama2.llama2_system = false;
+  EXPECT_EQ(FormatChatTurn(llama2, "Be brief.", "Hi"), "[INST] Be brief.\nHi [/INST]");
+  llama2.llama2_system = true;
+  llama2.llama2_strip = true;
+  EXPECT_EQ(FormatChatTurn(llama2, " Be brief. ", " Hi "), "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]");
+}
+
+// The reference qwen3 vocabulary carries Qwen3's Jinja template: chatml, and a turn
+// becomes <|im_start|> ... <|im_end|> special tokens when parsed.
+TEST(ChatTemplateTest, QwenTemplateIsChatmlAndItsMarkersAreSpecialTokens) {
+  if (!fs::exists(kQwenModel)) GTEST_SKIP() << kQwenModel << " is absent";
+  auto file = GgufFile::Open(kQwenModel);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto tmpl = (*file)->GetString("tokenizer.chat_template");
+  ASSERT_TRUE(tmpl.ok());
+  auto format = DetectChatFormat(*tmpl);
+  ASSERT_TRUE(format.ok()) << format.status().ToString();
+  EXPECT_EQ(format->family, ChatFamily::kChatml);
+
+  auto tok = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok());
+  const int32_t im_start = *(*tok)->TokenId("<|im_start|>"), im_end = *(*tok)->TokenId("<|im_end|>");
+  const std::vector<int32_t> ids = (*tok)->Encode(FormatChatTurn(*format, "", "Hi"), true, /*parse_special=*/true);
+  ASSERT_GE(ids.size(), 6u);
+  EXPECT_EQ(ids.front(), im_start);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), im_start), 2);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), im_end), 1);
+  EXPECT_EQ((*tok)->Decode(ids), FormatChatTurn(*format, "", "Hi"));
+  // Unparsed, the same text is ordinary characters: no special token at all.
+  const std::vector<int32_t> plain = (*tok)->Encode(FormatChatTurn(*format, "", "Hi"), true, false);
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), im_start), 0);
+}
+
+}  // namespace
+}  // namespace tierkv

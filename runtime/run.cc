@@ -401,7 +401,9 @@ Result<RunReport> RunSession(const RunOptions& o) {
     const int32_t next = sampler.Sample(logits);
     sampler.Accept(next);
     r.generated_tokens.push_back(next);
-    r.text += tok->TokenToPiece(next, /*render_special=*/false);
+    const std::string piece = tok->TokenToPiece(next, /*render_special=*/false);
+    r.text += piece;
+    if (o.on_text) o.on_text(piece);
     if ((!o.ignore_eos && tok->IsEog(next)) || i + 1 == n_predict) break;
     const int pos = static_cast<int>(all.size());
     all.push_back(next);

@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -54,6 +56,9 @@ struct RunOptions {
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; 1 = one Forward each)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
+  // Called with each generated token's text as soon as it is sampled (streaming
+  // output); null = none. RunReport::text has the whole text either way.
+  std::function<void(std::string_view)> on_text;
 };
 
 struct LogitsEntry {

@@ -234,27 +234,34 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
+    // The generated text streams to stderr token by token. Control bytes other than
+    // newline and tab are shown as \xNN: a builtin model's synthetic text is arbitrary
+    // bytes, which must not drive the terminal.
+    bool streamed = false;
+    options->on_text = [&streamed](std::string_view piece) {
+      std::string shown;
+      for (const char ch : piece) {
+        const auto b = static_cast<unsigned char>(ch);
+        if ((b < 0x20 && ch != '\n' && ch != '\t') || b == 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "\\x%02X", b);
+          shown += hex;
+        } else {
+          shown += ch;
+        }
+      }
+      std::fputs(shown.c_str(), stderr);
+      std::fflush(stderr);
+      streamed = true;
+    };
     auto report = RunSession(*options);
     if (!report.ok()) {
-      std::fprintf(stderr, "error: %s\n", report.status().message().c_str());
+      std::fprintf(stderr, "%serror: %s\n", streamed ? "\n" : "", report.status().message().c_str());
       exit_code = 1;
       return;
     }
     const RunReport& r = *report;
-    // Control bytes other than newline and tab are shown as \xNN: a builtin model's
-    // synthetic text is arbitrary bytes, which must not drive the terminal.
-    std::string shown;
-    for (const char ch : r.text) {
-      const auto b = static_cast<unsigned char>(ch);
-      if ((b < 0x20 && ch != '\n' && ch != '\t') || b == 0x7f) {
-        char hex[8];
-        std::snprintf(hex, sizeof hex, "\\x%02X", b);
-        shown += hex;
-      } else {
-        shown += ch;
-      }
-    }
-    std::fprintf(stderr, "%s\n", shown.c_str());
+    std::fputc('\n', stderr);
     const auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
     std::fprintf(stderr,
                  "prompt %zu tokens (%d reused from the session) in %.3f s (%.1f tok/s), %zu generated in %.3f s "

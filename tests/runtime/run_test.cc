@@ -59,6 +59,28 @@ TEST(RunTest, AutoHostBudgetFitsTheContextWithinAvailableMemory) {
   EXPECT_EQ(AutoHostBytes(4 << 20, g, dev, 16 * gib).bytes, kAutoHostFloor);
 }
 
+// on_text sees every generated token's text as it comes, in order: together, the text.
+TEST(RunTest, StreamedTextIsTheReportedText) {
+  RunOptions o;
+  o.model = "builtin:tiny-moe";
+  o.prompt = "The sea";
+  o.n_predict = 24;
+  o.memory.host_bytes = 64 << 20;
+  o.memory.mlock = MlockMode::kOff;
+  o.memory.warmup = false;
+  std::string streamed;
+  int calls = 0;
+  o.on_text = [&](std::string_view piece) {
+    streamed += piece;
+    ++calls;
+  };
+  auto r = RunSession(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(calls, static_cast<int>(r->generated_tokens.size()));
+  EXPECT_EQ(streamed, r->text);
+  EXPECT_FALSE(streamed.empty());
+}
+
 TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
   if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
   for (const char* name : {"ref-llama-q8_0", "ref-qwen3moe-f16"}) {

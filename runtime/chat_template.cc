@@ -13,7 +13,7 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-constexpr std::string_view kSupported = "chatml, llama3, llama2, llama2-sys, llama2-sys-strip";
+constexpr std::string_view kSupported = "chatml, llama3, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip";
 
 }  // namespace
 
@@ -35,7 +35,8 @@ Result<ChatFormat> DetectChatFormat(std::string_view t) {
     f.family = ChatFamily::kLlama3;
     return f;
   }
-  if (t == "llama2" || t == "llama2-sys" || t == "llama2-sys-strip") {
+  // llama2-sys-bos differs from llama2-sys only between turns (a BOS before each [INST]).
+  if (t == "llama2" || t == "llama2-sys" || t == "llama2-sys-bos" || t == "llama2-sys-strip") {
     f.family = ChatFamily::kLlama2;
     f.llama2_system = t != "llama2";
     f.llama2_strip = t == "llama2-sys-strip";
@@ -61,8 +62,10 @@ Result<ChatFormat> DetectChatFormat(std::string_view t) {
                                  std::string(kSupported) + " (--chat-template NAME)");
     }
     f.family = ChatFamily::kLlama2;
-    f.llama2_system = Has(t, "<<SYS>>");
+    // As llama.cpp: a template that strips (content.strip()) is its llama2-sys-strip,
+    // with <<SYS>> markers whether it spells them or not.
     f.llama2_strip = Has(t, "content.strip()");
+    f.llama2_system = Has(t, "<<SYS>>") || f.llama2_strip;
     return f;
   }
   return Status::Unsupported("chat template: not one of the formats tierkv knows (" + std::string(kSupported) +
@@ -98,6 +101,16 @@ std::string FormatChatTurn(const ChatFormat& format, std::string_view system, st
     }
   }
   return s;
+}
+
+Result<std::string> FormatChatContinuation(const ChatFormat& format, std::string_view user) {
+  switch (format.family) {
+    case ChatFamily::kChatml: return "<|im_end|>\n" + FormatChatTurn(format, "", user);
+    case ChatFamily::kLlama3: return "<|eot_id|>" + FormatChatTurn(format, "", user);
+    case ChatFamily::kLlama2: break;
+  }
+  return Status::Unsupported("continuing a conversation is supported for the chatml and llama3 chat formats, not " +
+                             std::string(ChatFamilyName(format.family)));
 }
 
 }  // namespace tierkv

@@ -9,8 +9,8 @@
 //   chatml  (Qwen 1.5 – 3, many fine-tunes)   <|im_start|>ROLE\nTEXT<|im_end|>\n ... <|im_start|>assistant\n
 //   llama3  (Llama 3.x)                        <|start_header_id|>ROLE<|end_header_id|>\n\nTEXT<|eot_id|> ... assistant header
 //   llama2  (Llama 2 chat, Mistral v0.1-style) [INST] <<SYS>>\nSYS\n<</SYS>>\n\nUSER [/INST]
-//           (variants by marker: without <<SYS>> the system text is a plain first line;
-//           "content.strip()" strips the texts)
+//           (variants by marker: "content.strip()" strips the texts; without it and
+//           without <<SYS>>, the system text is a plain first line)
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -34,7 +34,7 @@ struct ChatFormat {
 const char* ChatFamilyName(ChatFamily family);
 
 // The format of a tokenizer.chat_template text, or of a name given with --chat-template
-// (chatml, llama3, llama2, llama2-sys, llama2-sys-strip). kUnsupported naming the
+// (chatml, llama3, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip). kUnsupported naming the
 // supported families when neither matches; kNotFound when text is empty.
 Result<ChatFormat> DetectChatFormat(std::string_view template_or_name);
 
@@ -42,5 +42,12 @@ Result<ChatFormat> DetectChatFormat(std::string_view template_or_name);
 // and the opening of the assistant's reply. Its special tokens are meant to be parsed
 // (Tokenizer::Encode with parse_special = true), as llama.cpp does in chat mode.
 std::string FormatChatTurn(const ChatFormat& format, std::string_view system, std::string_view user);
+
+// The text that closes the assistant's reply a conversation ends with (its end-of-turn
+// marker, which generation samples but never feeds back) and adds the next user turn
+// and the assistant's opening: what `tierkv run --chat --continue` appends to a saved
+// conversation. chatml and llama3; kUnsupported for llama2, whose turns are delimited
+// by BOS/EOS in ways its variants differ on.
+Result<std::string> FormatChatContinuation(const ChatFormat& format, std::string_view user);
 
 }  // namespace tierkv

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include <spdlog/spdlog.h>
 
@@ -103,8 +104,10 @@ bool PageWeights(const RunOptions& o, const MemoryOptions& m, const Model& model
 // capped by the machine's memory, else "".
 std::string AutoHostNote(const AutoHost& h) {
   if (!h.capped) return "";
-  return ", --host auto: " + std::to_string(kAutoHostAvailablePercent) + "% of the " + FormatBytes(h.available_bytes) +
-         " available";
+  std::string note = ", --host auto: " + std::to_string(kAutoHostAvailablePercent) + "% of the " +
+                     FormatBytes(h.available_bytes - std::min(h.available_bytes, h.mapped_bytes)) + " available";
+  if (h.mapped_bytes > 0) note += " besides " + FormatBytes(h.mapped_bytes) + " of weights read in place";
+  return note;
 }
 
 }  // namespace
@@ -209,23 +212,29 @@ uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& m, uint64_t weights_256k
   return kLarge;
 }
 
-AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, uint64_t available_bytes) {
+AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, uint64_t available_bytes,
+                       uint64_t mapped_bytes) {
   AutoHost h;
   h.bytes = kAutoHostFloor;
   h.available_bytes = available_bytes;
+  h.mapped_bytes = mapped_bytes;
   // A device or disk tier is a hierarchy the user laid out: the host keeps the floor.
   if (m.device != DeviceKind::kNone || m.disk_bytes > 0) return h;
-  // The KV cache in 1 MiB blocks (the largest grain --frame auto picks, and the most
-  // rounding), plus 1/16 and 64 MiB for copies in flight and weight pages.
-  const auto block_tokens = KvCache::BlockTokensFor(g, kMiB);
+  // The KV cache in blocks of the frame, at least 1 MiB (the largest grain --frame auto
+  // picks, and the most rounding), plus 1/16 and 64 MiB for copies in flight and weight
+  // pages.
+  const uint64_t frame = std::max<uint64_t>(m.frame_bytes, kMiB);
+  const auto block_tokens = KvCache::BlockTokensFor(g, frame);
   if (!block_tokens.ok()) return h;  // CheckKvFits / KvCache::Create name the problem
   const uint64_t per_layer = (static_cast<uint64_t>(n_ctx) + static_cast<uint64_t>(*block_tokens) - 1) /
                              static_cast<uint64_t>(*block_tokens);
-  const uint64_t kv = static_cast<uint64_t>(g.n_layers) * per_layer * kMiB;
+  const uint64_t kv = static_cast<uint64_t>(g.n_layers) * per_layer * frame;
   uint64_t need = kv + kv / 16 + 64 * kMiB;
   need = (need + kMiB - 1) / kMiB * kMiB;
   if (need <= h.bytes) return h;
-  const uint64_t cap = available_bytes / 100 * kAutoHostAvailablePercent / kMiB * kMiB;
+  // The weights read in place stay in the page cache, out of the arena's way.
+  const uint64_t usable = available_bytes - std::min(available_bytes, mapped_bytes);
+  const uint64_t cap = usable / 100 * kAutoHostAvailablePercent / kMiB * kMiB;
   if (available_bytes > 0 && need > cap) {
     h.capped = true;
     h.bytes = std::max(h.bytes, cap);
@@ -254,8 +263,26 @@ Result<RunReport> RunSession(const RunOptions& o) {
                  : format.status();
     }
     r.chat = ChatFamilyName(format->family);
-    r.prompt_tokens = tok->Encode(FormatChatTurn(*format, o.system_prompt, o.prompt), /*add_special=*/true,
-                                  /*parse_special=*/true);
+    // A format that cannot continue is refused at the first turn already.
+    if (o.continue_chat) TIERKV_RETURN_IF_ERROR(FormatChatContinuation(*format, "").status());
+    if (o.continue_chat && std::filesystem::exists(o.session)) {
+      // The saved conversation, then this turn: the restore below reuses all of it.
+      TIERKV_ASSIGN_OR_RETURN(SessionSummary saved, SessionFile::Inspect(o.session));
+      const ModelFingerprint fp = FingerprintOf(*file);
+      if (!o.rope.any() && saved.model.hash != fp.hash) {
+        // Refused before the model loads (Restore would refuse it later, the same way).
+        return Status::FailedPrecondition("wrong model: " + o.session + " was saved for " + saved.model.description +
+                                          ", this model is " + fp.description);
+      }
+      TIERKV_ASSIGN_OR_RETURN(const std::string more, FormatChatContinuation(*format, o.prompt));
+      if (!o.system_prompt.empty()) spdlog::warn("--system-prompt is ignored: the conversation in {} has begun", o.session);
+      r.prompt_tokens = std::move(saved.tokens);
+      const std::vector<int32_t> turn = tok->Encode(more, /*add_special=*/false, /*parse_special=*/true);
+      r.prompt_tokens.insert(r.prompt_tokens.end(), turn.begin(), turn.end());
+    } else {
+      r.prompt_tokens = tok->Encode(FormatChatTurn(*format, o.system_prompt, o.prompt), /*add_special=*/true,
+                                    /*parse_special=*/true);
+    }
   } else {
     r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
   }
@@ -277,6 +304,10 @@ Result<RunReport> RunSession(const RunOptions& o) {
                                      std::to_string(n_ctx) + " tokens; raise -c");
     }
   }
+  if (static_cast<int64_t>(n_prompt_tokens) + n_predict > std::numeric_limits<int32_t>::max()) {
+    return Status::InvalidArgument("the prompt (" + std::to_string(n_prompt_tokens) + " tokens) plus -n " +
+                                   std::to_string(n_predict) + " is more tokens than a context can hold");
+  }
   if (n_ctx <= 0) n_ctx = n_prompt_tokens + n_predict;
   if (n_prompt_tokens + n_predict > n_ctx) {
     return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
@@ -297,8 +328,12 @@ Result<RunReport> RunSession(const RunOptions& o) {
   std::string host_note;
   if (o.auto_host) {
     const auto meminfo = ReadMeminfo();
-    const AutoHost h = AutoHostBytes(n_ctx, kv_geometry, memory,
-                                     meminfo.ok() ? meminfo->available_bytes : 0);
+    // Weights that may be read in place (all but --weights paged) keep their room in
+    // the page cache; a builtin model's weights are already in memory.
+    const uint64_t mapped = o.weights != RunOptions::Weights::kPaged && o.model.rfind(kBuiltinPrefix, 0) != 0
+                                ? file->tensor_bytes()
+                                : 0;
+    const AutoHost h = AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped);
     memory.host_bytes = h.bytes;
     host_note = AutoHostNote(h);
   }
@@ -410,6 +445,14 @@ Result<RunReport> RunSession(const RunOptions& o) {
     TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, pos, logits));
   }
   r.decode_s = Since(t_decode);
+  if (!o.session.empty() && !r.generated_tokens.empty() && !tok->IsEog(r.generated_tokens.back())) {
+    // The last sampled token is fed too before a save, unless it ends the generation:
+    // the saved session then holds the whole text shown (a reply cut off by -n included),
+    // which the next run's prompt (or --continue) builds on.
+    const int pos = static_cast<int>(all.size());
+    all.push_back(r.generated_tokens.back());
+    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, all.back(), pos, std::span<float>()));
+  }
 
   r.kv_tokens = cache->Length(seq);
   r.kv_bytes = static_cast<uint64_t>(r.kv_tokens) * cache->token_bytes();

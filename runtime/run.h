@@ -34,6 +34,9 @@ struct RunOptions {
   bool chat = false;
   std::string system_prompt;
   std::string chat_template;
+  // --continue (with chat and an existing session file): the prompt is the next user
+  // turn of the conversation saved there, appended after its tokens.
+  bool continue_chat = false;
   int n_predict = 32;          // -n; -1 = until end of generation or a full context
   int n_ctx = 0;               // 0 = prompt + n_predict (with n_predict -1: the model's trained context)
   bool ignore_eos = false;     // --ignore-eos: end-of-generation tokens are never sampled
@@ -112,18 +115,21 @@ uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& memory, uint64_t weights
                         uint64_t session_block_bytes);
 
 // --host auto (the default; docs/cli.md): kAutoHostFloor (1 GiB), or, with neither a
-// device nor a disk tier, enough for the context's KV cache (n_ctx tokens in 1 MiB
-// blocks, plus 1/16 and 64 MiB for copies in flight and weight pages), at most
-// kAutoHostAvailablePercent of available_bytes (MemAvailable; 0 = unknown, no cap).
+// device nor a disk tier, enough for the context's KV cache (n_ctx tokens in blocks of
+// max(frame, 1 MiB), plus 1/16 and 64 MiB for copies in flight and weight pages), at
+// most kAutoHostAvailablePercent of what available_bytes (MemAvailable; 0 = unknown,
+// no cap) leaves besides mapped_bytes (weights read in place from the page cache).
 // A capped budget may be too small: CheckKvFits then refuses the context, naming it.
 inline constexpr uint64_t kAutoHostFloor = 1ull << 30;
 inline constexpr int kAutoHostAvailablePercent = 90;
 struct AutoHost {
   uint64_t bytes = 0;
   uint64_t available_bytes = 0;
+  uint64_t mapped_bytes = 0;
   bool capped = false;  // the need was above the cap
 };
-AutoHost AutoHostBytes(int n_ctx, const KvGeometry& geometry, const MemoryOptions& memory, uint64_t available_bytes);
+AutoHost AutoHostBytes(int n_ctx, const KvGeometry& geometry, const MemoryOptions& memory, uint64_t available_bytes,
+                       uint64_t mapped_bytes = 0);
 
 Result<RunReport> RunSession(const RunOptions& options);
 

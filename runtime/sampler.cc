@@ -36,10 +36,13 @@ double LogSumExp(std::span<const float> logits) {
 }
 
 Status SamplerOptions::Validate() const {
+  // As permissive as llama.cpp where a value still means something: a temperature <= 0
+  // is greedy, top-p >= 1 and min-p <= 0 cut nothing, top-p <= 0 and min-p >= 1 keep
+  // the most likely token only.
   auto bad = [](const std::string& m) { return Status::InvalidArgument(m); };
-  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) return bad("--temp must be >= 0");
-  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("--top-p must be in (0, 1]");
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("--min-p must be in [0, 1]");
+  if (!std::isfinite(temperature)) return bad("--temp must be a number");
+  if (!std::isfinite(top_p)) return bad("--top-p must be a number");
+  if (!std::isfinite(min_p)) return bad("--min-p must be a number");
   if (!(repeat_penalty > 0.0f) || !std::isfinite(repeat_penalty)) return bad("--repeat-penalty must be positive");
   if (repeat_last_n < -1) return bad("--repeat-last-n must be -1 (all), 0 (off) or positive");
   if (!std::isfinite(frequency_penalty) || !std::isfinite(presence_penalty)) {
@@ -60,6 +63,7 @@ void Sampler::Accept(int32_t token) {
 }
 
 int32_t Sampler::Sample(std::span<const float> logits) {
+  if (logits.empty()) return 0;
   const bool penalize = options_.penalizes() && !counts_.empty();
   if (!penalize && options_.banned_tokens.empty() && options_.temperature <= 0.0f) return Argmax(logits);
   candidates_.clear();
@@ -87,8 +91,11 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   } else {
     std::sort(candidates_.begin(), candidates_.end(), better);
   }
-  // top-p and min-p on the distribution at temperature 1 (sorted descending).
+  // Tokens that cannot be drawn (-inf: banned, or penalized down to it) leave first.
+  while (n > 1 && !(candidates_[n - 1].first > -INFINITY)) --n;
   const double top = candidates_[0].first;
+  if (!std::isfinite(top)) return candidates_[0].second;  // nothing finite to weigh
+  // top-p and min-p on the distribution at temperature 1 (sorted descending).
   if (options_.top_p < 1.0f) {
     probs_.resize(n);
     double sum = 0;
@@ -115,11 +122,14 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   for (size_t i = 0; i < n; ++i) kept += probs_[i] = std::exp((candidates_[i].first - top) / options_.temperature);
   std::uniform_real_distribution<double> u(0.0, kept);
   double r = u(rng_);
+  size_t last = 0;  // the last token with a weight: where rounding leftovers of r land
   for (size_t i = 0; i < n; ++i) {
+    if (probs_[i] <= 0) continue;
+    last = i;
     r -= probs_[i];
     if (r <= 0) return candidates_[i].second;
   }
-  return candidates_[n - 1].second;
+  return candidates_[last].second;
 }
 
 }  // namespace tierkv

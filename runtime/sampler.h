@@ -28,10 +28,10 @@
 namespace tierkv {
 
 struct SamplerOptions {
-  float temperature = 0.0f;      // 0 = greedy
+  float temperature = 0.0f;      // <= 0: greedy
   int top_k = 40;                // <= 0: no top-k cut
-  float top_p = 0.95f;           // >= 1: no top-p cut
-  float min_p = 0.05f;           // <= 0: no min-p cut
+  float top_p = 0.95f;           // >= 1: no top-p cut; <= 0: the top token only
+  float min_p = 0.05f;           // <= 0: no min-p cut; >= 1: the top token only
   float repeat_penalty = 1.0f;   // 1: off. A repeated token's logit l becomes l / r (l > 0) or l * r
   int repeat_last_n = 64;        // tokens the penalties look back over; 0: none, -1: all
   float frequency_penalty = 0.0f;  // minus count * f
@@ -39,7 +39,8 @@ struct SamplerOptions {
   uint64_t seed = 0;
   std::vector<int32_t> banned_tokens;  // never drawn (llama.cpp's --ignore-eos bans the end-of-generation tokens)
 
-  // kInvalidArgument naming the first value out of range.
+  // kInvalidArgument naming the first value out of range (non-finite values, a
+  // repeat penalty <= 0, repeat_last_n < -1).
   Status Validate() const;
   bool penalizes() const {
     return repeat_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);

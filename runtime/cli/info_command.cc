@@ -12,6 +12,7 @@
 
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
+#include "runtime/chat_template.h"
 
 namespace tierkv {
 namespace {
@@ -282,6 +283,14 @@ std::string FormatInfoText(const GgufFile& file, const InfoOptions& options) {
   line("");
   line("parameters    " + HumanCount(file.parameter_count()) + " (" + std::to_string(file.parameter_count()) + ")");
   line("tensor bytes  " + std::to_string(file.tensor_bytes()) + " (" + FormatBytes(file.tensor_bytes()) + ")");
+  // What `tierkv run --chat` would use.
+  auto tmpl = file.Has("tokenizer.chat_template") ? file.GetString("tokenizer.chat_template")
+                                                  : Result<std::string_view>(std::string_view());
+  if (tmpl.ok() && !tmpl->empty()) {
+    auto format = DetectChatFormat(*tmpl);
+    line("chat format   " + (format.ok() ? std::string(ChatFamilyName(format->family)) + " (run --chat)"
+                                          : format.status().message()));
+  }
 
   // KV cache.
   line("");

@@ -21,14 +21,11 @@ struct RunFlags {
   std::string model, prompt, prompt_file, session;
   std::string device = "none", vram = "0", host = "auto", disk = "0", disk_dir = "/tmp";
   std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
-  int n = 32, ctx = 0, top_k = 40, threads = 0, dump_logits = 0;
-  float temp = 0.0f, top_p = 0.95f, min_p = 0.05f;
-  float repeat_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
-  int repeat_last_n = 64;
+  int n = 32, ctx = 0, threads = 0, dump_logits = 0;
+  SamplerOptions sampling;  // the sampling flags bind to its fields (llama.cpp's defaults, but greedy)
   bool ignore_eos = false;
-  bool chat = false;
+  bool chat = false, continue_chat = false;
   std::string system_prompt, chat_template;
-  uint64_t seed = 0;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false;
   std::string weights = "auto";
@@ -91,23 +88,19 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   // -sys and --chat-template say "chat" on their own, as in llama.cpp's conversation mode.
   o.chat = f.chat || !f.system_prompt.empty() || !f.chat_template.empty();
   o.system_prompt = f.system_prompt;
+  o.continue_chat = f.continue_chat;
+  if (f.continue_chat && f.session.empty()) {
+    return Status::InvalidArgument("--continue needs --session FILE (the conversation to continue)");
+  }
+  if (f.continue_chat) o.chat = true;
   o.chat_template = f.chat_template;
   if (!f.chat_template.empty()) {
     auto format = DetectChatFormat(f.chat_template);
     if (!format.ok()) return Status::InvalidArgument("--chat-template: " + format.status().message());
   }
   o.n_ctx = f.ctx;
-  SamplerOptions& so = o.sampler;
-  so.temperature = f.temp;
-  so.top_k = f.top_k;
-  so.top_p = f.top_p;
-  so.min_p = f.min_p;
-  so.repeat_penalty = f.repeat_penalty;
-  so.repeat_last_n = f.repeat_last_n;
-  so.frequency_penalty = f.frequency_penalty;
-  so.presence_penalty = f.presence_penalty;
-  so.seed = f.seed;
-  TIERKV_RETURN_IF_ERROR(so.Validate());
+  o.sampler = f.sampling;
+  TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
   o.threads = f.threads;
   if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
   o.dump_logits = f.dump_logits;
@@ -177,21 +170,23 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-f,--prompt-file", f->prompt_file, "read the prompt from a file");
   run->add_option("-n,--n-predict", f->n, "tokens to generate (default 32; -1 = until end of generation or a full context)");
   run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n)");
-  run->add_option("--temp", f->temp, "temperature; 0 = greedy (default)");
-  run->add_option("--top-k", f->top_k, "top-k (default 40; <= 0 off)");
-  run->add_option("--top-p", f->top_p, "top-p (default 0.95; 1 off)");
-  run->add_option("--min-p", f->min_p, "min-p: drop tokens below p * the top probability (default 0.05; 0 off)");
-  run->add_option("--repeat-penalty", f->repeat_penalty, "penalty on tokens of the last --repeat-last-n (default 1.0 = off)");
-  run->add_option("--repeat-last-n", f->repeat_last_n, "tokens the penalties look back over (default 64; 0 off, -1 all)");
-  run->add_option("--frequency-penalty", f->frequency_penalty, "minus count x F on repeated tokens (default 0)");
-  run->add_option("--presence-penalty", f->presence_penalty, "minus P on tokens that occurred (default 0)");
+  run->add_option("--temp", f->sampling.temperature, "temperature; 0 = greedy (default)");
+  run->add_option("--top-k", f->sampling.top_k, "top-k (default 40; <= 0 off)");
+  run->add_option("--top-p", f->sampling.top_p, "top-p (default 0.95; 1 off)");
+  run->add_option("--min-p", f->sampling.min_p, "min-p: drop tokens below p * the top probability (default 0.05; 0 off)");
+  run->add_option("--repeat-penalty", f->sampling.repeat_penalty, "penalty on tokens of the last --repeat-last-n (default 1.0 = off)");
+  run->add_option("--repeat-last-n", f->sampling.repeat_last_n, "tokens the penalties look back over (default 64; 0 off, -1 all)");
+  run->add_option("--frequency-penalty", f->sampling.frequency_penalty, "minus count x F on repeated tokens (default 0)");
+  run->add_option("--presence-penalty", f->sampling.presence_penalty, "minus P on tokens that occurred (default 0)");
   run->add_flag("--chat", f->chat, "the prompt is one user turn in the model's chat format (llama.cpp's -cnv)");
+  run->add_flag("--continue", f->continue_chat,
+                "append the prompt as the next user turn of the conversation in --session (implies --chat)");
   run->add_option("--system-prompt", f->system_prompt, "system message before the prompt (implies --chat; -sys)");
   run->add_option("--chat-template", f->chat_template,
-                  "chat format: chatml, llama3, llama2, llama2-sys, llama2-sys-strip, or a Jinja template text "
+                  "chat format: chatml, llama3, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, or a Jinja template text "
                   "(default: the model's tokenizer.chat_template; implies --chat)");
   run->add_flag("--ignore-eos", f->ignore_eos, "never sample end-of-generation tokens; generate all -n tokens");
-  run->add_option("-s,--seed", f->seed, "sampling seed (default 0)");
+  run->add_option("-s,--seed", f->sampling.seed, "sampling seed (default 0)");
   run->add_option("--device", f->device, "cuda | sim | none (default none)");
   run->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");
   run->add_option("--host", f->host,

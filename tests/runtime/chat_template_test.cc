@@ -37,6 +37,8 @@ TEST(ChatTemplateTest, NamesAndMarkersSelectTheFamily) {
   expect("llama2", ChatFamily::kLlama2, false);
   expect("llama2-sys", ChatFamily::kLlama2, true);
   expect("llama2-sys-strip", ChatFamily::kLlama2, true, true);
+  expect("llama2-sys-bos", ChatFamily::kLlama2, true, false);
+  expect("{{ '[INST] ' + content.strip() + ' [/INST]' }}", ChatFamily::kLlama2, true, true);
   expect("{% for m in messages %}{{'<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n'}}{% endfor %}",
          ChatFamily::kChatml);
   expect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}", ChatFamily::kLlama3);
@@ -72,6 +74,17 @@ TEST(ChatTemplateTest, OneTurnInEachFamily) {
   llama2.llama2_system = true;
   llama2.llama2_strip = true;
   EXPECT_EQ(FormatChatTurn(llama2, " Be brief. ", " Hi "), "[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST]");
+}
+
+TEST(ChatTemplateTest, ContinuationClosesTheReplyAndOpensTheNextTurn) {
+  auto chatml = FormatChatContinuation(ChatFormat{}, "Next");
+  ASSERT_TRUE(chatml.ok());
+  EXPECT_EQ(*chatml, "<|im_end|>\n<|im_start|>user\nNext<|im_end|>\n<|im_start|>assistant\n");
+  auto llama3 = FormatChatContinuation(ChatFormat{ChatFamily::kLlama3}, "Next");
+  ASSERT_TRUE(llama3.ok());
+  EXPECT_EQ(*llama3, "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nNext<|eot_id|>"
+                     "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(FormatChatContinuation(ChatFormat{ChatFamily::kLlama2}, "Next").status().code(), StatusCode::kUnsupported);
 }
 
 // The reference qwen3 vocabulary carries Qwen3's Jinja template: chatml, and a turn

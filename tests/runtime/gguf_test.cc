@@ -1103,6 +1103,11 @@ TEST(InfoCommand, TextReport) {
   CliResult more = RunCli({"info", "--max-items", "2", path});
   ASSERT_EQ(more.exit_code, 0) << more.err;
   EXPECT_NE(more.out.find("[\"<unk>\", \"<s>\", ... 31998 more]"), std::string::npos);
+  EXPECT_EQ(out.find("chat format"), std::string::npos) << "the llama-spm vocabulary has no chat template";
+  // The qwen3 vocabulary's template is chatml.
+  CliResult qwen = RunCli({"info", kShared + "/reference/models/ref-qwen3moe-q8_0.gguf"});
+  ASSERT_EQ(qwen.exit_code, 0) << qwen.err;
+  EXPECT_NE(qwen.out.find("chat format   chatml (run --chat)\n"), std::string::npos) << qwen.out;
 }
 
 TEST(InfoCommand, ErrorsAreOneLineAndNonZero) {

@@ -72,8 +72,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
     const char* message;
   } cases[] = {
       {{"-n", "-2"}, "-n must be -1 (until end of generation or a full context) or more"},
-      {{"--temp", "-1"}, "--temp must be >= 0"},
-      {{"--min-p", "2"}, "--min-p must be in [0, 1]"},
+      {{"--repeat-penalty", "0"}, "--repeat-penalty must be positive"},
       {{"--repeat-last-n", "-5"}, "--repeat-last-n must be -1 (all), 0 (off) or positive"},
       {{"--dump-logits", "-3"}, "--dump-logits must not be negative"},
       {{"--kv-type", "q5"}, "unknown KV codec 'q5'"},
@@ -108,15 +107,20 @@ TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
   EXPECT_EQ(j["generated_tokens"].size(), 12 - n_prompt);
   EXPECT_EQ(j["kv"]["tokens"], 11);  // the last token is sampled, never fed back
 
-  // Near-uniform draws (temperature 100, no cuts) reach the end-of-text token by token
-  // 163 with seed 1 (about 1 in 258 a step); with --ignore-eos every one of the 300 comes.
-  const std::vector<std::string> uniform = {"-n", "300", "--temp", "100", "--top-k", "0", "--top-p", "1",
-                                            "--min-p", "0", "-s", "1", "--json"};
-  const CliResult stops = RunCli(Quick(uniform));
-  ASSERT_EQ(stops.exit_code, 0) << stops.err;
-  const nlohmann::json js = nlohmann::json::parse(stops.out);
-  ASSERT_LT(js["generated_tokens"].size(), 300u);
-  const int eog = js["generated_tokens"].back();
+  // Near-uniform draws (temperature 100, no cuts) reach an end-of-text token within 300
+  // steps for most seeds (about 1 in 258 a step: with seed 1 at token 163); with the same
+  // seed and --ignore-eos every one of the 300 comes.
+  std::vector<std::string> uniform = {"-n", "300", "--temp", "100", "--top-k", "0", "--top-p", "1",
+                                      "--min-p", "0", "--json", "-s", "1"};
+  int eog = -1;
+  for (int seed = 1; seed <= 20 && eog < 0; ++seed) {
+    uniform.back() = std::to_string(seed);
+    const CliResult stops = RunCli(Quick(uniform));
+    ASSERT_EQ(stops.exit_code, 0) << stops.err;
+    const nlohmann::json js = nlohmann::json::parse(stops.out);
+    if (js["generated_tokens"].size() < 300u) eog = js["generated_tokens"].back();
+  }
+  ASSERT_GE(eog, 0) << "no seed of 20 drew an end-of-text token in 300 near-uniform steps";
   std::vector<std::string> ignoring = uniform;
   ignoring.push_back("--ignore-eos");
   const CliResult goes_on = RunCli(Quick(ignoring));
@@ -180,6 +184,74 @@ TEST(RunCommandTest, ChatUsesTheModelsTemplate) {
   const CliResult bad = with({"-m", ref + "ref-llama-q8_0.gguf", "--chat-template", "alpaca"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("--chat-template: "), std::string::npos) << bad.err;
+}
+
+// --continue appends the prompt as the next user turn of the conversation saved in
+// --session: the new prompt is the saved tokens, the closing end-of-turn marker and the
+// new turn, and all of the saved part is reused.
+TEST(RunCommandTest, ContinueAppendsATurnToTheSavedConversation) {
+  const std::string model = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-q8_0.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "no reference models";
+  const std::string session = ::testing::TempDir() + "/continue_chat.tkv";
+  std::filesystem::remove(session);
+  auto turn = [&](const char* text) {
+    return RunCli({"run", "-m", model, "-n", "3", "--no-warmup", "--mlock", "off", "--continue", "--session", session,
+                   "-p", text, "--json"});
+  };
+  const CliResult first = turn("Hi");
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const nlohmann::json j1 = nlohmann::json::parse(first.out);
+  EXPECT_EQ(j1["chat"], "chatml");
+  EXPECT_EQ(j1["session"]["restored_tokens"], 0);
+  // The saved conversation holds the reply as shown, its last token included (fed before
+  // the save), unless that token ended the turn.
+  std::vector<int> saved = j1["prompt_tokens"];
+  for (const int t : j1["generated_tokens"]) saved.push_back(t);
+  if (saved.back() == 151645 || saved.back() == 151643) saved.pop_back();
+  ASSERT_EQ(j1["kv"]["tokens"], saved.size());
+
+  const CliResult second = turn("More");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const nlohmann::json j2 = nlohmann::json::parse(second.out);
+  const std::vector<int> prompt2 = j2["prompt_tokens"];
+  ASSERT_GT(prompt2.size(), saved.size() + 6);
+  EXPECT_TRUE(std::equal(saved.begin(), saved.end(), prompt2.begin()));
+  EXPECT_EQ(prompt2[saved.size()], 151645);      // <|im_end|> closes the reply
+  EXPECT_EQ(prompt2[saved.size() + 2], 151644);  // <|im_start|>user
+  EXPECT_EQ(j2["session"]["reused_prefix_tokens"], saved.size());
+
+  const CliResult needs_session = RunCli({"run", "-m", model, "--continue", "-p", "x"});
+  EXPECT_EQ(needs_session.exit_code, 2);
+  EXPECT_NE(needs_session.err.find("--continue needs --session"), std::string::npos) << needs_session.err;
+  // A format that cannot continue is refused at the first turn too.
+  const std::string fresh = ::testing::TempDir() + "/continue_llama2.tkv";
+  std::filesystem::remove(fresh);
+  const CliResult llama2 = RunCli({"run", "-m", model, "-n", "2", "--no-warmup", "--mlock", "off", "--continue",
+                                   "--chat-template", "llama2", "--session", fresh, "-p", "x"});
+  EXPECT_EQ(llama2.exit_code, 1);
+  EXPECT_NE(llama2.err.find("chatml and llama3"), std::string::npos) << llama2.err;
+  EXPECT_FALSE(std::filesystem::exists(fresh));
+  // Another model's conversation is refused before anything loads, with one line.
+  const std::string llama = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-llama-q8_0.gguf";
+  const CliResult other = RunCli({"run", "-m", llama, "-n", "2", "--no-warmup", "--mlock", "off", "--continue",
+                                  "--chat-template", "chatml", "--session", session, "-p", "x"});
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_NE(other.err.find("wrong model"), std::string::npos) << other.err;
+  EXPECT_EQ(Lines(other.err), 1) << other.err;
+  // A corrupt file: one line naming it, and the file is left as it was.
+  {
+    std::FILE* f = std::fopen(session.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fputs("garbage!", f);
+    std::fclose(f);
+  }
+  const auto before = std::filesystem::file_size(session);
+  const CliResult corrupt = turn("Again");
+  EXPECT_EQ(corrupt.exit_code, 1);
+  EXPECT_NE(corrupt.err.find(session), std::string::npos) << corrupt.err;
+  EXPECT_EQ(Lines(corrupt.err), 1) << corrupt.err;
+  EXPECT_EQ(std::filesystem::file_size(session), before);
+  std::filesystem::remove(session);
 }
 
 TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {

@@ -2,6 +2,7 @@
 #include "runtime/sampler.h"
 
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -164,11 +165,35 @@ TEST(SamplerTest, ValidateNamesTheValueOutOfRange) {
     return o.Validate().message();
   };
   EXPECT_TRUE(SamplerOptions().Validate().ok());
-  EXPECT_NE(message([](SamplerOptions& o) { o.temperature = -1; }).find("--temp"), std::string::npos);
-  EXPECT_NE(message([](SamplerOptions& o) { o.top_p = 0; }).find("--top-p"), std::string::npos);
-  EXPECT_NE(message([](SamplerOptions& o) { o.min_p = 1.5f; }).find("--min-p"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.temperature = NAN; }).find("--temp"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.top_p = INFINITY; }).find("--top-p"), std::string::npos);
+  EXPECT_NE(message([](SamplerOptions& o) { o.min_p = NAN; }).find("--min-p"), std::string::npos);
   EXPECT_NE(message([](SamplerOptions& o) { o.repeat_penalty = 0; }).find("--repeat-penalty"), std::string::npos);
   EXPECT_NE(message([](SamplerOptions& o) { o.repeat_last_n = -2; }).find("--repeat-last-n"), std::string::npos);
+  // What llama.cpp accepts still means something here: a negative temperature is greedy,
+  // top-p 0 and min-p above 1 keep the top token.
+  const std::vector<float> logits = {0.5f, 2.0f, 1.9f};
+  for (const SamplerOptions& o : {Opts(-1.0f, 0, 1.0f, 3), Opts(1.0f, 0, 0.0f, 3), Opts(1.0f, 0, 1.0f, 3, 2.0f)}) {
+    ASSERT_TRUE(o.Validate().ok());
+    Sampler s(o);
+    EXPECT_EQ(Draws(s, logits, 200), (std::map<int32_t, int>{{1, 200}}));
+  }
+}
+
+// Degenerate logits: none, or none finite; and banned tokens stay out of a draw over
+// the whole vocabulary (no top-p or min-p cut) at any temperature.
+TEST(SamplerTest, DegenerateLogitsAndBansWithoutCuts) {
+  Sampler hot(Opts(1.0f, 0, 1.0f, 4));
+  EXPECT_EQ(hot.Sample(std::vector<float>{}), 0);
+  const std::vector<float> none = {-INFINITY, -INFINITY, -INFINITY};
+  const int32_t pick = hot.Sample(none);
+  EXPECT_GE(pick, 0);
+  EXPECT_LT(pick, 3);
+  SamplerOptions o = Opts(0.05f, 0, 1.0f, 6);  // cold: most weights underflow to 0
+  o.banned_tokens = {0, 3};
+  Sampler banned(o);
+  const std::vector<float> logits = {9.0f, 1.0f, 0.5f, 8.0f, -2.0f};
+  for (const auto& [id, n] : Draws(banned, logits, 300)) EXPECT_TRUE(id != 0 && id != 3) << id;
 }
 
 }  // namespace

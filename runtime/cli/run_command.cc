@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <sstream>
 
@@ -73,7 +74,15 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   RunOptions o;
   if (f.model.empty()) return Status::InvalidArgument("--model is required");
   o.model = f.model;
-  if (!f.prompt_file.empty()) {
+  if (!f.prompt_file.empty() && !f.prompt.empty()) {
+    return Status::InvalidArgument("give the prompt once: -p TEXT or -f FILE, not both");
+  }
+  if (f.prompt_file == "-") {
+    // -f - reads the prompt from standard input (echo ... | tierkv run -f -).
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    o.prompt = ss.str();
+  } else if (!f.prompt_file.empty()) {
     std::ifstream in(f.prompt_file, std::ios::binary);
     if (!in) return Status::NotFound("--prompt-file " + f.prompt_file + ": cannot open");
     std::stringstream ss;
@@ -167,7 +176,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   CLI::App* run = app.add_subcommand("run", "Run a model: prefill the prompt, generate, report");
   run->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
   run->add_option("-p,--prompt", f->prompt, "prompt text");
-  run->add_option("-f,--prompt-file", f->prompt_file, "read the prompt from a file");
+  run->add_option("-f,--prompt-file,--file", f->prompt_file, "read the prompt from a file (- = standard input)");
   run->add_option("-n,--n-predict", f->n, "tokens to generate (default 32; -1 = until end of generation or a full context)");
   run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n)");
   run->add_option("--temp", f->sampling.temperature, "temperature; 0 = greedy (default)");

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -73,6 +75,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
   } cases[] = {
       {{"-n", "-2"}, "-n must be -1 (until end of generation or a full context) or more"},
       {{"--repeat-penalty", "0"}, "--repeat-penalty must be positive"},
+      {{"-f", "/dev/null"}, "give the prompt once: -p TEXT or -f FILE, not both"},
       {{"--repeat-last-n", "-5"}, "--repeat-last-n must be -1 (all), 0 (off) or positive"},
       {{"--dump-logits", "-3"}, "--dump-logits must not be negative"},
       {{"--kv-type", "q5"}, "unknown KV codec 'q5'"},
@@ -252,6 +255,20 @@ TEST(RunCommandTest, ContinueAppendsATurnToTheSavedConversation) {
   EXPECT_EQ(Lines(corrupt.err), 1) << corrupt.err;
   EXPECT_EQ(std::filesystem::file_size(session), before);
   std::filesystem::remove(session);
+}
+
+// -f - reads the prompt from standard input.
+TEST(RunCommandTest, PromptFromStandardInput) {
+  std::istringstream fake("The sea was calm");
+  std::streambuf* old = std::cin.rdbuf(fake.rdbuf());
+  const CliResult piped = RunCli({"run", "-m", "builtin:tiny-moe", "-f", "-", "-n", "1", "--no-warmup", "--mlock",
+                                  "off", "--json"});
+  std::cin.rdbuf(old);
+  ASSERT_EQ(piped.exit_code, 0) << piped.err;
+  const CliResult given = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "The sea was calm", "-n", "1", "--no-warmup",
+                                  "--mlock", "off", "--json"});
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  EXPECT_EQ(nlohmann::json::parse(piped.out)["prompt_tokens"], nlohmann::json::parse(given.out)["prompt_tokens"]);
 }
 
 TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {

@@ -10,7 +10,6 @@
 #include "runtime/tokenizer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -881,38 +880,6 @@ TEST(TokenizerRefTest, InvalidUtf8) {
     EXPECT_EQ(ids, q.Encode(normalized, false, false));
     const std::string spm = l.Decode(l.Encode(s, false, false), {.remove_space_prefix = true});
     EXPECT_EQ(Hex(SpacesForMarks(spm)), Hex(SpacesForMarks(s)));
-  }
-}
-
-TEST(TokenizerRefTest, EncodesP3Quickly) {
-  REQUIRE_REF_VOCABS();
-  const auto files = VectorFiles();
-  for (const fs::path& file : files) {
-    const std::string name = file.filename().string();
-    if (name != "ref-llama-f16.json" && name != "ref-qwen3moe-f16.json") continue;
-    const auto j = nlohmann::json::parse(ReadFile(file.string()));
-    const Tokenizer& t = VocabNamed(j["model"]["vocab"].get<std::string>());
-    for (const auto& c : j["cases"]) {
-      if (c["id"] != "P3") continue;
-      const std::string prompt = c["prompt"].get<std::string>();
-      double best_ms = 1e9;
-      size_t n = 0;
-      for (int rep = 0; rep < 3; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        n = t.Encode(prompt, true, false).size();
-        const auto t1 = std::chrono::steady_clock::now();
-        best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
-      std::printf("[ tokenizer ] %s P3: %zu bytes -> %zu tokens in %.2f ms\n", name.c_str(),
-                  prompt.size(), n, best_ms);
-#if defined(TIERKV_SANITIZE) || !defined(__OPTIMIZE__)
-      const double limit_ms = 1000;  // sanitizers and unoptimized builds are ~10x slower
-#else
-      const double limit_ms = 100;
-#endif
-      EXPECT_LT(best_ms, limit_ms) << name;
-      EXPECT_EQ(n, c["prompt_ids"].size());
-    }
   }
 }
 

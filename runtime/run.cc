@@ -213,7 +213,7 @@ uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& m, uint64_t weights_256k
 }
 
 AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, uint64_t available_bytes,
-                       uint64_t mapped_bytes) {
+                       uint64_t mapped_bytes, uint64_t paged_bytes) {
   AutoHost h;
   h.bytes = kAutoHostFloor;
   h.available_bytes = available_bytes;
@@ -221,15 +221,16 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
   // A device or disk tier is a hierarchy the user laid out: the host keeps the floor.
   if (m.device != DeviceKind::kNone || m.disk_bytes > 0) return h;
   // The KV cache in blocks of the frame, at least 1 MiB (the largest grain --frame auto
-  // picks, and the most rounding), plus 1/16 and 64 MiB for copies in flight and weight
-  // pages.
+  // picks, and the most rounding), the weight pages asked for, plus 1/16 and 64 MiB for
+  // copies in flight and the working set of weight pages.
   const uint64_t frame = std::max<uint64_t>(m.frame_bytes, kMiB);
   const auto block_tokens = KvCache::BlockTokensFor(g, frame);
   if (!block_tokens.ok()) return h;  // CheckKvFits / KvCache::Create name the problem
   const uint64_t per_layer = (static_cast<uint64_t>(n_ctx) + static_cast<uint64_t>(*block_tokens) - 1) /
                              static_cast<uint64_t>(*block_tokens);
   const uint64_t kv = static_cast<uint64_t>(g.n_layers) * per_layer * frame;
-  uint64_t need = kv + kv / 16 + 64 * kMiB;
+  uint64_t need = kv + paged_bytes;
+  need += need / 16 + 64 * kMiB;
   need = (need + kMiB - 1) / kMiB * kMiB;
   if (need <= h.bytes) return h;
   // The weights read in place stay in the page cache, out of the arena's way.
@@ -333,7 +334,12 @@ Result<RunReport> RunSession(const RunOptions& o) {
     const uint64_t mapped = o.weights != RunOptions::Weights::kPaged && o.model.rfind(kBuiltinPrefix, 0) != 0
                                 ? file->tensor_bytes()
                                 : 0;
-    const AutoHost h = AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped);
+    // --weights paged asked for every weight page in the host tier: room for them too.
+    const uint64_t paged = o.weights == RunOptions::Weights::kPaged
+                               ? model->WeightPageBytes(std::max<uint64_t>(memory.frame_bytes, kMiB))
+                               : 0;
+    const AutoHost h =
+        AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped, paged);
     memory.host_bytes = h.bytes;
     host_note = AutoHostNote(h);
   }

@@ -116,7 +116,8 @@ uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& memory, uint64_t weights
 
 // --host auto (the default; docs/cli.md): kAutoHostFloor (1 GiB), or, with neither a
 // device nor a disk tier, enough for the context's KV cache (n_ctx tokens in blocks of
-// max(frame, 1 MiB), plus 1/16 and 64 MiB for copies in flight and weight pages), at
+// max(frame, 1 MiB)) and paged_bytes of weight pages (--weights paged), plus 1/16 and
+// 64 MiB for copies in flight and the working set of weight pages, at
 // most kAutoHostAvailablePercent of what available_bytes (MemAvailable; 0 = unknown,
 // no cap) leaves besides mapped_bytes (weights read in place from the page cache).
 // A capped budget may be too small: CheckKvFits then refuses the context, naming it.
@@ -129,7 +130,7 @@ struct AutoHost {
   bool capped = false;  // the need was above the cap
 };
 AutoHost AutoHostBytes(int n_ctx, const KvGeometry& geometry, const MemoryOptions& memory, uint64_t available_bytes,
-                       uint64_t mapped_bytes = 0);
+                       uint64_t mapped_bytes = 0, uint64_t paged_bytes = 0);
 
 Result<RunReport> RunSession(const RunOptions& options);
 

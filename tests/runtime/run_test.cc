@@ -44,6 +44,12 @@ TEST(RunTest, AutoHostBudgetFitsTheContextWithinAvailableMemory) {
   EXPECT_EQ(big.bytes, 4 * gib + gib / 4 + 64 * kMiB);
   EXPECT_FALSE(big.capped);
   EXPECT_EQ(AutoHostBytes(4 << 20, g, m, 0).bytes, big.bytes) << "unknown available memory: no cap";
+  // Weight pages asked for (--weights paged) count like the KV cache; weights read in
+  // place (mapped) come off the available memory instead.
+  EXPECT_EQ(AutoHostBytes(4 << 20, g, m, 16 * gib, 0, gib).bytes, 5 * gib + 5 * gib / 16 + 64 * kMiB);
+  const AutoHost mapped = AutoHostBytes(4 << 20, g, m, 6 * gib, 2 * gib);
+  EXPECT_TRUE(mapped.capped);
+  EXPECT_EQ(mapped.bytes, 4 * gib / 100 * 90 / kMiB * kMiB);
 
   const AutoHost capped = AutoHostBytes(4 << 20, g, m, 2 * gib);
   EXPECT_TRUE(capped.capped);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,15 @@ std::string HumanCount(uint64_t n) {
   else if (n >= 1000ull) std::snprintf(buf, sizeof(buf), "%.2f K", n / 1e3);
   else std::snprintf(buf, sizeof(buf), "%" PRIu64, n);
   return buf;
+}
+
+// What `tierkv run --chat` would use: nullopt when the file has no chat template, else
+// its format or why there is none.
+std::optional<Result<ChatFormat>> ChatFormatOf(const GgufFile& file) {
+  if (!file.Has("tokenizer.chat_template")) return std::nullopt;
+  auto tmpl = file.GetString("tokenizer.chat_template");
+  if (!tmpl.ok() || tmpl->empty()) return std::nullopt;
+  return DetectChatFormat(*tmpl);
 }
 
 // 544 -> "544", 544.5 -> "544.5", 1/3 -> "0.33".
@@ -283,13 +293,9 @@ std::string FormatInfoText(const GgufFile& file, const InfoOptions& options) {
   line("");
   line("parameters    " + HumanCount(file.parameter_count()) + " (" + std::to_string(file.parameter_count()) + ")");
   line("tensor bytes  " + std::to_string(file.tensor_bytes()) + " (" + FormatBytes(file.tensor_bytes()) + ")");
-  // What `tierkv run --chat` would use.
-  auto tmpl = file.Has("tokenizer.chat_template") ? file.GetString("tokenizer.chat_template")
-                                                  : Result<std::string_view>(std::string_view());
-  if (tmpl.ok() && !tmpl->empty()) {
-    auto format = DetectChatFormat(*tmpl);
-    line("chat format   " + (format.ok() ? std::string(ChatFamilyName(format->family)) + " (run --chat)"
-                                          : format.status().message()));
+  if (const auto chat = ChatFormatOf(file)) {
+    line("chat format   " + (chat->ok() ? std::string(ChatFamilyName((*chat)->family)) + " (run --chat)"
+                                        : chat->status().message()));
   }
 
   // KV cache.
@@ -346,6 +352,10 @@ std::string FormatInfoJson(const GgufFile& file, const InfoOptions& options) {
   j["tensors"] = std::move(tensors);
   j["parameter_count"] = file.parameter_count();
   j["tensor_bytes"] = file.tensor_bytes();
+  // The chat format `tierkv run --chat` would use: a name, or null (no template, or one
+  // of a family tierkv does not format).
+  const auto chat = ChatFormatOf(file);
+  j["chat_format"] = chat && chat->ok() ? Json(ChatFamilyName((*chat)->family)) : Json(nullptr);
   Result<KvCacheShape> shape = ReadKvCacheShape(file);
   if (shape.ok()) {
     Json kv;

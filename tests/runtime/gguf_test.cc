@@ -1069,6 +1069,8 @@ TEST(InfoCommand, JsonReportForTheReferenceModels) {
     EXPECT_EQ(per_token["tq3"], w.tq3);
     EXPECT_EQ(j["kv_cache"]["context_length"], model["context_length"]);
     EXPECT_EQ(j["kv_cache"]["key_length"], model["head_dim"]);
+    // The qwen3 vocabulary carries a chatml template; the llama-spm one none.
+    EXPECT_EQ(j["chat_format"], model["vocab"] == "qwen3" ? nlohmann::json("chatml") : nlohmann::json(nullptr));
   }
 }
 

@@ -506,16 +506,21 @@ SessionFile::SessionFile(std::string path, int fd, uint64_t block_bytes, std::ve
 
 SessionFile::~SessionFile() { close(fd_); }
 
+Status SessionFile::CheckModel(const std::string& path, const ModelFingerprint& saved, const ModelFingerprint& model) {
+  if (saved.hash == model.hash) return Status::Ok();
+  return Status::FailedPrecondition("wrong model: " + path + " was saved for " + saved.description +
+                                    ", this model is " + model.description);
+}
+
 Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model) {
   int fd = -1;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
   if (!loaded->note.empty()) spdlog::warn("{}", loaded->note);
   const Header& h = loaded->header;
-  if (h.model.hash != model.hash) {
+  if (Status s = CheckModel(path, h.model, model); !s.ok()) {
     close(fd);
-    return Status::FailedPrecondition("wrong model: " + path + " was saved for " + h.model.description +
-                                      ", this model is " + model.description);
+    return s;
   }
   if (!(h.geometry == cache.geometry())) {
     close(fd);

@@ -96,6 +96,9 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
     std::shared_ptr<SessionFile> file;  // keeps the backing open; also held by the cache's memory
   };
   static Result<Restored> Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model);
+  // Ok when a session saved for `saved` may be restored into `model`; else the "wrong
+  // model" error Restore gives, naming both (for a check before Restore, from Inspect).
+  static Status CheckModel(const std::string& path, const ModelFingerprint& saved, const ModelFingerprint& model);
 
   // Reads header, slots and manifest (no block data).
   static Result<SessionSummary> Inspect(const std::string& path);

@@ -103,6 +103,12 @@ std::string FormatChatTurn(const ChatFormat& format, std::string_view system, st
   return s;
 }
 
+Result<ChatFormat> ModelChatFormat(const GgufFile& file) {
+  if (!file.Has("tokenizer.chat_template")) return DetectChatFormat("");
+  TIERKV_ASSIGN_OR_RETURN(const std::string_view t, file.GetString("tokenizer.chat_template"));
+  return DetectChatFormat(t);
+}
+
 Result<std::string> FormatChatContinuation(const ChatFormat& format, std::string_view user) {
   switch (format.family) {
     case ChatFamily::kChatml: return "<|im_end|>\n" + FormatChatTurn(format, "", user);

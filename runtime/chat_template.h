@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "memory/status.h"
+#include "runtime/gguf.h"
 
 namespace tierkv {
 
@@ -29,6 +30,9 @@ struct ChatFormat {
   bool llama2_system = true;  // llama2: the system text inside <<SYS>> markers
   bool llama2_strip = false;  // llama2: texts stripped of surrounding whitespace
 };
+
+// The format of a model file's tokenizer.chat_template (kNotFound when it has none).
+Result<ChatFormat> ModelChatFormat(const GgufFile& file);
 
 // "chatml", "llama3", "llama2".
 const char* ChatFamilyName(ChatFamily family);

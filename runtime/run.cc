@@ -105,7 +105,7 @@ bool PageWeights(const RunOptions& o, const MemoryOptions& m, const Model& model
 std::string AutoHostNote(const AutoHost& h) {
   if (!h.capped) return "";
   std::string note = ", --host auto: " + std::to_string(kAutoHostAvailablePercent) + "% of the " +
-                     FormatBytes(h.available_bytes - std::min(h.available_bytes, h.mapped_bytes)) + " available";
+                     FormatBytes(h.usable_bytes) + " available";
   if (h.mapped_bytes > 0) note += " besides " + FormatBytes(h.mapped_bytes) + " of weights read in place";
   return note;
 }
@@ -216,8 +216,9 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
                        uint64_t mapped_bytes, uint64_t paged_bytes) {
   AutoHost h;
   h.bytes = kAutoHostFloor;
-  h.available_bytes = available_bytes;
   h.mapped_bytes = mapped_bytes;
+  // The weights read in place stay in the page cache, out of the arena's way.
+  h.usable_bytes = available_bytes - std::min(available_bytes, mapped_bytes);
   // A device or disk tier is a hierarchy the user laid out: the host keeps the floor.
   if (m.device != DeviceKind::kNone || m.disk_bytes > 0) return h;
   // The KV cache in blocks of the frame, at least 1 MiB (the largest grain --frame auto
@@ -233,9 +234,7 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
   need += need / 16 + 64 * kMiB;
   need = (need + kMiB - 1) / kMiB * kMiB;
   if (need <= h.bytes) return h;
-  // The weights read in place stay in the page cache, out of the arena's way.
-  const uint64_t usable = available_bytes - std::min(available_bytes, mapped_bytes);
-  const uint64_t cap = usable / 100 * kAutoHostAvailablePercent / kMiB * kMiB;
+  const uint64_t cap = h.usable_bytes / 100 * kAutoHostAvailablePercent / kMiB * kMiB;
   if (available_bytes > 0 && need > cap) {
     h.capped = true;
     h.bytes = std::max(h.bytes, cap);
@@ -252,12 +251,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   if (o.chat) {
     // One chat turn in the model's format; its markers are special tokens (parsed, as
     // llama.cpp does in chat mode). The user's own text may then spell special tokens too.
-    std::string tmpl = o.chat_template;
-    if (tmpl.empty() && file->Has("tokenizer.chat_template")) {
-      TIERKV_ASSIGN_OR_RETURN(const std::string_view t, file->GetString("tokenizer.chat_template"));
-      tmpl = std::string(t);
-    }
-    auto format = DetectChatFormat(tmpl);
+    auto format = o.chat_template.empty() ? ModelChatFormat(*file) : DetectChatFormat(o.chat_template);
     if (!format.ok()) {
       return format.status().code() == StatusCode::kNotFound
                  ? Status::NotFound(format.status().message() + "; give --chat-template chatml|llama3|llama2")
@@ -269,12 +263,9 @@ Result<RunReport> RunSession(const RunOptions& o) {
     if (o.continue_chat && std::filesystem::exists(o.session)) {
       // The saved conversation, then this turn: the restore below reuses all of it.
       TIERKV_ASSIGN_OR_RETURN(SessionSummary saved, SessionFile::Inspect(o.session));
-      const ModelFingerprint fp = FingerprintOf(*file);
-      if (!o.rope.any() && saved.model.hash != fp.hash) {
-        // Refused before the model loads (Restore would refuse it later, the same way).
-        return Status::FailedPrecondition("wrong model: " + o.session + " was saved for " + saved.model.description +
-                                          ", this model is " + fp.description);
-      }
+      // Another model's conversation is refused before the model loads (with RoPE flags
+      // the fingerprint needs the loaded config: Restore refuses it then, the same way).
+      if (!o.rope.any()) TIERKV_RETURN_IF_ERROR(SessionFile::CheckModel(o.session, saved.model, FingerprintOf(*file)));
       TIERKV_ASSIGN_OR_RETURN(const std::string more, FormatChatContinuation(*format, o.prompt));
       if (!o.system_prompt.empty()) spdlog::warn("--system-prompt is ignored: the conversation in {} has begun", o.session);
       r.prompt_tokens = std::move(saved.tokens);

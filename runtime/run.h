@@ -125,7 +125,7 @@ inline constexpr uint64_t kAutoHostFloor = 1ull << 30;
 inline constexpr int kAutoHostAvailablePercent = 90;
 struct AutoHost {
   uint64_t bytes = 0;
-  uint64_t available_bytes = 0;
+  uint64_t usable_bytes = 0;  // available_bytes less mapped_bytes
   uint64_t mapped_bytes = 0;
   bool capped = false;  // the need was above the cap
 };

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -37,15 +36,6 @@ std::string HumanCount(uint64_t n) {
   else if (n >= 1000ull) std::snprintf(buf, sizeof(buf), "%.2f K", n / 1e3);
   else std::snprintf(buf, sizeof(buf), "%" PRIu64, n);
   return buf;
-}
-
-// What `tierkv run --chat` would use: nullopt when the file has no chat template, else
-// its format or why there is none.
-std::optional<Result<ChatFormat>> ChatFormatOf(const GgufFile& file) {
-  if (!file.Has("tokenizer.chat_template")) return std::nullopt;
-  auto tmpl = file.GetString("tokenizer.chat_template");
-  if (!tmpl.ok() || tmpl->empty()) return std::nullopt;
-  return DetectChatFormat(*tmpl);
 }
 
 // 544 -> "544", 544.5 -> "544.5", 1/3 -> "0.33".
@@ -293,9 +283,10 @@ std::string FormatInfoText(const GgufFile& file, const InfoOptions& options) {
   line("");
   line("parameters    " + HumanCount(file.parameter_count()) + " (" + std::to_string(file.parameter_count()) + ")");
   line("tensor bytes  " + std::to_string(file.tensor_bytes()) + " (" + FormatBytes(file.tensor_bytes()) + ")");
-  if (const auto chat = ChatFormatOf(file)) {
-    line("chat format   " + (chat->ok() ? std::string(ChatFamilyName((*chat)->family)) + " (run --chat)"
-                                        : chat->status().message()));
+  // What `tierkv run --chat` would use (nothing when the file has no template).
+  if (const auto chat = ModelChatFormat(file); chat.status().code() != StatusCode::kNotFound) {
+    line("chat format   " + (chat.ok() ? std::string(ChatFamilyName(chat->family)) + " (run --chat)"
+                                       : chat.status().message()));
   }
 
   // KV cache.
@@ -354,8 +345,8 @@ std::string FormatInfoJson(const GgufFile& file, const InfoOptions& options) {
   j["tensor_bytes"] = file.tensor_bytes();
   // The chat format `tierkv run --chat` would use: a name, or null (no template, or one
   // of a family tierkv does not format).
-  const auto chat = ChatFormatOf(file);
-  j["chat_format"] = chat && chat->ok() ? Json(ChatFamilyName((*chat)->family)) : Json(nullptr);
+  const auto chat = ModelChatFormat(file);
+  j["chat_format"] = chat.ok() ? Json(ChatFamilyName(chat->family)) : Json(nullptr);
   Result<KvCacheShape> shape = ReadKvCacheShape(file);
   if (shape.ok()) {
     Json kv;

@@ -94,14 +94,14 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.n < -1) return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
   o.n_predict = f.n;
   o.ignore_eos = f.ignore_eos;
-  // -sys and --chat-template say "chat" on their own, as in llama.cpp's conversation mode.
-  o.chat = f.chat || !f.system_prompt.empty() || !f.chat_template.empty();
+  // -sys, --chat-template and --continue say "chat" on their own, as in llama.cpp's
+  // conversation mode.
+  o.chat = f.chat || f.continue_chat || !f.system_prompt.empty() || !f.chat_template.empty();
   o.system_prompt = f.system_prompt;
   o.continue_chat = f.continue_chat;
   if (f.continue_chat && f.session.empty()) {
     return Status::InvalidArgument("--continue needs --session FILE (the conversation to continue)");
   }
-  if (f.continue_chat) o.chat = true;
   o.chat_template = f.chat_template;
   if (!f.chat_template.empty()) {
     auto format = DetectChatFormat(f.chat_template);

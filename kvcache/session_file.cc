@@ -320,6 +320,36 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
 }
 
 // ---------------------------------------------------------------------------- saving
+namespace {
+
+// Whether a block's record from an earlier save of this file (file_id, committed data
+// ending at data_end) still holds the block as it is, `fill` tokens.
+bool InFile(const BlockSaveState& saved, uint64_t file_id, int fill, uint64_t data_end, uint64_t block_bytes) {
+  return saved.file_id == file_id && saved.tokens == fill && saved.offset + kRecordHeaderBytes + block_bytes <= data_end;
+}
+
+// A save appends the blocks that changed (a conversation's growing tail block, every
+// turn) and leaves the old records behind as garbage. When the garbage after this save
+// would be more than its live records, the save writes a new file instead (compaction):
+// the file stays under about twice its live size, and each compaction's rewrite is paid
+// for by as many bytes of appends since the last one.
+bool ShouldCompact(KvCache& cache, SeqId s, uint64_t file_id, uint64_t data_end) {
+  const uint64_t record = kRecordHeaderBytes + cache.block_bytes();
+  const int n_blocks = cache.NumBlocks(s);
+  uint64_t kept = 0, total = 0;
+  for (int l = 0; l < cache.geometry().n_layers; ++l) {
+    for (int b = 0; b < n_blocks; ++b) {
+      ++total;
+      if (InFile(cache.SaveState(cache.Block(s, l, b)), file_id, cache.BlockFill(s, b), data_end, cache.block_bytes())) ++kept;
+    }
+  }
+  const uint64_t old_bytes = data_end > kHeaderBytes ? data_end - kHeaderBytes : 0;
+  const uint64_t garbage = old_bytes - std::min(old_bytes, kept * record);
+  return garbage > total * record;
+}
+
+}  // namespace
+
 Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& tokens, const ModelFingerprint& model,
                          const std::string& path, SessionSaveStats* stats, SessionIo* io) {
   if (io == nullptr) io = SessionIo::Default();
@@ -360,8 +390,20 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     }
     prev = loaded->slot;
     append_at = prev.data_end;
-  } else if (errno == ENOENT) {
+    if (ShouldCompact(cache, s, header.file_id, append_at)) {
+      // More garbage than live blocks after this save: write the session afresh, aside,
+      // and rename it over this file (which stays intact until then). Blocks not yet
+      // paged in are read from this file through the restore's open descriptor.
+      close(fd);
+      fd = -1;
+      out.compacted = true;
+    }
+  } else if (errno != ENOENT) {
+    return Status::FromErrno(errno, "opening " + path);
+  }
+  if (fd < 0) {
     fresh = true;
+    append_at = kHeaderBytes;
     write_path = path + ".tmp." + std::to_string(getpid());
     fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Status::FromErrno(errno, "creating " + write_path);
@@ -370,8 +412,6 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     header.geometry = g;
     header.vector_bytes = cache.vector_bytes();
     header.block_bytes = bb;
-  } else {
-    return Status::FromErrno(errno, "opening " + path);
   }
   auto fail = [&](Status st) {
     close(fd);
@@ -414,8 +454,8 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
       const BlockId id = cache.Block(s, l, b);
       const int fill = cache.BlockFill(s, b);
       Record r{static_cast<uint32_t>(l), static_cast<uint32_t>(b), static_cast<uint32_t>(fill), 0, 0};
-      const BlockSaveState& saved = cache.SaveState(id);
-      if (saved.file_id == header.file_id && saved.tokens == fill && saved.offset + kRecordHeaderBytes + bb <= append_at) {
+      if (InFile(cache.SaveState(id), header.file_id, fill, append_at, bb)) {
+        const BlockSaveState& saved = cache.SaveState(id);
         r.offset = saved.offset;
         r.checksum = saved.checksum;
         ++out.blocks_reused;

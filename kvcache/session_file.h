@@ -10,7 +10,9 @@
 // manifest, fsyncs, and only then commits by writing the older commit slot (sequence
 // number + manifest location + checksums) and fsyncing again. A crash at any point
 // leaves the newest intact slot pointing at a complete, checksummed save. The first
-// save goes to a temporary file renamed into place.
+// save goes to a temporary file renamed into place, and so does a save that compacts:
+// one after which the file's garbage (records of blocks since rewritten, such as a
+// conversation's growing tail block) would outgrow its live records.
 //
 // Restore is lazy: it reads the header, a slot and the manifest (O(metadata)), and
 // registers every block as a backed page of the MemoryManager; a block is read, and
@@ -62,6 +64,7 @@ struct SessionSaveStats {
   uint64_t blocks_reused = 0;    // blocks whose record from an earlier save was kept
   uint64_t bytes_written = 0;    // everything this save wrote (blocks, manifest, slot)
   uint64_t file_bytes = 0;       // file size after the save
+  bool compacted = false;        // the file was written afresh (its garbage outgrew its live blocks)
 };
 
 struct SessionSummary {  // what `session inspect` prints

@@ -2,11 +2,13 @@
 #include "runtime/run.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -183,6 +185,17 @@ nlohmann::json RunReport::ToJson() const {
                   {"restored_tokens", restored_tokens},
                   {"reused_prefix_tokens", reused_prefix_tokens},
                   {"saved", saved}};
+  j["n_ctx"] = n_ctx;
+  j["interrupted"] = interrupted;
+  j["stopped"] = stopped;
+  j["context_full"] = context_full;
+  if (!turns.empty()) {
+    nlohmann::json tj2 = nlohmann::json::array();
+    for (const TurnReport& t : turns) {
+      tj2.push_back({{"input", t.input}, {"input_tokens", t.input_tokens}, {"generated", t.generated}, {"text", t.text}});
+    }
+    j["turns"] = tj2;
+  }
   if (!logits.empty() || !steps.empty()) {
     nlohmann::json lj = nlohmann::json::array(), sj = nlohmann::json::array();
     for (const auto& e : logits) lj.push_back(EntryJson(e));
@@ -248,63 +261,77 @@ Result<RunReport> RunSession(const RunOptions& o) {
   RunReport r;
   TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, OpenModelFile(o.model));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*file));
+  TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
+  const bool interactive = static_cast<bool>(o.next_turn);
+  std::optional<ChatFormat> format;
   if (o.chat) {
-    // One chat turn in the model's format; its markers are special tokens (parsed, as
-    // llama.cpp does in chat mode). The user's own text may then spell special tokens too.
-    auto format = o.chat_template.empty() ? ModelChatFormat(*file) : DetectChatFormat(o.chat_template);
-    if (!format.ok()) {
-      return format.status().code() == StatusCode::kNotFound
-                 ? Status::NotFound(format.status().message() + "; give --chat-template chatml|llama3|llama2")
-                 : format.status();
+    auto detected = o.chat_template.empty() ? ModelChatFormat(*file) : DetectChatFormat(o.chat_template);
+    if (!detected.ok()) {
+      return detected.status().code() == StatusCode::kNotFound
+                 ? Status::NotFound(detected.status().message() + "; give --chat-template chatml|llama3|llama2")
+                 : detected.status();
     }
+    format = *detected;
     r.chat = ChatFamilyName(format->family);
     // A format that cannot continue is refused at the first turn already.
-    if (o.continue_chat) TIERKV_RETURN_IF_ERROR(FormatChatContinuation(*format, "").status());
+    if (o.continue_chat || interactive) TIERKV_RETURN_IF_ERROR(FormatChatContinuation(*format, "").status());
+  }
+  // An interactive run without a prompt starts with the first input.
+  std::string first_input = o.prompt;
+  if (interactive && first_input.empty()) {
+    std::optional<std::string> in = o.next_turn();
+    if (!in) return r;  // no input at all: nothing to do
+    first_input = std::move(*in);
+  }
+  if (format) {
     if (o.continue_chat && std::filesystem::exists(o.session)) {
       // The saved conversation, then this turn: the restore below reuses all of it.
       TIERKV_ASSIGN_OR_RETURN(SessionSummary saved, SessionFile::Inspect(o.session));
       // Another model's conversation is refused before the model loads (with RoPE flags
       // the fingerprint needs the loaded config: Restore refuses it then, the same way).
       if (!o.rope.any()) TIERKV_RETURN_IF_ERROR(SessionFile::CheckModel(o.session, saved.model, FingerprintOf(*file)));
-      TIERKV_ASSIGN_OR_RETURN(const std::string more, FormatChatContinuation(*format, o.prompt));
+      TIERKV_ASSIGN_OR_RETURN(const std::string more, FormatChatContinuation(*format, first_input));
       if (!o.system_prompt.empty()) spdlog::warn("--system-prompt is ignored: the conversation in {} has begun", o.session);
       r.prompt_tokens = std::move(saved.tokens);
       const std::vector<int32_t> turn = tok->Encode(more, /*add_special=*/false, /*parse_special=*/true);
       r.prompt_tokens.insert(r.prompt_tokens.end(), turn.begin(), turn.end());
     } else {
-      r.prompt_tokens = tok->Encode(FormatChatTurn(*format, o.system_prompt, o.prompt), /*add_special=*/true,
+      // One chat turn in the model's format; its markers are special tokens (parsed, as
+      // llama.cpp does in chat mode). The user's own text may then spell special tokens too.
+      r.prompt_tokens = tok->Encode(FormatChatTurn(*format, o.system_prompt, first_input), /*add_special=*/true,
                                     /*parse_special=*/true);
     }
   } else {
-    r.prompt_tokens = tok->Encode(o.prompt, /*add_special=*/true, /*parse_special=*/false);
+    r.prompt_tokens = tok->Encode(first_input, /*add_special=*/true, /*parse_special=*/false);
   }
   if (r.prompt_tokens.empty()) return Status::InvalidArgument("the prompt is empty (no tokens)");
-  TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
   const int n_prompt_tokens = static_cast<int>(r.prompt_tokens.size());
   int n_predict = o.n_predict;
   int n_ctx = o.n_ctx;
-  if (n_predict < 0) {
-    // -n -1: until an end-of-generation token or a full context (-c, else the model's
-    // trained context, as llama.cpp's default -c 0 takes).
-    if (n_ctx <= 0) {
-      TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
-      n_ctx = config.context_length;
-    }
-    n_predict = n_ctx - n_prompt_tokens;
-    if (n_predict < 1) {
+  if ((n_predict < 0 || interactive) && n_ctx <= 0) {
+    // -n -1 and -i: until an end-of-generation token or a full context (-c, else the
+    // model's trained context, as llama.cpp's default -c 0 takes).
+    TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
+    n_ctx = config.context_length;
+  }
+  if (n_predict < 0 || interactive) {
+    if (n_ctx - n_prompt_tokens < 1) {
       return Status::InvalidArgument("the prompt (" + std::to_string(n_prompt_tokens) + " tokens) fills the context of " +
                                      std::to_string(n_ctx) + " tokens; raise -c");
     }
+    // One shot: what is left of the context. Interactive: each reply's own limit.
+    if (!interactive) n_predict = n_ctx - n_prompt_tokens;
   }
-  if (static_cast<int64_t>(n_prompt_tokens) + n_predict > std::numeric_limits<int32_t>::max()) {
+  if (!interactive && static_cast<int64_t>(n_prompt_tokens) + n_predict > std::numeric_limits<int32_t>::max()) {
     return Status::InvalidArgument("the prompt (" + std::to_string(n_prompt_tokens) + " tokens) plus -n " +
                                    std::to_string(n_predict) + " is more tokens than a context can hold");
   }
   if (n_ctx <= 0) n_ctx = n_prompt_tokens + n_predict;
-  if (n_prompt_tokens + n_predict > n_ctx) {
+  if (!interactive && n_prompt_tokens + n_predict > n_ctx) {
     return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
                                    std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(n_predict));
   }
+  r.n_ctx = n_ctx;
   ModelOptions mo;
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
@@ -384,38 +411,51 @@ Result<RunReport> RunSession(const RunOptions& o) {
     seq = cache->NewSequence();
   }
 
-  // Prefill: logits only where someone reads them.
-  const int n_prompt = static_cast<int>(r.prompt_tokens.size());
-  std::vector<float> logits(static_cast<size_t>(model->config().n_vocab));
-  auto wanted = [&](int pos) {
-    return pos == n_prompt - 1 || (o.dump_logits > 0 && (pos < o.dump_logits || pos >= n_prompt - o.dump_logits));
+  // The tokens whose K/V the cache holds, then (while `unfed`) the last one sampled,
+  // which is fed only when something follows it: a next step, a next input, a save.
+  const size_t n_vocab = static_cast<size_t>(model->config().n_vocab);
+  std::vector<float> logits(n_vocab);
+  std::vector<int32_t> all = r.prompt_tokens;
+  bool unfed = false;
+  auto stop_requested = [&] { return o.stop != nullptr && o.stop->load(std::memory_order_relaxed); };
+  auto clear_stop = [&] {
+    if (o.stop != nullptr) o.stop->store(false, std::memory_order_relaxed);
   };
-  const double copy_busy0 = mm->copy_busy_seconds();
-  const auto t_prefill = std::chrono::steady_clock::now();
-  // In chunks of o.batch tokens (ForwardBatch: the same bits as one Forward per token).
+
+  // Computes all[from, end) in chunks of o.batch tokens (ForwardBatch: the same bits as
+  // one Forward per token), the last one's logits into `logits` (and, for the first
+  // prompt, the --dump-logits positions). A stop between chunks drops the tokens not
+  // computed from `all` and returns false.
   std::vector<int> rows;
   std::vector<float> chunk_logits;
-  const size_t n_vocab = logits.size();
-  for (int pos = start; pos < n_prompt;) {
-    const int n = std::min(std::max(o.batch, 1), n_prompt - pos);
-    rows.clear();
-    for (int i = 0; i < n; ++i) {
-      if (wanted(pos + i)) rows.push_back(i);
+  auto prefill = [&](int from, bool dump) -> Result<bool> {
+    const int end = static_cast<int>(all.size());
+    auto wanted = [&](int pos) {
+      return pos == end - 1 || (dump && o.dump_logits > 0 && (pos < o.dump_logits || pos >= end - o.dump_logits));
+    };
+    for (int pos = from; pos < end;) {
+      if (stop_requested()) {
+        all.resize(static_cast<size_t>(pos));
+        return false;
+      }
+      const int n = std::min(std::max(o.batch, 1), end - pos);
+      rows.clear();
+      for (int i = 0; i < n; ++i) {
+        if (wanted(pos + i)) rows.push_back(i);
+      }
+      chunk_logits.resize(rows.size() * n_vocab);
+      const auto chunk = std::span<const int32_t>(all).subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
+      TIERKV_RETURN_IF_ERROR(model->ForwardBatch(*cache, seq, chunk, pos, rows, chunk_logits));
+      for (size_t k = 0; k < rows.size(); ++k) {
+        std::copy_n(chunk_logits.begin() + static_cast<ptrdiff_t>(k * n_vocab), n_vocab, logits.begin());
+        if (dump && o.dump_logits > 0) r.logits.push_back(Entry(pos + rows[k], logits));
+      }
+      pos += n;
+      if (o.on_prefill) o.on_prefill(pos - from, end - from);
     }
-    chunk_logits.resize(rows.size() * n_vocab);
-    const auto chunk =
-        std::span<const int32_t>(r.prompt_tokens).subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
-    TIERKV_RETURN_IF_ERROR(model->ForwardBatch(*cache, seq, chunk, pos, rows, chunk_logits));
-    for (size_t k = 0; k < rows.size(); ++k) {
-      std::copy_n(chunk_logits.begin() + static_cast<ptrdiff_t>(k * n_vocab), n_vocab, logits.begin());
-      if (o.dump_logits > 0) r.logits.push_back(Entry(pos + rows[k], logits));
-    }
-    pos += n;
-  }
-  r.prefill_s = Since(t_prefill);
-  r.prefill_tokens = n_prompt - start;
+    return true;
+  };
 
-  // Generation.
   SamplerOptions sampling = o.sampler;
   if (o.ignore_eos) {
     // As llama.cpp's --ignore-eos: end-of-generation tokens are never drawn.
@@ -424,41 +464,125 @@ Result<RunReport> RunSession(const RunOptions& o) {
     }
   }
   Sampler sampler(sampling);
-  // The prompt counts for the repetition penalties, as in llama.cpp.
-  for (const int32_t t : r.prompt_tokens) sampler.Accept(t);
-  const auto t_decode = std::chrono::steady_clock::now();
-  std::vector<int32_t> all = r.prompt_tokens;
-  for (int i = 0; i < n_predict; ++i) {
-    if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
-    const int32_t next = sampler.Sample(logits);
-    sampler.Accept(next);
-    r.generated_tokens.push_back(next);
-    const std::string piece = tok->TokenToPiece(next, /*render_special=*/false);
-    r.text += piece;
-    if (o.on_text) o.on_text(piece);
-    if ((!o.ignore_eos && tok->IsEog(next)) || i + 1 == n_predict) break;
-    const int pos = static_cast<int>(all.size());
-    all.push_back(next);
-    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, pos, logits));
-  }
-  r.decode_s = Since(t_decode);
-  if (!o.session.empty() && !r.generated_tokens.empty() && !tok->IsEog(r.generated_tokens.back())) {
-    // The last sampled token is fed too before a save, unless it ends the generation:
-    // the saved session then holds the whole text shown (a reply cut off by -n included),
-    // which the next run's prompt (or --continue) builds on.
-    const int pos = static_cast<int>(all.size());
-    all.push_back(r.generated_tokens.back());
-    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, all.back(), pos, std::span<float>()));
-  }
 
+  // One reply of at most `limit` tokens (-1: until end of generation or a full context).
+  // An end-of-generation token is reported but never fed (a next turn's text closes the
+  // reply itself).
+  auto generate = [&](int limit, TurnReport* turn) -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; limit < 0 || i < limit; ++i) {
+      if (stop_requested()) {
+        r.stopped = true;
+        clear_stop();
+        break;
+      }
+      if (static_cast<int>(all.size()) >= n_ctx) {
+        r.context_full = true;
+        if (interactive) spdlog::warn("the conversation ends: the context of {} tokens is full (raise -c)", n_ctx);
+        break;
+      }
+      if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
+      const int32_t next = sampler.Sample(logits);
+      sampler.Accept(next);
+      r.generated_tokens.push_back(next);
+      ++turn->generated;
+      const std::string piece = tok->TokenToPiece(next, /*render_special=*/false);
+      r.text += piece;
+      turn->text += piece;
+      if (o.on_text) o.on_text(piece);
+      if (!o.ignore_eos && tok->IsEog(next)) break;
+      all.push_back(next);
+      unfed = true;
+      if (i + 1 == limit) break;
+      if (static_cast<int>(all.size()) >= n_ctx) {
+        r.context_full = true;
+        if (interactive) spdlog::warn("the conversation ends: the context of {} tokens is full (raise -c)", n_ctx);
+        break;
+      }
+      TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, static_cast<int>(all.size()) - 1, logits));
+      unfed = false;
+    }
+    r.decode_s += Since(t0);
+    return Status::Ok();
+  };
+  auto feed_last = [&]() -> Status {
+    if (!unfed) return Status::Ok();
+    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, all.back(), static_cast<int>(all.size()) - 1, std::span<float>()));
+    unfed = false;
+    return Status::Ok();
+  };
+  // The session holds every token whose K/V is in the cache: the last sampled token is
+  // fed first, so the file holds the whole text shown (a reply cut off by -n included),
+  // which the next run's prompt (or --continue) builds on.
+  auto save = [&]() -> Status {
+    if (o.session.empty()) return Status::Ok();
+    TIERKV_RETURN_IF_ERROR(feed_last());
+    assert(cache->Length(seq) == static_cast<int>(all.size()));
+    TIERKV_RETURN_IF_ERROR(SessionFile::Save(*cache, seq, all, fp, o.session));
+    r.saved = true;
+    return Status::Ok();
+  };
+
+  const double copy_busy0 = mm->copy_busy_seconds();
+  const auto t_prefill = std::chrono::steady_clock::now();
+  TIERKV_ASSIGN_OR_RETURN(const bool prefilled, prefill(start, /*dump=*/true));
+  r.prefill_s = Since(t_prefill);
+  r.prefill_tokens = static_cast<int>(all.size()) - start;
+  if (!prefilled) {
+    // Stopped: no reply. The tokens computed are saved when there are new ones, so that
+    // the same prompt resumes there (an untouched session file is left as it was).
+    r.interrupted = true;
+    clear_stop();
+    if (static_cast<int>(all.size()) > start) TIERKV_RETURN_IF_ERROR(save());
+  } else {
+    // The prompt counts for the repetition penalties, as in llama.cpp.
+    for (const int32_t t : r.prompt_tokens) sampler.Accept(t);
+    TurnReport turn{first_input, n_prompt_tokens, 0, {}};
+    TIERKV_RETURN_IF_ERROR(generate(interactive ? o.n_predict : n_predict, &turn));
+    if (interactive) r.turns.push_back(std::move(turn));
+    // Interactive: save after each reply (only new blocks are appended), then the next
+    // input joins the context and is answered, until the inputs end or the context is full.
+    while (interactive && !r.context_full) {
+      TIERKV_RETURN_IF_ERROR(save());
+      std::optional<std::string> in = o.next_turn();
+      if (!in) break;
+      std::vector<int32_t> add;
+      if (format) {
+        TIERKV_ASSIGN_OR_RETURN(const std::string more, FormatChatContinuation(*format, *in));
+        add = tok->Encode(more, /*add_special=*/false, /*parse_special=*/true);
+      } else {
+        add = tok->Encode(*in, /*add_special=*/false, /*parse_special=*/false);
+      }
+      if (add.empty()) continue;
+      // The reply's last token first (when it was not an end of generation).
+      TIERKV_RETURN_IF_ERROR(feed_last());
+      if (all.size() + add.size() >= static_cast<size_t>(n_ctx)) {
+        spdlog::warn("the conversation ends: {} tokens held and {} more for the input leave no room to reply in "
+                     "the context of {} (raise -c)",
+                     all.size(), add.size(), n_ctx);
+        r.context_full = true;
+        break;
+      }
+      const int from = static_cast<int>(all.size());
+      all.insert(all.end(), add.begin(), add.end());
+      for (const int32_t t : add) sampler.Accept(t);
+      const auto t0 = std::chrono::steady_clock::now();
+      TIERKV_ASSIGN_OR_RETURN(const bool done, prefill(from, /*dump=*/false));
+      r.prefill_s += Since(t0);
+      r.prefill_tokens += static_cast<int>(all.size()) - from;
+      if (!done) {
+        r.interrupted = true;
+        clear_stop();
+        break;
+      }
+      TurnReport next{std::move(*in), static_cast<int>(add.size()), 0, {}};
+      TIERKV_RETURN_IF_ERROR(generate(o.n_predict, &next));
+      r.turns.push_back(std::move(next));
+    }
+    TIERKV_RETURN_IF_ERROR(save());
+  }
   r.kv_tokens = cache->Length(seq);
   r.kv_bytes = static_cast<uint64_t>(r.kv_tokens) * cache->token_bytes();
-  if (!o.session.empty()) {
-    // The session holds every token whose K/V is in the cache.
-    std::vector<int32_t> tokens(all.begin(), all.begin() + r.kv_tokens);
-    TIERKV_RETURN_IF_ERROR(SessionFile::Save(*cache, seq, tokens, fp, o.session));
-    r.saved = true;
-  }
   r.decoder = model->counters();
   r.copy_busy_s = mm->copy_busy_seconds() - copy_busy0;
   for (int t = 0; t < kNumTiers; ++t) r.tiers.push_back(mm->Stats(TierAt(t)));

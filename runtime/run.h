@@ -8,6 +8,7 @@
 // per process (it sets up its own thread pool and memory manager).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -62,6 +63,30 @@ struct RunOptions {
   // Called with each generated token's text as soon as it is sampled (streaming
   // output); null = none. RunReport::text has the whole text either way.
   std::function<void(std::string_view)> on_text;
+  // Called after each prefill chunk with the prompt tokens computed so far and their
+  // total (this run's, the reused prefix excluded); null = none.
+  std::function<void(int done, int total)> on_prefill;
+  // -i, interactive: after each reply, next_turn() gives the next input (nullopt ends
+  // the conversation). With chat it is the next user turn (FormatChatContinuation);
+  // without, raw text appended as it is. An empty prompt takes its first input from
+  // next_turn() as well. n_predict limits each reply (-1: until end of generation or a
+  // full context); a context full ends the conversation. With a session file, the
+  // session is saved after every reply. null = one prompt, one reply.
+  std::function<std::optional<std::string>()> next_turn;
+  // Set from outside (a SIGINT handler) to stop. During a prefill: the run ends after
+  // the current chunk, generating nothing, and the session (when given) holds the
+  // tokens computed so far, so the next run with the same prompt resumes there
+  // (RunReport::interrupted). During a reply: the reply ends (RunReport::stopped) and
+  // an interactive run asks for the next input. RunSession clears it once handled.
+  std::atomic<bool>* stop = nullptr;
+};
+
+// One reply of an interactive run.
+struct TurnReport {
+  std::string input;       // the text given (the prompt, for the first turn)
+  int input_tokens = 0;    // tokens it added to the context
+  int generated = 0;       // tokens sampled for the reply
+  std::string text;        // the reply
 };
 
 struct LogitsEntry {
@@ -92,6 +117,11 @@ struct RunReport {
   bool saved = false;
   std::vector<LogitsEntry> logits;  // with dump_logits
   std::vector<LogitsEntry> steps;
+  bool interrupted = false;   // RunOptions::stop ended the prefill
+  bool stopped = false;       // RunOptions::stop ended a reply
+  bool context_full = false;  // generation (or a next input) met the end of the context
+  int n_ctx = 0;              // the context the run was sized for
+  std::vector<TurnReport> turns;  // interactive runs: one per reply
 
   nlohmann::json ToJson() const;
 };

@@ -1,13 +1,21 @@
 // runtime/cli/run_command.cc
 #include "runtime/cli/run_command.h"
 
+#include <atomic>
+#include <chrono>
+#include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <string>
+
+#include <signal.h>
 
 #include <spdlog/spdlog.h>
 
@@ -22,10 +30,11 @@ struct RunFlags {
   std::string model, prompt, prompt_file, session;
   std::string device = "none", vram = "0", host = "auto", disk = "0", disk_dir = "/tmp";
   std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
-  int n = 32, ctx = 0, threads = 0, dump_logits = 0;
+  static constexpr int kUnset = INT_MIN;
+  int n = kUnset, ctx = 0, threads = 0, dump_logits = 0;
   SamplerOptions sampling;  // the sampling flags bind to its fields (llama.cpp's defaults, but greedy)
   bool ignore_eos = false;
-  bool chat = false, continue_chat = false;
+  bool chat = false, continue_chat = false, interactive = false;
   std::string system_prompt, chat_template;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false;
@@ -91,8 +100,14 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   } else {
     o.prompt = f.prompt;
   }
-  if (f.n < -1) return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
-  o.n_predict = f.n;
+  if (f.interactive && f.prompt_file == "-") {
+    return Status::InvalidArgument("-i reads its inputs from standard input: give the prompt with -p or -f FILE");
+  }
+  // -n: 32 for a one-shot run; each reply until its end (-1) in an interactive one.
+  if (f.n != RunFlags::kUnset && f.n < -1) {
+    return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
+  }
+  o.n_predict = f.n != RunFlags::kUnset ? f.n : f.interactive ? -1 : 32;
   o.ignore_eos = f.ignore_eos;
   // -sys, --chat-template and --continue say "chat" on their own, as in llama.cpp's
   // conversation mode.
@@ -159,6 +174,75 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   return o;
 }
 
+// -i: one input per line from standard input ("> " on stderr asks for it); a line
+// ending in a backslash goes on to the next one. Blank inputs are skipped. Raw text (no
+// --chat) gets its newline back: the user pressed Enter after it. End of input (or a
+// Ctrl-C at the prompt) ends the conversation.
+std::optional<std::string> ReadInput(bool chat) {
+  for (;;) {
+    std::fputs("\n> ", stderr);
+    std::fflush(stderr);
+    std::string text, line;
+    bool any = false;
+    while (std::getline(std::cin, line)) {
+      any = true;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty() && line.back() == '\\') {
+        line.pop_back();
+        text += line + "\n";
+        continue;
+      }
+      text += line;
+      break;
+    }
+    if (!any) return std::nullopt;
+    if (text.find_first_not_of(" \t\n") == std::string::npos) {
+      if (!std::cin) return std::nullopt;
+      continue;
+    }
+    if (!chat) text += '\n';
+    return text;
+  }
+}
+
+// Ctrl-C: the first asks the run to stop (the prefill after its current chunk, or the
+// current reply), the second ends the process as usual.
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+extern "C" void OnSigint(int) {
+  if (g_stop.exchange(true)) {
+    std::signal(SIGINT, SIG_DFL);
+    std::raise(SIGINT);
+  }
+}
+
+// Installs OnSigint for its lifetime, without SA_RESTART: a read of standard input
+// waiting for the next turn returns (EINTR) and ends the conversation.
+class SigintScope {
+ public:
+  SigintScope() {
+    g_stop.store(false);
+    struct sigaction sa = {};
+    sa.sa_handler = OnSigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    installed_ = sigaction(SIGINT, &sa, &old_) == 0;
+  }
+  ~SigintScope() {
+    if (installed_) sigaction(SIGINT, &old_, nullptr);
+  }
+  SigintScope(const SigintScope&) = delete;
+  SigintScope& operator=(const SigintScope&) = delete;
+
+ private:
+  struct sigaction old_ = {};
+  bool installed_ = false;
+};
+
+// A long prefill reports its progress on stderr every kProgressSeconds.
+constexpr double kProgressSeconds = 10.0;
+
 }  // namespace
 
 void NormalizeLlamaFlags(int argc, char** argv) {
@@ -177,8 +261,10 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
   run->add_option("-p,--prompt", f->prompt, "prompt text");
   run->add_option("-f,--prompt-file,--file", f->prompt_file, "read the prompt from a file (- = standard input)");
-  run->add_option("-n,--n-predict", f->n, "tokens to generate (default 32; -1 = until end of generation or a full context)");
-  run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n)");
+  run->add_option("-n,--n-predict", f->n,
+                  "tokens to generate (default 32; -1 = until end of generation or a full context); with -i, per "
+                  "reply (default -1)");
+  run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n; with -n -1 or -i the model's)");
   run->add_option("--temp", f->sampling.temperature, "temperature; 0 = greedy (default)");
   run->add_option("--top-k", f->sampling.top_k, "top-k (default 40; <= 0 off)");
   run->add_option("--top-p", f->sampling.top_p, "top-p (default 0.95; 1 off)");
@@ -188,6 +274,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--frequency-penalty", f->sampling.frequency_penalty, "minus count x F on repeated tokens (default 0)");
   run->add_option("--presence-penalty", f->sampling.presence_penalty, "minus P on tokens that occurred (default 0)");
   run->add_flag("--chat", f->chat, "the prompt is one user turn in the model's chat format (llama.cpp's -cnv)");
+  run->add_flag("-i,--interactive", f->interactive,
+                "after the reply, read the next input from standard input, one line each (with --chat a user turn), "
+                "until its end; Ctrl-C stops a reply");
   run->add_flag("--continue", f->continue_chat,
                 "append the prompt as the next user turn of the conversation in --session (implies --chat)");
   run->add_option("--system-prompt", f->system_prompt, "system message before the prompt (implies --chat; -sys)");
@@ -258,6 +347,25 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       std::fflush(stderr);
       streamed = true;
     };
+    // Progress of long prefills: a line every kProgressSeconds.
+    struct Progress {
+      std::chrono::steady_clock::time_point began, shown;
+      int last_done = 0;
+    };
+    auto progress = std::make_shared<Progress>();
+    options->on_prefill = [progress](int done, int total) {
+      const auto now = std::chrono::steady_clock::now();
+      Progress& p = *progress;
+      if (done <= p.last_done || p.last_done == 0) p.began = p.shown = now;  // a prefill's first chunk
+      p.last_done = done;
+      if (std::chrono::duration<double>(now - p.shown).count() < kProgressSeconds || done == total) return;
+      p.shown = now;
+      std::fprintf(stderr, "prefill: %d / %d tokens, %.0f s\n", done, total,
+                   std::chrono::duration<double>(now - p.began).count());
+    };
+    if (f->interactive) options->next_turn = [chat = options->chat] { return ReadInput(chat); };
+    SigintScope sigint;
+    options->stop = &g_stop;
     auto report = RunSession(*options);
     if (!report.ok()) {
       std::fprintf(stderr, "%serror: %s\n", streamed ? "\n" : "", report.status().message().c_str());
@@ -272,7 +380,14 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                  "(%.1f tok/s)\n",
                  r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, rate(r.prefill_tokens, r.prefill_s),
                  r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
+    if (r.interrupted) {
+      std::fprintf(stderr, "interrupted: %d prompt tokens computed%s\n", r.prefill_tokens,
+                   r.saved ? "; the session holds them, and the same prompt resumes there" : "");
+    }
     if (f->json) std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    // Stopped by Ctrl-C: 130, as a shell reports SIGINT (an interactive reply cut short
+    // is part of the conversation, not a failure).
+    if (r.interrupted || (r.stopped && !f->interactive)) exit_code = 130;
   });
 }
 

@@ -238,6 +238,95 @@ TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
   }
 }
 
+// A conversation saved after every turn rewrites its tail block each time. The file is
+// compacted (written afresh, renamed over) when its garbage would outgrow its live
+// records, so it stays under about twice their size; a restored session whose blocks
+// are not paged in compacts from the file it replaces.
+TEST(SessionFileTest, RepeatedSavesCompactTheFile) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  {
+    World a;
+    const SeqId s = a.cache->NewSequence();
+    AppendTokens(*a.cache, s, 0, 3, 5);
+    ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(3), kModel, path).ok());
+  }
+  World b;
+  auto r = SessionFile::Restore(*b.cache, path, kModel);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const uint64_t record = 32 + b.cache->block_bytes();
+  int compactions = 0, saves = 0;
+  for (int n = 4; n <= 40; ++n, ++saves) {
+    AppendTokens(*b.cache, r->seq, n - 1, n, 5);
+    SessionSaveStats st;
+    ASSERT_TRUE(SessionFile::Save(*b.cache, r->seq, Tokens(n), kModel, path, &st).ok()) << n;
+    compactions += st.compacted ? 1 : 0;
+    const uint64_t records = 2 * static_cast<uint64_t>(b.cache->NumBlocks(r->seq));
+    const uint64_t manifest = 32 + 4 * static_cast<uint64_t>(n) + 32 * records;
+    EXPECT_LE(st.file_bytes, 4096 + 2 * records * record + manifest) << "after the save of " << n << " tokens";
+    EXPECT_EQ(st.file_bytes, std::filesystem::file_size(path));
+    if (st.compacted) EXPECT_EQ(st.blocks_reused, 0u);
+  }
+  EXPECT_GE(compactions, 2);
+  EXPECT_LT(compactions, saves / 2) << "a compaction is paid for by the appends before it";
+  EXPECT_TRUE(SessionFile::Verify(path).ok());
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(files.path())) ++entries;
+  EXPECT_EQ(entries, 1) << "no temporary file is left behind";
+  World c;
+  auto back = SessionFile::Restore(*c.cache, path, kModel);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->tokens, Tokens(40));
+  EXPECT_EQ(BlockBytes(*c.cache, back->seq), BlockBytes(*b.cache, r->seq));
+}
+
+// A compacting save that crashes at any step leaves the file it would replace as it
+// was, and no temporary file.
+TEST(SessionFileTest, CrashDuringCompactionLeavesTheOldFile) {
+  TempDir files;
+  const std::string base = files.path() + "/base.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  auto forget = [&] {
+    for (int b = 0; b < a.cache->NumBlocks(s); ++b) {
+      for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, b)) = BlockSaveState{};
+    }
+  };
+  // A file with some garbage: the tail block written twice.
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, base).ok());
+  for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, 2)) = BlockSaveState{};
+  SessionSaveStats second;
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, base, &second).ok());
+  ASSERT_FALSE(second.compacted);
+  const auto before = ReadFile(base);
+  // Saves that forget every record then leave all of the old file as garbage: they compact.
+  bool completed = false;
+  for (int k = 0; k < 64 && !completed; ++k) {
+    TempDir dir;
+    const std::string path = dir.path() + "/s.tkv";
+    WriteFile(path, before);
+    forget();
+    CrashingIo io(k);
+    SessionSaveStats st;
+    const Status saved = SessionFile::Save(*a.cache, s, Tokens(20), kModel, path, &st, &io);
+    if (io.crashed()) {
+      EXPECT_FALSE(saved.ok());
+      EXPECT_EQ(ReadFile(path), before) << "crash at step " << k;
+      int entries = 0;
+      for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir.path())) ++entries;
+      EXPECT_EQ(entries, 1) << "crash at step " << k;
+    } else {
+      ASSERT_TRUE(saved.ok()) << saved.ToString();
+      EXPECT_TRUE(st.compacted);
+      EXPECT_LT(std::filesystem::file_size(path), before.size());
+      EXPECT_TRUE(SessionFile::Verify(path).ok());
+      completed = true;
+    }
+  }
+  EXPECT_TRUE(completed);
+}
+
 TEST(SessionFileTest, FlippedByteInAnyBlockIsNamedAndRefusedAtPageIn) {
   TempDir files;
   const std::string path = files.path() + "/s.tkv";

@@ -20,6 +20,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "kvcache/session_file.h"
+
 namespace tierkv {
 namespace {
 
@@ -255,6 +257,47 @@ TEST(RunCommandTest, ContinueAppendsATurnToTheSavedConversation) {
   EXPECT_EQ(Lines(corrupt.err), 1) << corrupt.err;
   EXPECT_EQ(std::filesystem::file_size(session), before);
   std::filesystem::remove(session);
+}
+
+// -i with --chat: each line of standard input is the next user turn, in one context.
+// The conversation is the one two --continue runs make (the same tokens, the same
+// replies), and the session is saved after each reply.
+TEST(RunCommandTest, InteractiveChatIsTheConversationContinueMakes) {
+  const std::string model = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-q8_0.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << "no reference models";
+  const std::string live = ::testing::TempDir() + "/interactive.tkv", steps = ::testing::TempDir() + "/steps.tkv";
+  std::filesystem::remove(live);
+  std::filesystem::remove(steps);
+  std::istringstream fake("More\n\n");
+  std::streambuf* old = std::cin.rdbuf(fake.rdbuf());
+  const CliResult chat = RunCli({"run", "-m", model, "-n", "3", "--no-warmup", "--mlock", "off", "-cnv", "-i",
+                                 "--session", live, "-p", "Hi", "--json"});
+  std::cin.rdbuf(old);
+  ASSERT_EQ(chat.exit_code, 0) << chat.err;
+  const nlohmann::json j = nlohmann::json::parse(chat.out);
+  ASSERT_EQ(j["turns"].size(), 2u);
+  EXPECT_EQ(j["turns"][1]["input"], "More");
+  EXPECT_NE(chat.err.find("\n> "), std::string::npos) << "asks for each input on stderr";
+
+  auto turn = [&](const char* text) {
+    return RunCli({"run", "-m", model, "-n", "3", "--no-warmup", "--mlock", "off", "--continue", "--session", steps,
+                   "-p", text, "--json"});
+  };
+  ASSERT_EQ(turn("Hi").exit_code, 0);
+  const CliResult second = turn("More");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const nlohmann::json j2 = nlohmann::json::parse(second.out);
+  EXPECT_EQ(j["turns"][1]["text"], j2["text"]);
+  auto a = SessionFile::Inspect(live), b = SessionFile::Inspect(steps);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->tokens, b->tokens);
+
+  // Standard input cannot be both the prompt and the turns.
+  const CliResult both = RunCli({"run", "-m", model, "-i", "-f", "-"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_EQ(Lines(both.err), 1) << both.err;
+  std::filesystem::remove(live);
+  std::filesystem::remove(steps);
 }
 
 // -f - reads the prompt from standard input.

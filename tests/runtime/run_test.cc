@@ -4,8 +4,11 @@
 // for the reference models, and a session round trip reuses the common prefix.
 #include "runtime/run.h"
 
+#include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -85,6 +88,152 @@ TEST(RunTest, StreamedTextIsTheReportedText) {
   EXPECT_EQ(calls, static_cast<int>(r->generated_tokens.size()));
   EXPECT_EQ(streamed, r->text);
   EXPECT_FALSE(streamed.empty());
+}
+
+RunOptions Tiny(const std::string& prompt, int n) {
+  RunOptions o;
+  o.model = "builtin:tiny-moe";
+  o.prompt = prompt;
+  o.n_predict = n;
+  o.memory.host_bytes = 64 << 20;
+  o.memory.mlock = MlockMode::kOff;
+  o.memory.warmup = false;
+  o.threads = 2;
+  return o;
+}
+
+// A stop during a reply (Ctrl-C in the CLI) ends it; the session holds what was shown.
+TEST(RunTest, StopEndsTheReplyAndSavesWhatWasShown) {
+  const std::string session = ::testing::TempDir() + "/stop_reply.tkv";
+  std::filesystem::remove(session);
+  std::atomic<bool> stop{false};
+  RunOptions o = Tiny("The lighthouse keeper climbed the stairs", 16);
+  o.session = session;
+  o.stop = &stop;
+  int shown = 0;
+  o.on_text = [&](std::string_view) {
+    if (++shown == 3) stop = true;
+  };
+  auto r = RunSession(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->stopped);
+  EXPECT_FALSE(r->interrupted);
+  EXPECT_FALSE(stop.load()) << "the run clears the request it handled";
+  EXPECT_EQ(r->generated_tokens.size(), 3u);
+  auto saved = SessionFile::Inspect(session);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->tokens.size(), r->prompt_tokens.size() + 3);
+  // The same reply, not stopped, begins with the same three tokens.
+  auto full = RunSession(Tiny("The lighthouse keeper climbed the stairs", 16));
+  ASSERT_TRUE(full.ok());
+  ASSERT_EQ(full->generated_tokens.size(), 16u);
+  EXPECT_TRUE(std::equal(r->generated_tokens.begin(), r->generated_tokens.end(), full->generated_tokens.begin()));
+  std::filesystem::remove(session);
+}
+
+// A stop during the prefill ends the run after the current chunk: nothing is generated,
+// the session holds the tokens computed, and the same prompt resumes there with the
+// result of a run never stopped.
+TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
+  const std::string session = ::testing::TempDir() + "/stop_prefill.tkv";
+  std::filesystem::remove(session);
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "The ships were late tonight. ";
+  std::atomic<bool> stop{false};
+  RunOptions o = Tiny(prompt, 6);
+  o.batch = 32;
+  o.session = session;
+  o.stop = &stop;
+  std::vector<int> progress;
+  o.on_prefill = [&](int done, int total) {
+    progress.push_back(done);
+    EXPECT_EQ(total, 12 * 29 + 1);
+    if (done == 64) stop = true;
+  };
+  auto cut = RunSession(o);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_TRUE(cut->interrupted);
+  EXPECT_EQ(progress, (std::vector<int>{32, 64}));
+  EXPECT_TRUE(cut->generated_tokens.empty());
+  EXPECT_EQ(cut->prefill_tokens, 64);
+  EXPECT_TRUE(cut->saved);
+  EXPECT_FALSE(stop.load());
+  EXPECT_EQ(SessionFile::Inspect(session)->tokens.size(), 64u);
+
+  RunOptions again = Tiny(prompt, 6);
+  again.session = session;
+  auto resumed = RunSession(again);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->reused_prefix_tokens, 64);
+  auto whole = RunSession(Tiny(prompt, 6));
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(resumed->generated_tokens, whole->generated_tokens);
+  EXPECT_EQ(resumed->prompt_tokens, whole->prompt_tokens);
+
+  // A stop before anything new is computed leaves the session file as it was.
+  const auto bytes = std::filesystem::file_size(session);
+  stop = true;
+  RunOptions none = Tiny(prompt + "More.", 6);
+  none.session = session;
+  none.stop = &stop;
+  auto r = RunSession(none);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->interrupted);
+  EXPECT_FALSE(r->saved);
+  EXPECT_EQ(std::filesystem::file_size(session), bytes);
+  std::filesystem::remove(session);
+}
+
+// Interactive turns extend one context: the same tokens as one run given the whole
+// conversation as its prompt, and replies bounded by -n each.
+TEST(RunTest, InteractiveTurnsExtendOneContext) {
+  std::vector<std::string> inputs = {"and then\n", "the end\n"};
+  size_t next = 0;
+  RunOptions o = Tiny("Once upon a time", 4);
+  o.n_ctx = 512;  // (the default, the model's trained context, needs more than 64 MiB)
+  o.next_turn = [&]() -> std::optional<std::string> {
+    if (next == inputs.size()) return std::nullopt;
+    return inputs[next++];
+  };
+  auto r = RunSession(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->turns.size(), 3u);
+  EXPECT_EQ(r->turns[0].input, "Once upon a time");
+  EXPECT_EQ(r->turns[2].input, "the end\n");
+  EXPECT_EQ(r->generated_tokens.size(), 12u);
+  // builtin:tiny-moe's vocabulary is bytes (plus BOS): the context is the text.
+  std::string context = "Once upon a time" + r->turns[0].text + "and then\n" + r->turns[1].text + "the end\n";
+  RunOptions whole = Tiny(context, 4);
+  auto w = RunSession(whole);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->text, r->turns[2].text);
+  EXPECT_EQ(r->kv_tokens, static_cast<int>(w->prompt_tokens.size()) + 3) << "the last reply's final token is not fed";
+
+  // No prompt: the first input is the prompt. No input at all: nothing to do.
+  next = 0;
+  RunOptions first = Tiny("", 4);
+  first.n_ctx = 512;
+  first.next_turn = o.next_turn;
+  auto f = RunSession(first);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->turns.size(), 2u);
+  EXPECT_EQ(f->turns[0].input, "and then\n");
+  auto nothing = RunSession(first);
+  ASSERT_TRUE(nothing.ok());
+  EXPECT_TRUE(nothing->turns.empty());
+
+  // A context that fills ends the conversation, not with an error.
+  next = 0;
+  RunOptions small = Tiny("Once upon a time", -1);
+  small.n_ctx = 24;
+  small.ignore_eos = true;
+  small.next_turn = o.next_turn;
+  auto full = RunSession(small);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  EXPECT_TRUE(full->context_full);
+  EXPECT_EQ(full->generated_tokens.size(), 24u - 17u) << "BOS and 16 bytes of prompt, then to the end";
+  EXPECT_EQ(full->kv_tokens, 23) << "the last token, at position 23, is fed only for a save";
+  EXPECT_EQ(full->turns.size(), 1u);
 }
 
 TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {

@@ -10,7 +10,9 @@
 // W is R x 4096 with random codes and fixed, sane block scales (seed 1), x is N(0, 1)
 // converted once to the type's activation (not timed). R = 256 keeps W in the L2 of
 // most cores (a compute comparison); R = 8192 (16 - 34 MB) reads it from L3 or memory.
-// Counter: GB/s of weight bytes (wall time). Commands and results: docs/benchmarks.md.
+// Counter: GB/s of weight bytes (wall time). Also matmul/<type>/tokens:<N>/path:<tokens|rows>
+// (BM_MatMulTokens below): a prefill chunk's product through the several-token kernel
+// against the one-token kernel once per token. Commands and results: docs/benchmarks.md.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -91,8 +93,60 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
   state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
 }
 
+// A prefill chunk's product, kernel level, one thread: R rows x 4096 against N tokens,
+// through the several-token kernel (path:tokens: each weight block set up once for four
+// tokens) or the one-token multi-row kernel once per token (path:rows, what MatMulMany
+// did before), same bits either way (tests/kernels/matvec_test.cc). R = 256: the rows
+// stay in L2, so this compares arithmetic. Counter: GMAC/s.
+void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool tokens) {
+  constexpr int64_t kRows = 256;
+  const std::vector<uint8_t> w = RandomRows(t, kRows);
+  const size_t rb = kernels::RowBytes(t, kCols);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<kernels::ActivationRow> acts(static_cast<size_t>(n_tokens));
+  std::vector<const void*> ptrs;
+  for (kernels::ActivationRow& a : acts) {
+    std::vector<float> x(kCols);
+    for (float& v : x) v = normal(rng);
+    a.Set(x.data(), kCols);
+    ptrs.push_back(a.For(t));
+  }
+  std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
+  const kernels::SimdLevel level = kernels::ActiveSimdLevel();
+  const kernels::DotRowsTokensFn many = kernels::GetDotRowsTokensFn(t, level);
+  const kernels::DotRowsFn one = kernels::GetDotRowsFn(t, level);
+  if (many == nullptr || one == nullptr) {
+    state.SkipWithError("no several-token kernel for this type on this CPU");
+    return;
+  }
+  for (auto _ : state) {
+    if (tokens) {
+      many(w.data(), rb, kRows, ptrs.data(), n_tokens, kCols, y.data(), kRows);
+    } else {
+      for (int i = 0; i < n_tokens; ++i) one(w.data(), rb, kRows, ptrs[static_cast<size_t>(i)], kCols, y.data() + i * kRows);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double macs = static_cast<double>(kRows) * kCols * n_tokens * static_cast<double>(state.iterations());
+  state.counters["GMACps"] = benchmark::Counter(macs / 1e9, benchmark::Counter::kIsRate);
+}
+
 void Register() {
   if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+    if (kernels::GetDotRowsTokensFn(t, kernels::ActiveSimdLevel()) == nullptr) continue;
+    for (int n : {4, 16, 64}) {
+      for (bool tokens : {true, false}) {
+        const std::string name = std::string("matmul/") + kernels::WeightTypeName(t) + "/tokens:" + std::to_string(n) +
+                                 "/path:" + (tokens ? "tokens" : "rows");
+        benchmark::RegisterBenchmark(name.c_str(), BM_MatMulTokens, t, n, tokens)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
+    }
+  }
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
                        WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ3_K, WeightType::kQ2_K}) {
     for (int64_t rows : {256, 2048, 8192, 32768}) {

@@ -44,12 +44,19 @@ struct MulChunk {
   const MatMulJob* job;
   DotFn dot;
   DotRowsFn dot_rows;
+  DotRowsTokensFn dot_tokens;  // set when the job has several tokens and the type a kernel
   const void* const* acts;  // [job->n]
   int64_t begin, end;
 };
 
 void RunMulChunk(const MulChunk& c) {
   const MatrixView& w = *c.job->w;
+  if (c.dot_tokens != nullptr) {
+    // Each row group once for all the tokens.
+    c.dot_tokens(w.Row(c.begin), w.row_bytes, c.end - c.begin, c.acts, c.job->n, w.cols,
+                 c.job->y + c.begin, c.job->y_stride);
+    return;
+  }
   // One token: the whole chunk in one call (the multi-row kernels' longest run).
   const int64_t sub = c.job->n == 1 ? c.end - c.begin : RowsInCache(w.row_bytes);
   for (int64_t r0 = c.begin; r0 < c.end; r0 += sub) {
@@ -111,9 +118,12 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
     const DotFn dot = GetDotFn(j.w->type, level);
     DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
     if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type)) dot_rows = nullptr;
-    const int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));
+    const DotRowsTokensFn dot_tokens = j.n > 1 ? GetDotRowsTokensFn(j.w->type, level) : nullptr;
+    int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));
+    // Whole groups of rows per task for the several-token kernels (8 rows a group).
+    if (dot_tokens != nullptr) step = (step + 15) / 16 * 16;
     for (int64_t b = 0; b < j.w->rows; b += step) {
-      chunks.push_back({&j, dot, dot_rows, acts.data() + first_act, b, std::min(j.w->rows, b + step)});
+      chunks.push_back({&j, dot, dot_rows, dot_tokens, acts.data() + first_act, b, std::min(j.w->rows, b + step)});
     }
     first_act += static_cast<size_t>(j.n);
   }

@@ -560,6 +560,11 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
   return nullptr;
 }
 
+DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level) {
+  if (level >= SimdLevel::kAvx512) return quant_internal::Avx512DotRowsTokens(weight);
+  return nullptr;
+}
+
 SimdLevel DotFnLevel(WeightType weight, SimdLevel level) {
   if (level >= SimdLevel::kAvx512 && quant_internal::Avx512Dot(weight)) return SimdLevel::kAvx512;
   if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight)) return SimdLevel::kAvx2;

@@ -260,6 +260,16 @@ using DotRowsFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, c
 // DotFn per row). Today: the quantized types at the AVX-512 level when the CPU also has
 // AVX512-VNNI.
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
+// Dots of n_rows consecutive rows with each of n_tokens activation rows (a prefill
+// chunk): out[t * out_stride + r] for r < n_rows, t < n_tokens, each bit-identical to
+// GetDotRowsFn's (and so GetDotFn's) result for row r and acts[t] alone. The kernel
+// loads and unpacks each weight block once for several tokens, where the one-token
+// kernels repeat that work per token.
+using DotRowsTokensFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
+                                 int n_tokens, int64_t n, float* out, size_t out_stride);
+// The several-token kernel for `weight` at `level`, or nullptr where there is none.
+// Today: Q8_0, Q4_K, Q5_K and Q6_K at the AVX-512 level with AVX512-VNNI.
+DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level);
 // Rows of at least this many bytes are "long": the multi-row kernels prefetch each of
 // their rows ahead (they read R interleaved streams, which the hardware prefetchers
 // follow poorly), and for one activation row MatVec may read them one at a time
@@ -279,6 +289,7 @@ DotFn ScalarDot(WeightType weight);
 DotFn Avx2Dot(WeightType weight);
 DotFn Avx512Dot(WeightType weight);
 DotRowsFn Avx512DotRows(WeightType weight);
+DotRowsTokensFn Avx512DotRowsTokens(WeightType weight);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.
 bool HasAvx512Vnni();

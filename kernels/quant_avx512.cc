@@ -375,6 +375,60 @@ TIERKV_VNNI_FN void DotQ8_0RowsVnni(const void* rows, size_t row_bytes, int64_t 
   for (; r < n_rows; ++r) out[r] = DotQ8_0Row1Vnni(RowBlocks<BlockQ8_0>(base + r * row_bytes, row_bytes, 0), x, n / kQk0);
 }
 
+// ---- Several tokens against the same rows (a prefill chunk): DotRowsTokensFn ----
+//
+// Q8_0, 8 rows x T tokens (T <= 4) block by block: each row pair's weight block is
+// loaded, biased and its scales converted once for the T tokens, and each token's
+// activation block set up once for the 8 rows. Per (row pair, token) the lanes do what
+// AccQ8_0Rows4Zmm's do, in the same order: vpdpbusd from -128 x the x bytes' sums, then
+// acc = fma(d_w * d_x, (float)p, acc), d_w * d_x one f32 multiply per lane. So every
+// (row, token) is bit-identical to that row's DotQ8_0RowsVnni with that token alone.
+template <int T>
+TIERKV_VNNI_FN inline void DotQ8_0Rows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                             int64_t nb, float* out, size_t out_stride) {
+  const BlockQ8_0* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_0*>(acts[t]);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[4][T];
+  for (int k = 0; k < 4; ++k) {
+    for (int t = 0; t < T; ++t) acc[k][t] = _mm512_setzero_ps();
+  }
+  const bool stream = row_bytes >= kShortRowBytes;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
+    if (stream && i % 4 == 0) {
+      for (int r = 0; r < 8; ++r) PrefetchAhead(col + static_cast<size_t>(r) * row_bytes, 4 * sizeof(BlockQ8_0));
+    }
+    // Rows 2k and 2k + 1: their codes + 128 and their d_w, in the low and high halves.
+    const __m512 dw8 = _mm512_castps256_ps512(StridedHalves8(col, row_bytes));
+    __m512i wq[4];
+    __m512 dw[4];
+    for (int k = 0; k < 4; ++k) {
+      const uint8_t* w0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ8_0, qs);
+      wq[k] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(Load256(w0)), Load256(w0 + row_bytes), 1), bias);
+      const __m512i sel = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1,
+                                            2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+      dw[k] = _mm512_permutexvar_ps(sel, dw8);
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512i xx = _mm512_broadcast_i64x4(Load256(x[t][i].qs));
+      const __m512i neg = NegBiasSums(xx, bias);
+      const __m512 dx = _mm512_set1_ps(HalfV(x[t][i].d));
+      for (int k = 0; k < 4; ++k) {
+        const __m512i p = _mm512_dpbusd_epi32(neg, wq[k], xx);
+        acc[k][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[k], dx), _mm512_cvtepi32_ps(p), acc[k][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float* o = out + static_cast<size_t>(t) * out_stride;
+    for (int k = 0; k < 4; ++k) {
+      o[2 * k] = HsumPs256(_mm512_castps512_ps256(acc[k][t]));
+      o[2 * k + 1] = HsumPs256(_mm512_extractf32x8_ps(acc[k][t], 1));
+    }
+  }
+}
+
 TIERKV_VNNI_FN inline __m256i UnpackQ4_0V(const uint8_t* qs) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
   const __m128i mask = _mm_set1_epi8(0x0f);
@@ -569,6 +623,56 @@ TIERKV_VNNI_FN void DotRowsK(const void* rows, size_t row_bytes, int64_t n_rows,
   for (; r < n_rows; ++r) One(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
 }
 
+// The activation's 16 bsums added in pairs (|.| <= 32 * 127) as 8 int16: sub-block j's
+// sum of codes, for the K-quants with 32-value sub-blocks.
+TIERKV_VNNI_FN inline __m128i BsumPairs(const BlockQ8_K& x) {
+  const __m256i bs = Load256(x.bsums);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(
+      _mm256_packs_epi32(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)), _mm256_setzero_si256()), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// Sum over the 8 sub-blocks of min_j * (activation sum of sub-block j), exactly.
+TIERKV_VNNI_FN inline int32_t MinsTimesSums(__m128i mn16, __m128i bpair) {
+  const __m128i mprod = _mm_madd_epi16(mn16, bpair);
+  __m128i ms = _mm_add_epi32(mprod, _mm_shuffle_epi32(mprod, _MM_SHUFFLE(1, 0, 3, 2)));
+  ms = _mm_add_epi32(ms, _mm_shuffle_epi32(ms, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(ms);
+}
+
+// One Q4_K (kFive = false) or Q5_K super-block of a row, unpacked for vpmaddubsw +
+// vpdpwssd against the activation's four 64-byte vectors: u[c] holds the codes of
+// sub-blocks 2c and 2c+1 (the 32 bytes of qs go to both halves of a zmm; a per-half
+// shift 0 | 4 picks the low or high nibbles; Q5_K adds its 5th bits), sc[c] their
+// scales as words. Returns the 8 mins as int16.
+template <bool kFive>
+TIERKV_VNNI_FN inline __m128i UnpackK4Row(const std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>& b, __m512i u[4],
+                                          __m512i sc[4]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // [0 | 4]
+  alignas(16) uint32_t sm[4];
+  UnpackScalesMinsK4(b.scales, sm);
+  const __m128i scmn = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
+  const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scmn));  // 8 scales
+  __m512i qh = _mm512_setzero_si512();
+  if constexpr (kFive) qh = _mm512_broadcast_i64x4(Load256(b.qh));
+  for (int c = 0; c < 4; ++c) {
+    const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * c));
+    u[c] = _mm512_and_si512(_mm512_srlv_epi16(q, nibble_shift), m4);
+    if constexpr (kFive) {
+      // Bit 2c of qh[l] is the 5th bit of sub-block 2c, bit 2c+1 that of 2c+1.
+      const __m512i hshift = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * c))),
+                                                _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
+      u[c] = _mm512_or_si512(
+          u[c], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, hshift), _mm512_set1_epi8(1)), 4));
+    }
+    // Words 0-15 take scale 2c, words 16-31 scale 2c+1.
+    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * c))),
+                                           _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
+    sc[c] = _mm512_permutexvar_epi16(idx, scz);
+  }
+  return _mm_cvtepu8_epi16(_mm_srli_si128(scmn, 8));  // 8 mins
+}
+
 // Q4_K (kFive = false) and Q5_K (kFive = true). Per super-block: the activation's 256
 // codes as four 64-byte vectors (sub-blocks 2c and 2c+1 are x[64c .. 64c + 63]) and the
 // pair sums of its bsums are shared by the rows. Per row and chunk c, the 32 bytes of qs
@@ -584,53 +688,21 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
   for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
   float sum1 = 0.0f;                  // R == 1
   __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  [[maybe_unused]] const __m512i one = _mm512_set1_epi8(1);
-  const __m512i nibble_shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // [0 | 4]
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int c = 0; c < 4; ++c) xq[c] = Load512(x[i].qs + 64 * c);
-    // bsums pair sums (|.| <= 32 * 127) as 8 int16: sub-block j's activation sum.
-    const __m256i bs = Load256(x[i].bsums);
-    const __m128i bpair = _mm256_castsi256_si128(
-        _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_madd_epi16(bs, _mm256_set1_epi16(1)), _mm256_setzero_si256()),
-                                 _MM_SHUFFLE(3, 1, 2, 0)));
+    const __m128i bpair = BsumPairs(x[i]);
     __m512i accs[R];
     alignas(32) int32_t summs[R];
     if (R > 1 && row_bytes >= kShortRowBytes) {
       for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
     }
     for (int r = 0; r < R; ++r) {
-      const Block& b = w[r][i];
-      alignas(16) uint32_t sm[4];
-      UnpackScalesMinsK4(b.scales, sm);
-      const __m128i scmn = _mm_load_si128(reinterpret_cast<const __m128i*>(sm));
-      const __m128i sc16 = _mm_cvtepu8_epi16(scmn);                    // 8 scales
-      const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(scmn, 8));  // 8 mins
-      const __m128i mprod = _mm_madd_epi16(mn16, bpair);
-      __m128i ms = _mm_add_epi32(mprod, _mm_shuffle_epi32(mprod, _MM_SHUFFLE(1, 0, 3, 2)));
-      ms = _mm_add_epi32(ms, _mm_shuffle_epi32(ms, _MM_SHUFFLE(2, 3, 0, 1)));
-      summs[r] = _mm_cvtsi128_si32(ms);
-      const __m512i scz = _mm512_castsi128_si512(sc16);
+      __m512i u[4], sc[4];
+      const __m128i mn16 = UnpackK4Row<kFive>(w[r][i], u, sc);
+      summs[r] = MinsTimesSums(mn16, bpair);
       __m512i acc = _mm512_setzero_si512();
-      __m512i qh = _mm512_setzero_si512();
-      if constexpr (kFive) qh = _mm512_broadcast_i64x4(Load256(b.qh));
-      for (int c = 0; c < 4; ++c) {
-        const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * c));
-        __m512i u = _mm512_and_si512(_mm512_srlv_epi16(q, nibble_shift), m4);
-        if constexpr (kFive) {
-          // Bit 2c of qh[l] is the 5th bit of sub-block 2c, bit 2c+1 that of 2c+1.
-          const __m512i hshift =
-              _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * c))),
-                                 _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
-          u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, hshift), one), 4));
-        }
-        // Words 0-15 take scale 2c, words 16-31 scale 2c+1.
-        const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * c))),
-                                               _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
-        const __m512i s = _mm512_permutexvar_epi16(idx, scz);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, xq[c]), s);
-      }
+      for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], xq[c]), sc[c]);
       accs[r] = acc;
     }
     if constexpr (R == 8) {
@@ -649,6 +721,45 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
 template <bool kFive>
 constexpr DotRowsFn DotK4RowsVnni = DotRowsK<DotK4RowsVnniT<kFive, kRowsK>, DotK4RowsVnniT<kFive, 1>>;
 
+// Q4_K / Q5_K, 8 rows x T tokens (T <= 4): each row's super-block unpacked once
+// (UnpackK4Row) for the T tokens; per token the integer sums and the float step are
+// DotK4RowsVnniT<kFive, 8>'s, so each (row, token) has that kernel's bits.
+template <bool kFive, int T>
+TIERKV_VNNI_FN inline void DotK4Rows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts, int64_t nb,
+                                           float* out, size_t out_stride) {
+  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  const Block* w[8];
+  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  __m256 sum8[T];
+  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m128i bpair[T];
+    for (int t = 0; t < T; ++t) bpair[t] = BsumPairs(x[t][i]);
+    if (row_bytes >= kShortRowBytes) {
+      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
+    }
+    __m512i accs[T][8];
+    alignas(32) int32_t summs[T][8];
+    for (int r = 0; r < 8; ++r) {
+      __m512i u[4], sc[4];
+      const __m128i mn16 = UnpackK4Row<kFive>(w[r][i], u, sc);
+      for (int t = 0; t < T; ++t) {
+        summs[t][r] = MinsTimesSums(mn16, bpair[t]);
+        __m512i acc = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], Load512(x[t][i].qs + 64 * c)), sc[c]);
+        accs[t][r] = acc;
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      sum8[t] = AddScaledLessMins8(sum8[t], x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes,
+                                   ReduceEpi32x16Rows8(accs[t]), summs[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
+}
+
 // Q6_K. Per half h of a super-block: ql[64h .. 64h + 63] as one zmm holds the low
 // nibbles of chunks 0 and 1 (values 0-63 of the half) and, shifted, the high nibbles of
 // chunks 2 and 3 (values 64-127), each matching 64 contiguous activation codes; qh is
@@ -658,14 +769,17 @@ constexpr DotRowsFn DotK4RowsVnni = DotRowsK<DotK4RowsVnniT<kFive, kRowsK>, DotK
 // word broadcast per lane of the 16 scales.
 // The -32 offset goes through the bsums (as in DotQ6_KAvx2). Float part:
 // sum += d_x * d_w * (float)sumi.
-template <int R>
-TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
-                                           float* out) {
-  static_assert(R == 1 || R == 8);
-  const BlockQ6_K* w[R];
-  for (int r = 0; r < R; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
-  float sum1 = 0.0f;                  // R == 1
-  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
+//
+// UnpackQ6KRow: one row's super-block as u[k] (the codes matching the activation's
+// 64-byte vector k) and sc[k] (their scales as words); returns the 16 scales as int16.
+// Word k of the scale vector of (half h, part p) is scale 8h + 4p + k / 8 = 4m + k / 8
+// (m = 2h + p). One word permutation per row puts scales L, 4 + L, 8 + L, 12 + L in
+// 128-bit lane L; an in-lane byte shuffle then broadcasts word m of every lane (one
+// vpermw and four vpshufb per row instead of four vpermw). With the high-bit select
+// below and two integer chains per row: 32000 x 256 in cache, two threads, medians of
+// 7 alternated runs, 93.4 -> 84.8 us (72 with no scales at all: the per-row
+// dependency chain is the limit).
+TIERKV_VNNI_FN inline __m256i UnpackQ6KRow(const BlockQ6_K& b, __m512i u[4], __m512i sc[4]) {
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   // Half h's qh bits: 0,1 (chunk 0) and 4,5 (chunk 2) for h = 0 in the low 256 bits, 2,3
   // and 6,7 for h = 1 in the high ones (each half's qh is broadcast to both).
@@ -674,49 +788,57 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
   const __m512i shift_a =
       _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(4)), _mm256_set1_epi16(2), 1);  // left [4 | 2]
   const __m512i shift_b = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);   // right [0 | 2]
-  // Word k of the scale vector of (half h, part p) is scale 8h + 4p + k / 8 = 4m + k / 8
-  // (m = 2h + p). One word permutation per row puts scales L, 4 + L, 8 + L, 12 + L in
-  // 128-bit lane L; an in-lane byte shuffle then broadcasts word m of every lane (one
-  // vpermw and four vpshufb per row instead of four vpermw). With the high-bit select
-  // below and two integer chains per row: 32000 x 256 in cache, two threads, medians of
-  // 7 alternated runs, 93.4 -> 84.8 us (72 with no scales at all: the per-row
-  // dependency chain is the limit).
   const __m512i lane_idx = _mm512_set_epi16(15, 11, 7, 3, 15, 11, 7, 3, 14, 10, 6, 2, 14, 10, 6, 2,  //
                                             13, 9, 5, 1, 13, 9, 5, 1, 12, 8, 4, 0, 12, 8, 4, 0);
-  __m512i pick[4];
-  for (int m = 0; m < 4; ++m) pick[m] = _mm512_set1_epi16(static_cast<short>(((2 * m + 1) << 8) | (2 * m)));
+  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+  const __m512i s4 = _mm512_permutexvar_epi16(lane_idx, _mm512_castsi256_si512(sc16));
+  for (int h = 0; h < 2; ++h) {
+    const __m512i ql = Load512(b.ql + 64 * h);
+    // The two high bits of every value moved to bits 4,5 of its byte; the other bits
+    // that land in bits 4-7 are the zeros qh_keep left (bits a 16-bit shift carries
+    // across bytes fall in bits 0-3, which the select below takes from ql).
+    const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(Load256(b.qh + 32 * h)), qh_keep);
+    // m4 ? low nibbles : high bits (vpternlog 0xe4 is "c ? a : b").
+    u[2 * h] = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shift_a), m4, 0xe4);
+    u[2 * h + 1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shift_b), m4, 0xe4);
+  }
+  for (int m = 0; m < 4; ++m) {
+    sc[m] = _mm512_shuffle_epi8(s4, _mm512_set1_epi16(static_cast<short>(((2 * m + 1) << 8) | (2 * m))));
+  }
+  return sc16;
+}
+
+// -32 * sum_g sc_g * bsums_g: Q6_K's offset, folded into the integer sum.
+TIERKV_VNNI_FN inline __m512i Q6KOffset(__m256i sc16, const BlockQ8_K& x) {
+  return _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(x.bsums)), 5));
+}
+
+template <int R>
+TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
+                                           float* out) {
+  static_assert(R == 1 || R == 8);
+  const BlockQ6_K* w[R];
+  for (int r = 0; r < R; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
+  float sum1 = 0.0f;                  // R == 1
+  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
-    const __m256i bs = Load256(x[i].bsums);
     __m512i accs[R];
     if (R > 1 && row_bytes >= kShortRowBytes) {
       for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(BlockQ6_K));
     }
     for (int r = 0; r < R; ++r) {
-      const BlockQ6_K& b = w[r][i];
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
-      // -32 * sum_g sc_g * bsums_g, folded into the integer accumulator.
-      const __m256i corr32 = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
-      const __m512i s4 = _mm512_permutexvar_epi16(lane_idx, _mm512_castsi256_si512(sc16));
-      // Two integer chains (chunks a and b; exact in any order) and the correction
-      // last: the row's dependency chain is what bounds this loop, not its width.
+      __m512i u[4], sc[4];
+      const __m256i sc16 = UnpackQ6KRow(w[r][i], u, sc);
+      // Two integer chains (exact in any order) and the offset last: the row's
+      // dependency chain is what bounds this loop, not its width.
       __m512i acc_a = _mm512_setzero_si512(), acc_b = _mm512_setzero_si512();
       for (int h = 0; h < 2; ++h) {
-        const __m512i ql = Load512(b.ql + 64 * h);
-        // The two high bits of every value moved to bits 4,5 of its byte; the other bits
-        // that land in bits 4-7 are the zeros qh_keep left (bits a 16-bit shift carries
-        // across bytes fall in bits 0-3, which the select below takes from ql).
-        const __m512i qh = _mm512_and_si512(_mm512_broadcast_i64x4(Load256(b.qh + 32 * h)), qh_keep);
-        // m4 ? low nibbles : high bits (vpternlog 0xe4 is "c ? a : b").
-        const __m512i qa = _mm512_ternarylogic_epi32(ql, _mm512_sllv_epi16(qh, shift_a), m4, 0xe4);
-        const __m512i qb =
-            _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_srlv_epi16(qh, shift_b), m4, 0xe4);
-        acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(qa, xq[2 * h]), _mm512_shuffle_epi8(s4, pick[2 * h]));
-        acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(qb, xq[2 * h + 1]),
-                                    _mm512_shuffle_epi8(s4, pick[2 * h + 1]));
+        acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(u[2 * h], xq[2 * h]), sc[2 * h]);
+        acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(u[2 * h + 1], xq[2 * h + 1]), sc[2 * h + 1]);
       }
-      accs[r] = _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), _mm512_zextsi256_si512(corr32));
+      accs[r] = _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, x[i]));
     }
     if constexpr (R == 8) {
       // sum += x.d * d_w * (float)sumi per row, lane-wise: the same f32 operations (the
@@ -732,6 +854,39 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
   } else {
     out[0] = sum1;
   }
+}
+
+// Q6_K, 8 rows x T tokens (T <= 4): each row's super-block unpacked once for the T
+// tokens; per token DotQ6_KRowsVnniT<8>'s integer sums and float step.
+template <int T>
+TIERKV_VNNI_FN inline void DotQ6_KRows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                             int64_t nb, float* out, size_t out_stride) {
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  const BlockQ6_K* w[8];
+  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
+  __m256 sum8[T];
+  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    if (row_bytes >= kShortRowBytes) {
+      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(BlockQ6_K));
+    }
+    __m512i accs[T][8];
+    for (int r = 0; r < 8; ++r) {
+      __m512i u[4], sc[4];
+      const __m256i sc16 = UnpackQ6KRow(w[r][i], u, sc);
+      for (int t = 0; t < T; ++t) {
+        __m512i acc = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], Load512(x[t][i].qs + 64 * k)), sc[k]);
+        accs[t][r] = _mm512_sub_epi32(acc, Q6KOffset(sc16, x[t][i]));
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[t][i].d), StridedHalves8(&w[0][i].d, row_bytes));
+      sum8[t] = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs[t])), sum8[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
 }
 
 constexpr DotRowsFn DotQ6_KRowsVnni = DotRowsK<DotQ6_KRowsVnniT<kRowsK>, DotQ6_KRowsVnniT<1>>;
@@ -927,6 +1082,47 @@ float OneRow(const void* row, const void* act, int64_t n) {
   return out;
 }
 
+// The several-token kernels' driver: groups of 8 rows through Group<T> for tokens four at
+// a time (then the 1 - 3 left), the rows left over through the one-token kernel Rows.
+using RowsTokensGroupFn = void (*)(const uint8_t* rows, size_t row_bytes, const void* const* acts, int64_t nb,
+                                   float* out, size_t out_stride);
+template <RowsTokensGroupFn G4, RowsTokensGroupFn G3, RowsTokensGroupFn G2, RowsTokensGroupFn G1, DotRowsFn Rows,
+          int64_t kBlock>
+TIERKV_VNNI_FN void DotRowsTokens8(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
+                                  int n_tokens, int64_t n, float* out, size_t out_stride) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const int64_t nb = n / kBlock;
+  int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) {
+    const uint8_t* g = base + r * row_bytes;
+    PrefetchGroup(g, 8, row_bytes);
+    int t = 0;
+    for (; t + 4 <= n_tokens; t += 4) G4(g, row_bytes, acts + t, nb, out + t * out_stride + r, out_stride);
+    float* o = out + static_cast<size_t>(t) * out_stride + r;
+    switch (n_tokens - t) {
+      case 3: G3(g, row_bytes, acts + t, nb, o, out_stride); break;
+      case 2: G2(g, row_bytes, acts + t, nb, o, out_stride); break;
+      case 1: G1(g, row_bytes, acts + t, nb, o, out_stride); break;
+      default: break;
+    }
+  }
+  if (r == n_rows) return;
+  for (int t = 0; t < n_tokens; ++t) {
+    Rows(base + r * row_bytes, row_bytes, n_rows - r, acts[t], n, out + static_cast<size_t>(t) * out_stride + r);
+  }
+}
+
+constexpr DotRowsTokensFn DotQ8_0RowsTokensVnni =
+    DotRowsTokens8<DotQ8_0Rows8Tokens<4>, DotQ8_0Rows8Tokens<3>, DotQ8_0Rows8Tokens<2>, DotQ8_0Rows8Tokens<1>,
+                   DotQ8_0RowsVnni, kQk0>;
+template <bool kFive>
+constexpr DotRowsTokensFn DotK4RowsTokensVnni =
+    DotRowsTokens8<DotK4Rows8Tokens<kFive, 4>, DotK4Rows8Tokens<kFive, 3>, DotK4Rows8Tokens<kFive, 2>,
+                   DotK4Rows8Tokens<kFive, 1>, DotK4RowsVnni<kFive>, kQkK>;
+constexpr DotRowsTokensFn DotQ6_KRowsTokensVnni =
+    DotRowsTokens8<DotQ6_KRows8Tokens<4>, DotQ6_KRows8Tokens<3>, DotQ6_KRows8Tokens<2>, DotQ6_KRows8Tokens<1>,
+                   DotQ6_KRowsVnni, kQkK>;
+
 #undef TIERKV_VNNI_FN
 
 #undef TIERKV_AVX512_FN
@@ -963,6 +1159,17 @@ DotFn Avx512Dot(WeightType weight) {
   return nullptr;
 }
 
+DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
+  if (!HasAvx512Vnni()) return nullptr;
+  switch (weight) {
+    case WeightType::kQ8_0: return DotQ8_0RowsTokensVnni;
+    case WeightType::kQ4_K: return DotK4RowsTokensVnni<false>;
+    case WeightType::kQ5_K: return DotK4RowsTokensVnni<true>;
+    case WeightType::kQ6_K: return DotQ6_KRowsTokensVnni;
+    default: return nullptr;
+  }
+}
+
 DotRowsFn Avx512DotRows(WeightType weight) {
   if (weight == WeightType::kF16) return DotF16RowsAvx512;
   if (!HasAvx512Vnni()) return nullptr;
@@ -987,6 +1194,7 @@ DotRowsFn Avx512DotRows(WeightType weight) {
 namespace tierkv::kernels::quant_internal {
 DotFn Avx512Dot(WeightType) { return nullptr; }
 DotRowsFn Avx512DotRows(WeightType) { return nullptr; }
+DotRowsTokensFn Avx512DotRowsTokens(WeightType) { return nullptr; }
 bool HasAvx512Vnni() { return false; }
 }  // namespace tierkv::kernels::quant_internal
 

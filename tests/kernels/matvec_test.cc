@@ -165,7 +165,7 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
                        WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
                        WeightType::kIQ4_XS}) {
     SCOPED_TRACE(WeightTypeName(t));
-    constexpr int kTokens = 5;
+    constexpr int kTokens = 7;  // a group of four and one of three, where kernels take tokens four at a time
     const OwnedMatrix a = RandomMatrix(t, 301, 512, 11);
     const OwnedMatrix b = RandomMatrix(WeightType::kQ8_0, 37, 512, 12);
     std::vector<ActivationRow> rows(kTokens);
@@ -191,6 +191,38 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
         }
         EXPECT_EQ(ya[static_cast<size_t>(i) * 310 + 305], -1.0f) << "wrote past the rows";
         EXPECT_EQ(std::vector<float>(yb.begin() + i * 37, yb.begin() + (i + 1) * 37), wb);
+      }
+    }
+  }
+}
+
+// The same over long rows (prefetched inside the kernels) and token counts of every
+// remainder, with the thread pool's row split.
+TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
+  ThreadPool pool(2);
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K, WeightType::kQ4_0}) {
+    SCOPED_TRACE(WeightTypeName(t));
+    constexpr int kCols = 2048, kRows = 77;
+    const OwnedMatrix a = RandomMatrix(t, kRows, kCols, 31);
+    for (int n_tokens : {2, 4, 9}) {
+      std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
+      std::vector<ActivationRow*> ptrs;
+      std::vector<std::vector<float>> xs;
+      for (int i = 0; i < n_tokens; ++i) {
+        xs.push_back(RandomVector(kCols, 40 + static_cast<uint32_t>(i)));
+        rows[static_cast<size_t>(i)].Set(xs.back().data(), kCols);
+        ptrs.push_back(&rows[static_cast<size_t>(i)]);
+      }
+      std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
+      const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), kRows};
+      MatMulMany({&job, 1}, &pool);
+      for (int i = 0; i < n_tokens; ++i) {
+        std::vector<float> want(kRows);
+        MatVec(a.view, xs[static_cast<size_t>(i)].data(), want.data(), nullptr);
+        for (int r = 0; r < kRows; ++r) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i) * kRows + r]), std::bit_cast<uint32_t>(want[r]))
+              << n_tokens << " tokens: token " << i << " row " << r;
+        }
       }
     }
   }

@@ -904,6 +904,79 @@ constexpr DotRowsFn DotQ6_KRowsVnni = DotRowsK<DotQ6_KRowsVnniT<kRowsK>, DotQ6_K
 // AVX2 kernel), Q3_K's correction is folded into the integer sum as Q6_K's is, and the
 // float part per row is DotQ23_KAvx2's, lane-wise for 8 rows (the contractions are
 // GCC's of the scalar forms, as for Q4_K and Q6_K; the bit tests confirm them).
+// One Q2_K (kThree = false) or Q3_K super-block of a row, unpacked: u[k] the values that
+// match the activation's 64-byte vector k, sc[k] their group scales as words. Returns
+// Q3_K's 16 scales, or Q2_K's 16 mins, as int16 (for the bsums terms).
+// Word w of row k: 4k + w / 8, the group whose scale multiplies it.
+alignas(64) constexpr int16_t kQ23GroupIdx[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9, 10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15}};
+
+template <bool kThree>
+TIERKV_VNNI_FN inline __m256i UnpackQ23KRow(const std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>& b, __m512i u[4],
+                                            __m512i sc[4]) {
+  const __m512i m2 = _mm512_set1_epi8(3);
+  __m256i sc16, ret;  // the 16 group scales as int16
+  if constexpr (kThree) {
+    sc16 = simd::ScalesQ3K(b.scales);
+    ret = sc16;
+  } else {
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    const __m128i mask4 = _mm_set1_epi8(0x0f);
+    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, mask4));
+    ret = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), mask4));
+  }
+  const __m512i scz = _mm512_castsi256_si512(sc16);
+  [[maybe_unused]] __m512i hm;
+  if constexpr (kThree) hm = _mm512_broadcast_i64x4(Load256(b.hmask));
+  for (int k = 0; k < 4; ++k) {
+    const int h = k / 2, c = k % 2;
+    // Chunks 2c, 2c + 1 (2 bits each) in the two halves.
+    const __m512i chunk_shift = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(4 * c))),
+                                                   _mm256_set1_epi16(static_cast<short>(4 * c + 2)), 1);
+    const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * h));
+    u[k] = _mm512_and_si512(_mm512_srlv_epi16(q, chunk_shift), m2);
+    if constexpr (kThree) {
+      // Bit 4h + j of hmask[l] for chunk j = 2c (low half) and 2c + 1 (high half).
+      const __m512i hshift =
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(4 * h + 2 * c))),
+                             _mm256_set1_epi16(static_cast<short>(4 * h + 2 * c + 1)), 1);
+      u[k] = _mm512_or_si512(u[k],
+                             _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm, hshift), _mm512_set1_epi8(1)), 2));
+    }
+    // Word w of zmm k takes the scale of group 4k + w / 8.
+    const __m512i group_idx = _mm512_load_si512(kQ23GroupIdx[k]);
+    sc[k] = _mm512_permutexvar_epi16(group_idx, scz);
+  }
+  return ret;
+}
+
+// The activation's bsums as the Q2_K / Q3_K terms want them: Q3_K's times -4 (its
+// offset, |.| <= 8128), Q2_K's as they are (its mins).
+template <bool kThree>
+TIERKV_VNNI_FN inline __m256i Q23KBsums(const BlockQ8_K& x) {
+  const __m256i bs = Load256(x.bsums);
+  if constexpr (kThree) return _mm256_mullo_epi16(bs, _mm256_set1_epi16(-4));
+  return bs;
+}
+
+// The integer start of a Q2_K / Q3_K row's sum for one activation block (bs from
+// Q23KBsums): Q3_K folds its offset in (-4 * sum_g sc_g * bsums_g, exact); Q2_K starts
+// at 0 and reports its mins term (sum_g min_g * bsums_g) in *summ.
+template <bool kThree>
+TIERKV_VNNI_FN inline __m512i Q23KStart(__m256i sc_or_mins, __m256i bs, int32_t* summ) {
+  if constexpr (kThree) {
+    (void)summ;
+    return _mm512_zextsi256_si512(_mm256_madd_epi16(sc_or_mins, bs));
+  } else {
+    *summ = HsumEpi32x8(_mm256_madd_epi16(sc_or_mins, bs));
+    return _mm512_setzero_si512();
+  }
+}
+
 template <bool kThree, int R>
 TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                             float* out) {
@@ -913,60 +986,20 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
   for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
   float sum1 = 0.0f;                  // R == 1
   __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
-  const __m512i m2 = _mm512_set1_epi8(3);
-  [[maybe_unused]] const __m512i one = _mm512_set1_epi8(1);
-  __m512i chunk_shift[2], group_idx[4];
-  for (int c = 0; c < 2; ++c) {  // chunks 2c, 2c + 1 (2 bits each) in the two halves
-    chunk_shift[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(4 * c))),
-                                        _mm256_set1_epi16(static_cast<short>(4 * c + 2)), 1);
-  }
-  for (int k = 0; k < 4; ++k) {  // word w of zmm k takes the scale of group 4k + w / 8
-    alignas(64) int16_t idx[32];
-    for (int v = 0; v < 32; ++v) idx[v] = static_cast<int16_t>(4 * k + v / 8);
-    group_idx[k] = _mm512_load_si512(idx);
-  }
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
-    const __m256i bs = Load256(x[i].bsums);
-    [[maybe_unused]] const __m256i bs_m4 = _mm256_mullo_epi16(bs, _mm256_set1_epi16(-4));  // |.| <= 8128
+    const __m256i bs = Q23KBsums<kThree>(x[i]);
     if (R > 1 && row_bytes >= kShortRowBytes) {
       for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
     }
     __m512i accs[R];
     alignas(32) int32_t summs[R];
     for (int r = 0; r < R; ++r) {
-      const Block& b = w[r][i];
-      __m256i sc16;  // the 16 group scales as int16
-      __m512i acc = _mm512_setzero_si512();
-      if constexpr (kThree) {
-        sc16 = simd::ScalesQ3K(b.scales);
-        // -4 * sum_g sc_g * bsums_g, folded into the integer accumulator (exact).
-        acc = _mm512_zextsi256_si512(_mm256_madd_epi16(sc16, bs_m4));
-      } else {
-        const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
-        const __m128i mask4 = _mm_set1_epi8(0x0f);
-        sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(s, mask4));
-        const __m256i mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), mask4));
-        const __m256i mprod = _mm256_madd_epi16(mn16, bs);
-        summs[r] = HsumEpi32x8(mprod);
-      }
-      const __m512i scz = _mm512_castsi256_si512(sc16);
-      [[maybe_unused]] __m512i hm;
-      if constexpr (kThree) hm = _mm512_broadcast_i64x4(Load256(b.hmask));
-      for (int k = 0; k < 4; ++k) {
-        const int h = k / 2, c = k % 2;
-        const __m512i q = _mm512_broadcast_i64x4(Load256(b.qs + 32 * h));
-        __m512i u = _mm512_and_si512(_mm512_srlv_epi16(q, chunk_shift[c]), m2);
-        if constexpr (kThree) {
-          // Bit 4h + j of hmask[l] for chunk j = 2c (low half) and 2c + 1 (high half).
-          const __m512i hshift = _mm512_inserti64x4(
-              _mm512_castsi256_si512(_mm256_set1_epi16(static_cast<short>(4 * h + 2 * c))),
-              _mm256_set1_epi16(static_cast<short>(4 * h + 2 * c + 1)), 1);
-          u = _mm512_or_si512(u, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(hm, hshift), one), 2));
-        }
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u, xq[k]), _mm512_permutexvar_epi16(group_idx[k], scz));
-      }
+      __m512i u[4], sc[4];
+      const __m256i s16 = UnpackQ23KRow<kThree>(w[r][i], u, sc);
+      __m512i acc = Q23KStart<kThree>(s16, bs, &summs[r]);
+      for (int k = 0; k < 4; ++k) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], xq[k]), sc[k]);
       accs[r] = acc;
     }
     if constexpr (kThree && R == 8) {  // sum += d_x * d_w * isum, as Q6_K
@@ -985,6 +1018,48 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
   } else {
     out[0] = sum1;
   }
+}
+
+// Q2_K / Q3_K, 8 rows x T tokens (T <= 4): each row's super-block unpacked once for the
+// T tokens; per token DotQ23_KRowsVnniT<kThree, 8>'s integer sums and float step.
+template <bool kThree, int T>
+TIERKV_VNNI_FN inline void DotQ23_KRows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                              int64_t nb, float* out, size_t out_stride) {
+  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  const Block* w[8];
+  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  __m256 sum8[T];
+  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    if (row_bytes >= kShortRowBytes) {
+      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
+    }
+    __m256i bs[T];
+    for (int t = 0; t < T; ++t) bs[t] = Q23KBsums<kThree>(x[t][i]);
+    __m512i accs[T][8];
+    alignas(32) int32_t summs[T][8];
+    for (int r = 0; r < 8; ++r) {
+      __m512i u[4], sc[4];
+      const __m256i s16 = UnpackQ23KRow<kThree>(w[r][i], u, sc);
+      for (int t = 0; t < T; ++t) {
+        __m512i acc = Q23KStart<kThree>(s16, bs[t], &summs[t][r]);
+        for (int k = 0; k < 4; ++k) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], Load512(x[t][i].qs + 64 * k)), sc[k]);
+        accs[t][r] = acc;
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      if constexpr (kThree) {
+        const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[t][i].d), StridedHalves8(&w[0][i].d, row_bytes));
+        sum8[t] = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs[t])), sum8[t]);
+      } else {
+        sum8[t] = AddScaledLessMins8(sum8[t], x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes,
+                                     ReduceEpi32x16Rows8(accs[t]), summs[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
 }
 
 template <bool kThree>
@@ -1119,6 +1194,10 @@ template <bool kFive>
 constexpr DotRowsTokensFn DotK4RowsTokensVnni =
     DotRowsTokens8<DotK4Rows8Tokens<kFive, 4>, DotK4Rows8Tokens<kFive, 3>, DotK4Rows8Tokens<kFive, 2>,
                    DotK4Rows8Tokens<kFive, 1>, DotK4RowsVnni<kFive>, kQkK>;
+template <bool kThree>
+constexpr DotRowsTokensFn DotQ23_KRowsTokensVnni =
+    DotRowsTokens8<DotQ23_KRows8Tokens<kThree, 4>, DotQ23_KRows8Tokens<kThree, 3>, DotQ23_KRows8Tokens<kThree, 2>,
+                   DotQ23_KRows8Tokens<kThree, 1>, DotQ23_KRowsVnni<kThree>, kQkK>;
 constexpr DotRowsTokensFn DotQ6_KRowsTokensVnni =
     DotRowsTokens8<DotQ6_KRows8Tokens<4>, DotQ6_KRows8Tokens<3>, DotQ6_KRows8Tokens<2>, DotQ6_KRows8Tokens<1>,
                    DotQ6_KRowsVnni, kQkK>;
@@ -1166,6 +1245,8 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
     case WeightType::kQ4_K: return DotK4RowsTokensVnni<false>;
     case WeightType::kQ5_K: return DotK4RowsTokensVnni<true>;
     case WeightType::kQ6_K: return DotQ6_KRowsTokensVnni;
+    case WeightType::kQ2_K: return DotQ23_KRowsTokensVnni<false>;
+    case WeightType::kQ3_K: return DotQ23_KRowsTokensVnni<true>;
     default: return nullptr;
   }
 }

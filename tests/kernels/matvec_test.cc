@@ -200,7 +200,8 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
 // remainder, with the thread pool's row split.
 TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
   ThreadPool pool(2);
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K, WeightType::kQ4_0}) {
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
+                       WeightType::kQ6_K, WeightType::kQ4_0}) {
     SCOPED_TRACE(WeightTypeName(t));
     constexpr int kCols = 2048, kRows = 77;
     const OwnedMatrix a = RandomMatrix(t, kRows, kCols, 31);

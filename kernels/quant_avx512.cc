@@ -607,6 +607,13 @@ TIERKV_VNNI_FN inline float AddScaledLessMins1(float sum1, float d_x, uint16_t d
   return sum1;
 }
 
+// sum += d_x * d_w * (float)isum for 8 rows lane-wise: the float step of Q6_K and Q3_K
+// (the product contracted into an FMA as GCC contracts the scalar form).
+TIERKV_VNNI_FN inline __m256 AddScaled8(__m256 sum8, float d_x, const uint16_t* d_w, size_t stride, __m256i isum) {
+  const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(d_x), StridedHalves8(d_w, stride));
+  return _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(isum), sum8);
+}
+
 // The K-quant multi-row kernels over n_rows rows: groups of kRowsK rows through Group
 // (a group's rows read side by side), the rows left over one by one through One.
 using KGroupFn = void (*)(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb, float* out);
@@ -721,45 +728,6 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
 template <bool kFive>
 constexpr DotRowsFn DotK4RowsVnni = DotRowsK<DotK4RowsVnniT<kFive, kRowsK>, DotK4RowsVnniT<kFive, 1>>;
 
-// Q4_K / Q5_K, 8 rows x T tokens (T <= 4): each row's super-block unpacked once
-// (UnpackK4Row) for the T tokens; per token the integer sums and the float step are
-// DotK4RowsVnniT<kFive, 8>'s, so each (row, token) has that kernel's bits.
-template <bool kFive, int T>
-TIERKV_VNNI_FN inline void DotK4Rows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts, int64_t nb,
-                                           float* out, size_t out_stride) {
-  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
-  const BlockQ8_K* x[T];
-  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
-  const Block* w[8];
-  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  __m256 sum8[T];
-  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    __m128i bpair[T];
-    for (int t = 0; t < T; ++t) bpair[t] = BsumPairs(x[t][i]);
-    if (row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
-    }
-    __m512i accs[T][8];
-    alignas(32) int32_t summs[T][8];
-    for (int r = 0; r < 8; ++r) {
-      __m512i u[4], sc[4];
-      const __m128i mn16 = UnpackK4Row<kFive>(w[r][i], u, sc);
-      for (int t = 0; t < T; ++t) {
-        summs[t][r] = MinsTimesSums(mn16, bpair[t]);
-        __m512i acc = _mm512_setzero_si512();
-        for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], Load512(x[t][i].qs + 64 * c)), sc[c]);
-        accs[t][r] = acc;
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      sum8[t] = AddScaledLessMins8(sum8[t], x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes,
-                                   ReduceEpi32x16Rows8(accs[t]), summs[t]);
-    }
-  }
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
-}
-
 // Q6_K. Per half h of a super-block: ql[64h .. 64h + 63] as one zmm holds the low
 // nibbles of chunks 0 and 1 (values 0-63 of the half) and, shifted, the high nibbles of
 // chunks 2 and 3 (values 64-127), each matching 64 contiguous activation codes; qh is
@@ -809,8 +777,8 @@ TIERKV_VNNI_FN inline __m256i UnpackQ6KRow(const BlockQ6_K& b, __m512i u[4], __m
 }
 
 // -32 * sum_g sc_g * bsums_g: Q6_K's offset, folded into the integer sum.
-TIERKV_VNNI_FN inline __m512i Q6KOffset(__m256i sc16, const BlockQ8_K& x) {
-  return _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(x.bsums)), 5));
+TIERKV_VNNI_FN inline __m512i Q6KOffset(__m256i sc16, __m256i bsums) {
+  return _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
 }
 
 template <int R>
@@ -824,6 +792,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
+    const __m256i bs = Load256(x[i].bsums);
     __m512i accs[R];
     if (R > 1 && row_bytes >= kShortRowBytes) {
       for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(BlockQ6_K));
@@ -838,13 +807,10 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
         acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(u[2 * h], xq[2 * h]), sc[2 * h]);
         acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(u[2 * h + 1], xq[2 * h + 1]), sc[2 * h + 1]);
       }
-      accs[r] = _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, x[i]));
+      accs[r] = _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, bs));
     }
     if constexpr (R == 8) {
-      // sum += x.d * d_w * (float)sumi per row, lane-wise: the same f32 operations (the
-      // product contracted into an FMA as GCC contracts the scalar form).
-      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[i].d), StridedHalves8(&w[0][i].d, row_bytes));
-      sum8 = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs)), sum8);
+      sum8 = AddScaled8(sum8, x[i].d, &w[0][i].d, row_bytes, ReduceEpi32x16Rows8(accs));
     } else {
       sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
     }
@@ -854,39 +820,6 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
   } else {
     out[0] = sum1;
   }
-}
-
-// Q6_K, 8 rows x T tokens (T <= 4): each row's super-block unpacked once for the T
-// tokens; per token DotQ6_KRowsVnniT<8>'s integer sums and float step.
-template <int T>
-TIERKV_VNNI_FN inline void DotQ6_KRows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
-                                             int64_t nb, float* out, size_t out_stride) {
-  const BlockQ8_K* x[T];
-  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
-  const BlockQ6_K* w[8];
-  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
-  __m256 sum8[T];
-  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    if (row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(BlockQ6_K));
-    }
-    __m512i accs[T][8];
-    for (int r = 0; r < 8; ++r) {
-      __m512i u[4], sc[4];
-      const __m256i sc16 = UnpackQ6KRow(w[r][i], u, sc);
-      for (int t = 0; t < T; ++t) {
-        __m512i acc = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], Load512(x[t][i].qs + 64 * k)), sc[k]);
-        accs[t][r] = _mm512_sub_epi32(acc, Q6KOffset(sc16, x[t][i]));
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[t][i].d), StridedHalves8(&w[0][i].d, row_bytes));
-      sum8[t] = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs[t])), sum8[t]);
-    }
-  }
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
 }
 
 constexpr DotRowsFn DotQ6_KRowsVnni = DotRowsK<DotQ6_KRowsVnniT<kRowsK>, DotQ6_KRowsVnniT<1>>;
@@ -1003,8 +936,7 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
       accs[r] = acc;
     }
     if constexpr (kThree && R == 8) {  // sum += d_x * d_w * isum, as Q6_K
-      const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[i].d), StridedHalves8(&w[0][i].d, row_bytes));
-      sum8 = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs)), sum8);
+      sum8 = AddScaled8(sum8, x[i].d, &w[0][i].d, row_bytes, ReduceEpi32x16Rows8(accs));
     } else if constexpr (kThree) {
       sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
     } else if constexpr (R == 8) {
@@ -1018,48 +950,6 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
   } else {
     out[0] = sum1;
   }
-}
-
-// Q2_K / Q3_K, 8 rows x T tokens (T <= 4): each row's super-block unpacked once for the
-// T tokens; per token DotQ23_KRowsVnniT<kThree, 8>'s integer sums and float step.
-template <bool kThree, int T>
-TIERKV_VNNI_FN inline void DotQ23_KRows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
-                                              int64_t nb, float* out, size_t out_stride) {
-  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
-  const BlockQ8_K* x[T];
-  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
-  const Block* w[8];
-  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  __m256 sum8[T];
-  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    if (row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
-    }
-    __m256i bs[T];
-    for (int t = 0; t < T; ++t) bs[t] = Q23KBsums<kThree>(x[t][i]);
-    __m512i accs[T][8];
-    alignas(32) int32_t summs[T][8];
-    for (int r = 0; r < 8; ++r) {
-      __m512i u[4], sc[4];
-      const __m256i s16 = UnpackQ23KRow<kThree>(w[r][i], u, sc);
-      for (int t = 0; t < T; ++t) {
-        __m512i acc = Q23KStart<kThree>(s16, bs[t], &summs[t][r]);
-        for (int k = 0; k < 4; ++k) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], Load512(x[t][i].qs + 64 * k)), sc[k]);
-        accs[t][r] = acc;
-      }
-    }
-    for (int t = 0; t < T; ++t) {
-      if constexpr (kThree) {
-        const __m256 d8 = _mm256_mul_ps(_mm256_set1_ps(x[t][i].d), StridedHalves8(&w[0][i].d, row_bytes));
-        sum8[t] = _mm256_fmadd_ps(d8, _mm256_cvtepi32_ps(ReduceEpi32x16Rows8(accs[t])), sum8[t]);
-      } else {
-        sum8[t] = AddScaledLessMins8(sum8[t], x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes,
-                                     ReduceEpi32x16Rows8(accs[t]), summs[t]);
-      }
-    }
-  }
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
 }
 
 template <bool kThree>
@@ -1157,6 +1047,95 @@ float OneRow(const void* row, const void* act, int64_t n) {
   return out;
 }
 
+// ---- The K-quants, 8 rows x T tokens (T <= 4): DotKRows8Tokens<Family, T> ----
+//
+// Each row's super-block is unpacked once (Family::Unpack: u[k] the codes matching the
+// activation's 64-byte vector k, sc[k] their scales as words, and the row's scales or
+// mins for the bsums terms) for the T tokens; per token the integer sums and the float
+// step are the one-token 8-row kernel's (Family::Start, the integer start and the mins
+// term; Family::Step, the float step), so each (row, token) has its bits.
+template <bool kFive>
+struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, AddScaledLessMins8
+  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
+    return _mm256_castsi128_si256(UnpackK4Row<kFive>(b, u, sc));
+  }
+  TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return _mm256_castsi128_si256(BsumPairs(x)); }
+  TIERKV_VNNI_FN static __m512i Start(__m256i mins, __m256i bs, int32_t* summ) {
+    *summ = MinsTimesSums(_mm256_castsi256_si128(mins), _mm256_castsi256_si128(bs));
+    return _mm512_setzero_si512();
+  }
+  TIERKV_VNNI_FN static __m256 Step(__m256 sum8, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
+                                    const int32_t* summs) {
+    return AddScaledLessMins8(sum8, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
+  }
+};
+struct Q6KFamily {  // the -32 offset folded into the integer start
+  using Block = BlockQ6_K;
+  TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) { return UnpackQ6KRow(b, u, sc); }
+  TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return Load256(x.bsums); }
+  TIERKV_VNNI_FN static __m512i Start(__m256i sc16, __m256i bs, int32_t*) {
+    return _mm512_sub_epi32(_mm512_setzero_si512(), Q6KOffset(sc16, bs));
+  }
+  TIERKV_VNNI_FN static __m256 Step(__m256 sum8, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
+                                    const int32_t*) {
+    return AddScaled8(sum8, x.d, &w0->d, row_bytes, isum);
+  }
+};
+template <bool kThree>
+struct Q23KFamily {  // Q2_K (mins) and Q3_K (the -4 offset)
+  using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
+    return UnpackQ23KRow<kThree>(b, u, sc);
+  }
+  TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return Q23KBsums<kThree>(x); }
+  TIERKV_VNNI_FN static __m512i Start(__m256i s16, __m256i bs, int32_t* summ) { return Q23KStart<kThree>(s16, bs, summ); }
+  TIERKV_VNNI_FN static __m256 Step(__m256 sum8, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
+                                    const int32_t* summs) {
+    if constexpr (kThree) {
+      return AddScaled8(sum8, x.d, &w0->d, row_bytes, isum);
+    } else {
+      return AddScaledLessMins8(sum8, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
+    }
+  }
+};
+
+template <typename Family, int T>
+TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts, int64_t nb,
+                                          float* out, size_t out_stride) {
+  using Block = typename Family::Block;
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  const Block* w[8];
+  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  __m256 sum8[T];
+  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    if (row_bytes >= kShortRowBytes) {
+      for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
+    }
+    __m256i bs[T];
+    for (int t = 0; t < T; ++t) bs[t] = Family::Bsums(x[t][i]);
+    __m512i accs[T][8];
+    alignas(32) int32_t summs[T][8];
+    for (int r = 0; r < 8; ++r) {
+      __m512i u[4], sc[4];
+      const __m256i extra = Family::Unpack(w[r][i], u, sc);
+      for (int t = 0; t < T; ++t) {
+        __m512i acc = Family::Start(extra, bs[t], &summs[t][r]);
+        for (int k = 0; k < 4; ++k) {
+          acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], Load512(x[t][i].qs + 64 * k)), sc[k]);
+        }
+        accs[t][r] = acc;
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      sum8[t] = Family::Step(sum8[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
+}
+
 // The several-token kernels' driver: groups of 8 rows through Group<T> for tokens four at
 // a time (then the 1 - 3 left), the rows left over through the one-token kernel Rows.
 using RowsTokensGroupFn = void (*)(const uint8_t* rows, size_t row_bytes, const void* const* acts, int64_t nb,
@@ -1190,17 +1169,10 @@ TIERKV_VNNI_FN void DotRowsTokens8(const void* rows, size_t row_bytes, int64_t n
 constexpr DotRowsTokensFn DotQ8_0RowsTokensVnni =
     DotRowsTokens8<DotQ8_0Rows8Tokens<4>, DotQ8_0Rows8Tokens<3>, DotQ8_0Rows8Tokens<2>, DotQ8_0Rows8Tokens<1>,
                    DotQ8_0RowsVnni, kQk0>;
-template <bool kFive>
-constexpr DotRowsTokensFn DotK4RowsTokensVnni =
-    DotRowsTokens8<DotK4Rows8Tokens<kFive, 4>, DotK4Rows8Tokens<kFive, 3>, DotK4Rows8Tokens<kFive, 2>,
-                   DotK4Rows8Tokens<kFive, 1>, DotK4RowsVnni<kFive>, kQkK>;
-template <bool kThree>
-constexpr DotRowsTokensFn DotQ23_KRowsTokensVnni =
-    DotRowsTokens8<DotQ23_KRows8Tokens<kThree, 4>, DotQ23_KRows8Tokens<kThree, 3>, DotQ23_KRows8Tokens<kThree, 2>,
-                   DotQ23_KRows8Tokens<kThree, 1>, DotQ23_KRowsVnni<kThree>, kQkK>;
-constexpr DotRowsTokensFn DotQ6_KRowsTokensVnni =
-    DotRowsTokens8<DotQ6_KRows8Tokens<4>, DotQ6_KRows8Tokens<3>, DotQ6_KRows8Tokens<2>, DotQ6_KRows8Tokens<1>,
-                   DotQ6_KRowsVnni, kQkK>;
+template <typename Family, DotRowsFn Rows>
+constexpr DotRowsTokensFn DotKRowsTokensVnni =
+    DotRowsTokens8<DotKRows8Tokens<Family, 4>, DotKRows8Tokens<Family, 3>, DotKRows8Tokens<Family, 2>,
+                   DotKRows8Tokens<Family, 1>, Rows, kQkK>;
 
 #undef TIERKV_VNNI_FN
 
@@ -1242,11 +1214,11 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
   if (!HasAvx512Vnni()) return nullptr;
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsTokensVnni;
-    case WeightType::kQ4_K: return DotK4RowsTokensVnni<false>;
-    case WeightType::kQ5_K: return DotK4RowsTokensVnni<true>;
-    case WeightType::kQ6_K: return DotQ6_KRowsTokensVnni;
-    case WeightType::kQ2_K: return DotQ23_KRowsTokensVnni<false>;
-    case WeightType::kQ3_K: return DotQ23_KRowsTokensVnni<true>;
+    case WeightType::kQ4_K: return DotKRowsTokensVnni<K45Family<false>, DotK4RowsVnni<false>>;
+    case WeightType::kQ5_K: return DotKRowsTokensVnni<K45Family<true>, DotK4RowsVnni<true>>;
+    case WeightType::kQ6_K: return DotKRowsTokensVnni<Q6KFamily, DotQ6_KRowsVnni>;
+    case WeightType::kQ2_K: return DotKRowsTokensVnni<Q23KFamily<false>, DotQ23_KRowsVnni<false>>;
+    case WeightType::kQ3_K: return DotKRowsTokensVnni<Q23KFamily<true>, DotQ23_KRowsVnni<true>>;
     default: return nullptr;
   }
 }

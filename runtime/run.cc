@@ -569,12 +569,15 @@ Result<RunReport> RunSession(const RunOptions& o) {
       const auto t0 = std::chrono::steady_clock::now();
       TIERKV_ASSIGN_OR_RETURN(const bool done, prefill(from, /*dump=*/false));
       r.prefill_s += Since(t0);
-      r.prefill_tokens += static_cast<int>(all.size()) - from;
       if (!done) {
+        // The input is dropped whole: the conversation is saved as it was before it.
+        TIERKV_RETURN_IF_ERROR(cache->Truncate(seq, from));
+        all.resize(static_cast<size_t>(from));
         r.interrupted = true;
         clear_stop();
         break;
       }
+      r.prefill_tokens += static_cast<int>(add.size());
       TurnReport next{std::move(*in), static_cast<int>(add.size()), 0, {}};
       TIERKV_RETURN_IF_ERROR(generate(o.n_predict, &next));
       r.turns.push_back(std::move(next));

@@ -222,6 +222,37 @@ TEST(RunTest, InteractiveTurnsExtendOneContext) {
   ASSERT_TRUE(nothing.ok());
   EXPECT_TRUE(nothing->turns.empty());
 
+  // A stop during an input's prefill drops that input and ends the conversation as it
+  // was before it; the session holds that.
+  {
+    const std::string session = ::testing::TempDir() + "/stop_turn.tkv";
+    std::filesystem::remove(session);
+    std::atomic<bool> stop{false};
+    std::vector<std::string> long_input = {std::string(40, 'x') + "\n"};
+    size_t given = 0;
+    RunOptions cut = Tiny("Once upon a time", 4);
+    cut.n_ctx = 512;
+    cut.batch = 8;
+    cut.session = session;
+    cut.stop = &stop;
+    cut.next_turn = [&]() -> std::optional<std::string> {
+      if (given == long_input.size()) return std::nullopt;
+      return long_input[given++];
+    };
+    cut.on_prefill = [&](int done, int total) {
+      if (total == 41 && done == 16) stop = true;  // the input's second chunk
+    };
+    auto c = RunSession(cut);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_TRUE(c->interrupted);
+    EXPECT_FALSE(stop.load());
+    ASSERT_EQ(c->turns.size(), 1u);
+    const size_t before = c->prompt_tokens.size() + c->generated_tokens.size();  // the first reply, fed
+    EXPECT_EQ(c->kv_tokens, static_cast<int>(before));
+    EXPECT_EQ(SessionFile::Inspect(session)->tokens.size(), before);
+    std::filesystem::remove(session);
+  }
+
   // A context that fills ends the conversation, not with an error.
   next = 0;
   RunOptions small = Tiny("Once upon a time", -1);

@@ -380,7 +380,10 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                  "(%.1f tok/s)\n",
                  r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, rate(r.prefill_tokens, r.prefill_s),
                  r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
-    if (r.interrupted) {
+    if (r.interrupted && !r.turns.empty()) {
+      std::fprintf(stderr, "interrupted: the last input was dropped; the conversation ends as it was before it%s\n",
+                   r.saved ? " (saved)" : "");
+    } else if (r.interrupted) {
       std::fprintf(stderr, "interrupted: %d prompt tokens computed%s\n", r.prefill_tokens,
                    r.saved ? "; the session holds them, and the same prompt resumes there" : "");
     }

@@ -468,6 +468,13 @@ Result<RunReport> RunSession(const RunOptions& o) {
   // One reply of at most `limit` tokens (-1: until end of generation or a full context).
   // An end-of-generation token is reported but never fed (a next turn's text closes the
   // reply itself).
+  // Whether the context has no room for another token (then it says so, once).
+  auto full = [&] {
+    if (static_cast<int>(all.size()) < n_ctx) return false;
+    r.context_full = true;
+    if (interactive) spdlog::warn("the conversation ends: the context of {} tokens is full (raise -c)", n_ctx);
+    return true;
+  };
   auto generate = [&](int limit, TurnReport* turn) -> Status {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; limit < 0 || i < limit; ++i) {
@@ -476,11 +483,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
         clear_stop();
         break;
       }
-      if (static_cast<int>(all.size()) >= n_ctx) {
-        r.context_full = true;
-        if (interactive) spdlog::warn("the conversation ends: the context of {} tokens is full (raise -c)", n_ctx);
-        break;
-      }
+      if (full()) break;
       if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
       const int32_t next = sampler.Sample(logits);
       sampler.Accept(next);
@@ -493,12 +496,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
       if (!o.ignore_eos && tok->IsEog(next)) break;
       all.push_back(next);
       unfed = true;
-      if (i + 1 == limit) break;
-      if (static_cast<int>(all.size()) >= n_ctx) {
-        r.context_full = true;
-        if (interactive) spdlog::warn("the conversation ends: the context of {} tokens is full (raise -c)", n_ctx);
-        break;
-      }
+      if (i + 1 == limit || full()) break;
       TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, static_cast<int>(all.size()) - 1, logits));
       unfed = false;
     }

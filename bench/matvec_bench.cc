@@ -135,8 +135,8 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
 
 void Register() {
   if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
-                       WeightType::kQ6_K}) {
+  for (WeightType t : {WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ2_K,
+                       WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
     if (kernels::GetDotRowsTokensFn(t, kernels::ActiveSimdLevel()) == nullptr) continue;
     for (int n : {4, 16, 64}) {
       for (bool tokens : {true, false}) {

@@ -8,7 +8,9 @@
 #include <bit>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -196,14 +198,19 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
   }
 }
 
-// The same over long rows (prefetched inside the kernels) and token counts of every
-// remainder, with the thread pool's row split.
+// The same over long rows (prefetched inside the kernels; F16 and BF16 rows of 4 KiB
+// also split into row blocks of 48, MatMulMany's L2 blocking), token counts of every
+// remainder, and widths the F16/BF16 kernel leaves to the one-token path (n % 16 != 0),
+// with the thread pool's row split.
 TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
   ThreadPool pool(2);
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
-                       WeightType::kQ6_K, WeightType::kQ4_0}) {
-    SCOPED_TRACE(WeightTypeName(t));
-    constexpr int kCols = 2048, kRows = 77;
+  const std::pair<WeightType, int> cases[] = {
+      {WeightType::kQ8_0, 2048}, {WeightType::kQ2_K, 2048}, {WeightType::kQ3_K, 2048}, {WeightType::kQ4_K, 2048},
+      {WeightType::kQ5_K, 2048}, {WeightType::kQ6_K, 2048}, {WeightType::kQ4_0, 2048}, {WeightType::kF16, 2048},
+      {WeightType::kBF16, 2048}, {WeightType::kF16, 200},   {WeightType::kBF16, 200}};
+  for (const auto& [t, kCols] : cases) {
+    SCOPED_TRACE(std::string(WeightTypeName(t)) + " x " + std::to_string(kCols));
+    constexpr int kRows = 77;
     const OwnedMatrix a = RandomMatrix(t, kRows, kCols, 31);
     for (int n_tokens : {2, 4, 9}) {
       std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));

@@ -265,7 +265,9 @@ TEST(SessionFileTest, RepeatedSavesCompactTheFile) {
     const uint64_t manifest = 32 + 4 * static_cast<uint64_t>(n) + 32 * records;
     EXPECT_LE(st.file_bytes, 4096 + 2 * records * record + manifest) << "after the save of " << n << " tokens";
     EXPECT_EQ(st.file_bytes, std::filesystem::file_size(path));
-    if (st.compacted) EXPECT_EQ(st.blocks_reused, 0u);
+    if (st.compacted) {
+      EXPECT_EQ(st.blocks_reused, 0u);
+    }
   }
   EXPECT_GE(compactions, 2);
   EXPECT_LT(compactions, saves / 2) << "a compaction is paid for by the appends before it";

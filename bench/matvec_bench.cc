@@ -116,7 +116,8 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
   const kernels::SimdLevel level = kernels::ActiveSimdLevel();
   const kernels::DotRowsTokensFn many = kernels::GetDotRowsTokensFn(t, level);
   const kernels::DotRowsFn one = kernels::GetDotRowsFn(t, level);
-  if (many == nullptr || one == nullptr) {
+  const kernels::DotFn dot = kernels::GetDotFn(t, level);  // for types without a multi-row kernel (IQ4_NL)
+  if (many == nullptr) {
     state.SkipWithError("no several-token kernel for this type on this CPU");
     return;
   }
@@ -124,7 +125,15 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
     if (tokens) {
       many(w.data(), rb, kRows, ptrs.data(), n_tokens, kCols, y.data(), kRows);
     } else {
-      for (int i = 0; i < n_tokens; ++i) one(w.data(), rb, kRows, ptrs[static_cast<size_t>(i)], kCols, y.data() + i * kRows);
+      for (int i = 0; i < n_tokens; ++i) {
+        const void* x = ptrs[static_cast<size_t>(i)];
+        float* out = y.data() + i * kRows;
+        if (one != nullptr) {
+          one(w.data(), rb, kRows, x, kCols, out);
+        } else {
+          for (int64_t r = 0; r < kRows; ++r) out[r] = dot(w.data() + static_cast<size_t>(r) * rb, x, kCols);
+        }
+      }
     }
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -135,8 +144,9 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
 
 void Register() {
   if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
-  for (WeightType t : {WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ2_K,
-                       WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+  for (WeightType t : {WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kIQ4_NL,
+                       WeightType::kIQ4_XS, WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
+                       WeightType::kQ6_K}) {
     if (kernels::GetDotRowsTokensFn(t, kernels::ActiveSimdLevel()) == nullptr) continue;
     for (int n : {4, 16, 64}) {
       for (bool tokens : {true, false}) {

@@ -972,6 +972,15 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
 template <bool kThree>
 constexpr DotRowsFn DotQ23_KRowsVnni = DotRowsK<DotQ23_KRowsVnniT<kThree, kRowsK>, DotQ23_KRowsVnniT<kThree, 1>>;
 
+// Rows one at a time through the AVX2 kernel of kType (the rows a several-token kernel
+// leaves, for types without a multi-row kernel).
+template <WeightType kType>
+void DotRowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n, float* out) {
+  const DotFn one = quant_internal::Avx2Dot(kType);
+  const auto* base = static_cast<const uint8_t*>(rows);
+  for (int64_t r = 0; r < n_rows; ++r) out[r] = one(base + static_cast<size_t>(r) * row_bytes, act, n);
+}
+
 // IQ4_XS. DotIq4XsAvx2 keeps, per row and super-block, 8 int32 lanes (lane L: values
 // 4L .. 4L+3 of every sub-block, times that sub-block's scale code - 32), then fma's them
 // by d_w * d_x into 8 f32 lanes; one HsumPs256 at the end. Here a zmm takes sub-blocks
@@ -982,61 +991,120 @@ constexpr DotRowsFn DotQ23_KRowsVnni = DotRowsK<DotQ23_KRowsVnniT<kThree, kRowsK
 // activation vector and its start sums; rows 2m and 2m + 1 share a float accumulator
 // (lanes 0-7 and 8-15), each lane doing its row's AVX2 lane's fma, so the bits are the
 // same. Rows left over (fewer than four) take the AVX2 kernel itself.
-TIERKV_VNNI_FN inline void DotIq4XsRows4Vnni(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
-                                            float* out) {
-  const BlockIq4Xs* w[4];
-  for (int r = 0; r < 4; ++r) w[r] = RowBlocks<BlockIq4Xs>(rows, row_bytes, r);
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+
+// One IQ4_XS super-block of a row for vpdpbusd: lv[k] its sub-blocks 2k and 2k + 1 as
+// level + 128 (the nibbles of each in two 128-bit lanes, shifted by 0 and 4, looked up),
+// sp[k] their scale codes - 32 in lanes 0-7 and 8-15.
+TIERKV_VNNI_FN inline void UnpackIq4XsRow(const BlockIq4Xs& b, __m512i lv[4], __m512i sp[4]) {
   const __m128i signed_levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
   const __m512i levels = _mm512_broadcast_i32x4(_mm_xor_si128(signed_levels, _mm_set1_epi8(static_cast<char>(0x80))));
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i nibble_shift = _mm512_maskz_set1_epi16(0xff00ff00u, 4);  // 128-bit lanes 1 and 3: high nibbles
   const __m256i shift_l = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
   const __m256i shift_h = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
-  __m512i pair[4];  // the scales of sub-blocks 2k and 2k + 1 to the lanes of zmm k
+  uint32_t sl;
+  std::memcpy(&sl, b.scales_l, 4);
+  // Code j: nibble j of the little-endian scales_l word, 2 bits of scales_h at 2j.
+  const __m256i codes = _mm256_or_si256(
+      _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), shift_l), _mm256_set1_epi32(15)),
+      _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b.scales_h), shift_h), _mm256_set1_epi32(3)),
+                        4));
+  const __m512i scales = _mm512_castsi256_si512(_mm256_sub_epi32(codes, _mm256_set1_epi32(32)));
   for (int k = 0; k < 4; ++k) {
-    pair[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)), _mm256_set1_epi32(2 * k + 1), 1);
+    const __m512i q = _mm512_castsi256_si512(Load256(b.qs + 32 * k));
+    const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(q, q, 0x50), nibble_shift), m4);
+    lv[k] = _mm512_shuffle_epi8(levels, u);
+    const __m512i pair = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * k)), _mm256_set1_epi32(2 * k + 1), 1);
+    sp[k] = _mm512_permutexvar_epi32(pair, scales);
   }
+}
+
+// A row's super-block sum as DotIq4XsAvx2's 8 int32 lanes: sub-block pair k's products
+// (from the start sums), times their scales, over k, the two halves added.
+TIERKV_VNNI_FN inline __m256i Iq4XsRowSum(const __m512i lv[4], const __m512i sp[4], const __m512i start[4],
+                                         const int8_t* xqs) {
+  __m512i sum = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    const __m512i p = _mm512_dpbusd_epi32(start[k], lv[k], Load512(xqs + 64 * k));
+    sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(p, sp[k]));
+  }
+  return _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+}
+
+// Rows 2m and 2m + 1's float step for one activation block: acc = fma(d_w * d_x,
+// (float)isum, acc) lane-wise, the two rows in lanes 0-7 and 8-15.
+TIERKV_VNNI_FN inline __m512 Iq4XsStep(__m512 acc, const BlockIq4Xs& b0, const BlockIq4Xs& b1, float d_x, __m256i isum0,
+                                      __m256i isum1) {
+  const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(HalfV(b0.d) * d_x), _mm256_set1_ps(HalfV(b1.d) * d_x), 1);
+  const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(isum0), isum1, 1);
+  return _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc);
+}
+
+TIERKV_VNNI_FN inline void DotIq4XsRows4Vnni(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
+                                            float* out) {
+  const BlockIq4Xs* w[4];
+  for (int r = 0; r < 4; ++r) w[r] = RowBlocks<BlockIq4Xs>(rows, row_bytes, r);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int64_t i = 0; i < nb; ++i) {
-    __m512i xq[4], start[4];
-    for (int k = 0; k < 4; ++k) {
-      xq[k] = Load512(x[i].qs + 64 * k);
-      start[k] = NegBiasSums(xq[k], bias);
-    }
+    __m512i start[4];
+    for (int k = 0; k < 4; ++k) start[k] = NegBiasSums(Load512(x[i].qs + 64 * k), bias);
     __m256i isum[4];
     if (row_bytes >= kShortRowBytes) {
       for (int r = 0; r < 4; ++r) PrefetchAhead(&w[r][i], sizeof(BlockIq4Xs));
     }
     for (int r = 0; r < 4; ++r) {
-      const BlockIq4Xs& b = w[r][i];
-      uint32_t sl;
-      std::memcpy(&sl, b.scales_l, 4);
-      // Code j: nibble j of the little-endian scales_l word, 2 bits of scales_h at 2j.
-      const __m256i codes = _mm256_or_si256(
-          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(sl)), shift_l), _mm256_set1_epi32(15)),
-          _mm256_slli_epi32(
-              _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b.scales_h), shift_h), _mm256_set1_epi32(3)), 4));
-      const __m512i scales = _mm512_castsi256_si512(_mm256_sub_epi32(codes, _mm256_set1_epi32(32)));
-      __m512i sum = _mm512_setzero_si512();
-      for (int k = 0; k < 4; ++k) {
-        const __m512i q = _mm512_castsi256_si512(Load256(b.qs + 32 * k));
-        const __m512i u = _mm512_and_si512(_mm512_srlv_epi16(_mm512_shuffle_i64x2(q, q, 0x50), nibble_shift), m4);
-        const __m512i p = _mm512_dpbusd_epi32(start[k], _mm512_shuffle_epi8(levels, u), xq[k]);
-        sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(pair[k], scales)));
-      }
-      isum[r] = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+      __m512i lv[4], sp[4];
+      UnpackIq4XsRow(w[r][i], lv, sp);
+      isum[r] = Iq4XsRowSum(lv, sp, start, x[i].qs);
     }
-    for (int m = 0; m < 2; ++m) {
-      const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(HalfV(w[2 * m][i].d) * x[i].d),
-                                          _mm256_set1_ps(HalfV(w[2 * m + 1][i].d) * x[i].d), 1);
-      const __m512i s = _mm512_inserti64x4(_mm512_castsi256_si512(isum[2 * m]), isum[2 * m + 1], 1);
-      acc[m] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[m]);
-    }
+    for (int m = 0; m < 2; ++m) acc[m] = Iq4XsStep(acc[m], w[2 * m][i], w[2 * m + 1][i], x[i].d, isum[2 * m], isum[2 * m + 1]);
   }
   for (int m = 0; m < 2; ++m) {
     out[2 * m] = HsumPs256(_mm512_castps512_ps256(acc[m]));
     out[2 * m + 1] = HsumPs256(_mm512_extractf32x8_ps(acc[m], 1));
+  }
+}
+
+// IQ4_XS, 4 rows x T tokens (T <= 4): each row's super-block unpacked once
+// (UnpackIq4XsRow) for the T tokens, each token's start sums once for the 4 rows; per
+// (row, token) the integer sum and the float step are DotIq4XsRows4Vnni's.
+template <int T>
+TIERKV_VNNI_FN inline void DotIq4XsRows4Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                              int64_t nb, float* out, size_t out_stride) {
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  const BlockIq4Xs* w[4];
+  for (int r = 0; r < 4; ++r) w[r] = RowBlocks<BlockIq4Xs>(rows, row_bytes, r);
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[T][2];
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i start[T][4];
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < 4; ++k) start[t][k] = NegBiasSums(Load512(x[t][i].qs + 64 * k), bias);
+    }
+    if (row_bytes >= kShortRowBytes) {
+      for (int r = 0; r < 4; ++r) PrefetchAhead(&w[r][i], sizeof(BlockIq4Xs));
+    }
+    __m256i isum[T][4];
+    for (int r = 0; r < 4; ++r) {
+      __m512i lv[4], sp[4];
+      UnpackIq4XsRow(w[r][i], lv, sp);
+      for (int t = 0; t < T; ++t) isum[t][r] = Iq4XsRowSum(lv, sp, start[t], x[t][i].qs);
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int m = 0; m < 2; ++m) {
+        acc[t][m] = Iq4XsStep(acc[t][m], w[2 * m][i], w[2 * m + 1][i], x[t][i].d, isum[t][2 * m], isum[t][2 * m + 1]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float* o = out + static_cast<size_t>(t) * out_stride;
+    for (int m = 0; m < 2; ++m) {
+      o[2 * m] = HsumPs256(_mm512_castps512_ps256(acc[t][m]));
+      o[2 * m + 1] = HsumPs256(_mm512_extractf32x8_ps(acc[t][m], 1));
+    }
   }
 }
 
@@ -1049,10 +1117,7 @@ TIERKV_VNNI_FN void DotIq4XsRowsVnni(const void* rows, size_t row_bytes, int64_t
     PrefetchGroup(base + r * row_bytes, 4, row_bytes);
     DotIq4XsRows4Vnni(base + r * row_bytes, row_bytes, x, n / kQkK, out + r);
   }
-  if (r < n_rows) {
-    const DotFn one = quant_internal::Avx2Dot(WeightType::kIQ4_XS);
-    for (; r < n_rows; ++r) out[r] = one(base + r * row_bytes, act, n);
-  }
+  DotRowsAvx2<WeightType::kIQ4_XS>(base + r * row_bytes, row_bytes, n_rows - r, act, n, out + r);
 }
 
 // One row through a multi-row kernel: the DotFn of the same level, so DotRow and MatVec
@@ -1185,17 +1250,23 @@ TIERKV_AVX512_FN void DotRowsTokensGroups(const void* rows, size_t row_bytes, in
   }
 }
 
-// Q4_0, 16 rows x T tokens (T <= 4): DotQ4_0Rows16Short's block step with each row
-// pair's nibbles unpacked and the 16 d_w converted once for the T tokens. Per token the
-// 16 block sums are the same integers and acc[r] = fma((float)isum_r, d_w * d_x, acc[r])
-// the same lane-wise step as DotQ4_0Rows4Vnni's, so each (row, token) has its bits.
-template <int T>
-TIERKV_VNNI_FN inline void DotQ4_0Rows16Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
-                                              int64_t nb, float* out, size_t out_stride) {
+// Q4_0 and IQ4_NL (same block layout and float step), 16 rows x T tokens (T <= 4):
+// DotQ4_0Rows16Short's block step with each row pair's nibbles unpacked (IQ4_NL: looked
+// up as level + 128) and the 16 d_w converted once for the T tokens. The nibbles (or
+// levels + 128) are unsigned for vpdpbusd, from a start of -8 (-128) times the
+// activation's four-byte sums; per token the 16 block sums are the same integers as
+// the one-token kernels', and acc[r] = fma((float)isum_r, d_w * d_x, acc[r]) is their
+// float step (DotQ4_0Avx2, DotIq4NlAvx2) lane-wise, so each (row, token) has its bits.
+template <bool kNl, int T>
+TIERKV_VNNI_FN inline void DotNibbleRows16Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                                int64_t nb, float* out, size_t out_stride) {
+  static_assert(sizeof(BlockQ4_0) == sizeof(BlockIq4Nl) && offsetof(BlockIq4Nl, qs) == offsetof(BlockQ4_0, qs));
   const BlockQ8_0* x[T];
   for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_0*>(acts[t]);
   const __m512i m4 = _mm512_set1_epi8(0x0f);
-  const __m512i eight = _mm512_set1_epi8(8);
+  const __m512i offset = _mm512_set1_epi8(kNl ? static_cast<char>(0x80) : 8);
+  const __m512i levels = _mm512_broadcast_i32x4(
+      _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)), _mm_set1_epi8(static_cast<char>(0x80))));
   const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
@@ -1214,10 +1285,11 @@ TIERKV_VNNI_FN inline void DotQ4_0Rows16Tokens(const uint8_t* rows, size_t row_b
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + row_bytes)), 1);
       const __m512i qq = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(two));
       nib[k] = _mm512_and_si512(_mm512_srlv_epi64(qq, shift), m4);
+      if constexpr (kNl) nib[k] = _mm512_shuffle_epi8(levels, nib[k]);
     }
     for (int t = 0; t < T; ++t) {
       const __m512i xx = _mm512_broadcast_i64x4(Load256(x[t][i].qs));
-      const __m512i neg = NegBiasSums(xx, eight);
+      const __m512i neg = NegBiasSums(xx, offset);
       __m512i p[8];
       for (int k = 0; k < 8; ++k) p[k] = _mm512_dpbusd_epi32(neg, nib[k], xx);
       const __m512 isum = _mm512_cvtepi32_ps(ReduceEpi32Rows16(p));
@@ -1230,9 +1302,27 @@ TIERKV_VNNI_FN inline void DotQ4_0Rows16Tokens(const uint8_t* rows, size_t row_b
 constexpr DotRowsTokensFn DotQ8_0RowsTokensVnni =
     DotRowsTokensGroups<DotQ8_0Rows8Tokens<4>, DotQ8_0Rows8Tokens<3>, DotQ8_0Rows8Tokens<2>, DotQ8_0Rows8Tokens<1>,
                         DotQ8_0RowsVnni, kQk0, 8>;
-constexpr DotRowsTokensFn DotQ4_0RowsTokensVnni =
-    DotRowsTokensGroups<DotQ4_0Rows16Tokens<4>, DotQ4_0Rows16Tokens<3>, DotQ4_0Rows16Tokens<2>,
-                        DotQ4_0Rows16Tokens<1>, DotQ4_0RowsVnni, kQk0, 16>;
+// IQ4_NL for one token: DotNibbleRows16Tokens<true, 1> over groups of 16 rows (each
+// row the bits of DotIq4NlAvx2, which takes the rows left over).
+TIERKV_VNNI_FN void DotIq4NlRowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                    float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const void* const acts[1] = {act};
+  int64_t r = 0;
+  for (; r + 16 <= n_rows; r += 16) {
+    PrefetchGroup(base + r * row_bytes, 16, row_bytes);
+    DotNibbleRows16Tokens<true, 1>(base + r * row_bytes, row_bytes, acts, n / kQk0, out + r, 0);
+  }
+  DotRowsAvx2<WeightType::kIQ4_NL>(base + r * row_bytes, row_bytes, n_rows - r, act, n, out + r);
+}
+
+template <bool kNl, DotRowsFn Rows>
+constexpr DotRowsTokensFn DotNibbleRowsTokensVnni =
+    DotRowsTokensGroups<DotNibbleRows16Tokens<kNl, 4>, DotNibbleRows16Tokens<kNl, 3>, DotNibbleRows16Tokens<kNl, 2>,
+                        DotNibbleRows16Tokens<kNl, 1>, Rows, kQk0, 16>;
+constexpr DotRowsTokensFn DotIq4XsRowsTokensVnni =
+    DotRowsTokensGroups<DotIq4XsRows4Tokens<4>, DotIq4XsRows4Tokens<3>, DotIq4XsRows4Tokens<2>,
+                        DotIq4XsRows4Tokens<1>, DotIq4XsRowsVnni, kQkK, 4>;
 template <typename Family, DotRowsFn Rows>
 constexpr DotRowsTokensFn DotKRowsTokensVnni =
     DotRowsTokensGroups<DotKRows8Tokens<Family, 4>, DotKRows8Tokens<Family, 3>, DotKRows8Tokens<Family, 2>,
@@ -1327,6 +1417,7 @@ DotFn Avx512Dot(WeightType weight) {
       case WeightType::kQ5_K: return OneRow<DotK4RowsVnni<true>>;
       case WeightType::kQ6_K: return OneRow<DotQ6_KRowsVnni>;
       case WeightType::kIQ4_XS: return OneRow<DotIq4XsRowsVnni>;
+      case WeightType::kIQ4_NL: return OneRow<DotIq4NlRowsVnni>;
       case WeightType::kQ2_K: return OneRow<DotQ23_KRowsVnni<false>>;
       case WeightType::kQ3_K: return OneRow<DotQ23_KRowsVnni<true>>;
       default: break;
@@ -1341,7 +1432,9 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
   if (!HasAvx512Vnni()) return nullptr;
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsTokensVnni;
-    case WeightType::kQ4_0: return DotQ4_0RowsTokensVnni;
+    case WeightType::kQ4_0: return DotNibbleRowsTokensVnni<false, DotQ4_0RowsVnni>;
+    case WeightType::kIQ4_NL: return DotNibbleRowsTokensVnni<true, DotIq4NlRowsVnni>;
+    case WeightType::kIQ4_XS: return DotIq4XsRowsTokensVnni;
     case WeightType::kQ4_K: return DotKRowsTokensVnni<K45Family<false>, DotK4RowsVnni<false>>;
     case WeightType::kQ5_K: return DotKRowsTokensVnni<K45Family<true>, DotK4RowsVnni<true>>;
     case WeightType::kQ6_K: return DotKRowsTokensVnni<Q6KFamily, DotQ6_KRowsVnni>;
@@ -1362,6 +1455,7 @@ DotRowsFn Avx512DotRows(WeightType weight) {
     case WeightType::kQ5_K: return DotK4RowsVnni<true>;
     case WeightType::kQ6_K: return DotQ6_KRowsVnni;
     case WeightType::kIQ4_XS: return DotIq4XsRowsVnni;
+    case WeightType::kIQ4_NL: return DotIq4NlRowsVnni;
     case WeightType::kQ2_K: return DotQ23_KRowsVnni<false>;
     case WeightType::kQ3_K: return DotQ23_KRowsVnni<true>;
     default: return nullptr;

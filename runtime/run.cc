@@ -114,6 +114,15 @@ std::string AutoHostNote(const AutoHost& h) {
 
 }  // namespace
 
+const std::string* ReversePromptEnding(const std::vector<std::string>& prompts, std::string_view text, size_t added) {
+  for (const std::string& p : prompts) {
+    if (p.empty() || text.size() < p.size()) continue;
+    const size_t from = text.size() - std::min(text.size(), added + p.size() - 1);
+    if (text.find(p, from) != std::string_view::npos) return &p;
+  }
+  return nullptr;
+}
+
 ModelFingerprint FingerprintOf(const GgufFile& file) {
   std::string key = std::string(file.architecture()) + ";";
   for (const GgufTensor& t : file.tensors()) {
@@ -188,11 +197,16 @@ nlohmann::json RunReport::ToJson() const {
   j["n_ctx"] = n_ctx;
   j["interrupted"] = interrupted;
   j["stopped"] = stopped;
+  j["reverse_prompt"] = reverse_prompt;
   j["context_full"] = context_full;
   if (!turns.empty()) {
     nlohmann::json tj2 = nlohmann::json::array();
     for (const TurnReport& t : turns) {
-      tj2.push_back({{"input", t.input}, {"input_tokens", t.input_tokens}, {"generated", t.generated}, {"text", t.text}});
+      tj2.push_back({{"input", t.input},
+                     {"input_tokens", t.input_tokens},
+                     {"generated", t.generated},
+                     {"text", t.text},
+                     {"reverse_prompt", t.reverse_prompt}});
     }
     j["turns"] = tj2;
   }
@@ -477,6 +491,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   };
   auto generate = [&](int limit, TurnReport* turn) -> Status {
     const auto t0 = std::chrono::steady_clock::now();
+    r.reverse_prompt.clear();
     for (int i = 0; limit < 0 || i < limit; ++i) {
       if (stop_requested()) {
         r.stopped = true;
@@ -496,6 +511,10 @@ Result<RunReport> RunSession(const RunOptions& o) {
       if (!o.ignore_eos && tok->IsEog(next)) break;
       all.push_back(next);
       unfed = true;
+      if (const std::string* rp = ReversePromptEnding(o.reverse_prompts, turn->text, piece.size())) {
+        turn->reverse_prompt = r.reverse_prompt = *rp;
+        break;
+      }
       if (i + 1 == limit || full()) break;
       TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, static_cast<int>(all.size()) - 1, logits));
       unfed = false;

@@ -41,6 +41,11 @@ struct RunOptions {
   int n_predict = 32;          // -n; -1 = until end of generation or a full context
   int n_ctx = 0;               // 0 = prompt + n_predict (with n_predict -1: the model's trained context)
   bool ignore_eos = false;     // --ignore-eos: end-of-generation tokens are never sampled
+  // -r: a reply ends as soon as its text contains one of these (llama.cpp's reverse
+  // prompts: checked over the text the last token added, with what came just before it).
+  // The token that completed it is shown and kept; an interactive run then reads the
+  // next input, which follows it in the context.
+  std::vector<std::string> reverse_prompts;
   SamplerOptions sampler;
   MemoryOptions memory;        // tiers and budgets
   bool auto_host = false;      // --host auto: RunSession sizes memory.host_bytes (AutoHostBytes)
@@ -87,6 +92,7 @@ struct TurnReport {
   int input_tokens = 0;    // tokens it added to the context
   int generated = 0;       // tokens sampled for the reply
   std::string text;        // the reply
+  std::string reverse_prompt;  // the -r string that ended it ("" = none did)
 };
 
 struct LogitsEntry {
@@ -120,11 +126,17 @@ struct RunReport {
   bool interrupted = false;   // RunOptions::stop ended the prefill
   bool stopped = false;       // RunOptions::stop ended a reply
   bool context_full = false;  // generation (or a next input) met the end of the context
+  std::string reverse_prompt;  // the -r string that ended the (last) reply ("" = none)
   int n_ctx = 0;              // the context the run was sized for
   std::vector<TurnReport> turns;  // interactive runs: one per reply
 
   nlohmann::json ToJson() const;
 };
+
+// The first of `prompts` (-r) that `text` contains where its last `added` bytes could
+// complete it (llama.cpp's check: the new text with the prompt's length - 1 bytes
+// before it), or null.
+const std::string* ReversePromptEnding(const std::vector<std::string>& prompts, std::string_view text, size_t added);
 
 // The model identity stored in session files: architecture, every tensor's name,
 // type and shape, and the RoPE parameters.

@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <signal.h>
 
@@ -34,6 +35,7 @@ struct RunFlags {
   int n = kUnset, ctx = 0, threads = 0, dump_logits = 0;
   SamplerOptions sampling;  // the sampling flags bind to its fields (llama.cpp's defaults, but greedy)
   bool ignore_eos = false;
+  std::vector<std::string> reverse_prompts;
   bool chat = false, continue_chat = false, interactive = false;
   std::string system_prompt, chat_template;
   double sim_gbps = 0;
@@ -109,6 +111,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   }
   o.n_predict = f.n != RunFlags::kUnset ? f.n : f.interactive ? -1 : 32;
   o.ignore_eos = f.ignore_eos;
+  for (const std::string& rp : f.reverse_prompts) {
+    if (rp.empty()) return Status::InvalidArgument("-r: a reverse prompt must not be empty");
+  }
+  o.reverse_prompts = f.reverse_prompts;
   // -sys, --chat-template and --continue say "chat" on their own, as in llama.cpp's
   // conversation mode.
   o.chat = f.chat || f.continue_chat || !f.system_prompt.empty() || !f.chat_template.empty();
@@ -277,6 +283,10 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_flag("-i,--interactive", f->interactive,
                 "after the reply, read the next input from standard input, one line each (with --chat a user turn), "
                 "until its end; Ctrl-C stops a reply");
+  run->add_option("-r,--reverse-prompt", f->reverse_prompts,
+                  "end a reply when its text contains PROMPT (repeatable); with -i the next input follows it")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   run->add_flag("--continue", f->continue_chat,
                 "append the prompt as the next user turn of the conversation in --session (implies --chat)");
   run->add_option("--system-prompt", f->system_prompt, "system message before the prompt (implies --chat; -sys)");

@@ -90,6 +90,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--rope-scaling", "ntk"}, "--rope-scaling must be none, linear or yarn, not 'ntk'"},
       {{"--rope-scale", "2", "--rope-freq-scale", "0.25"}, "disagree"},
       {{"--rope-scale", "0.5"}, "RoPE: the scale factor (--rope-scale) must be >= 1"},
+      {{"-r", "User:", "-r", ""}, "-r: a reverse prompt must not be empty"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags[0]);

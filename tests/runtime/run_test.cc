@@ -186,6 +186,59 @@ TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
 
 // Interactive turns extend one context: the same tokens as one run given the whole
 // conversation as its prompt, and replies bounded by -n each.
+// -r: the reply ends with the token that completes a reverse prompt (tiny-moe's tokens
+// are bytes, so the text says which); an interactive run's next input follows it.
+TEST(RunTest, ReversePromptEndsTheReply) {
+  auto free_run = RunSession(Tiny("Once upon a time", 24));
+  ASSERT_TRUE(free_run.ok()) << free_run.status().ToString();
+  const std::string text = free_run->text;
+  ASSERT_EQ(text.size(), 24u) << "one byte a token, and no end of generation";
+  EXPECT_EQ(free_run->reverse_prompt, "");
+  const std::string rp = text.substr(10, 2);
+  const size_t end = text.find(rp) + rp.size();
+  RunOptions o = Tiny("Once upon a time", 24);
+  o.reverse_prompts = {"not in the reply", rp};
+  auto r = RunSession(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->text, text.substr(0, end));
+  EXPECT_EQ(r->generated_tokens.size(), end);
+  EXPECT_EQ(r->reverse_prompt, rp);
+
+  std::vector<std::string> inputs = {"more\n"};
+  size_t next = 0;
+  o.n_ctx = 512;
+  o.next_turn = [&]() -> std::optional<std::string> {
+    if (next == inputs.size()) return std::nullopt;
+    return inputs[next++];
+  };
+  auto i = RunSession(o);
+  ASSERT_TRUE(i.ok()) << i.status().ToString();
+  ASSERT_EQ(i->turns.size(), 2u);
+  EXPECT_EQ(i->turns[0].text, text.substr(0, end));
+  EXPECT_EQ(i->turns[0].reverse_prompt, rp);
+  RunOptions whole = Tiny("Once upon a time" + i->turns[0].text + "more\n", 24);
+  whole.reverse_prompts = o.reverse_prompts;
+  auto w = RunSession(whole);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->text, i->turns[1].text);
+  EXPECT_EQ(w->reverse_prompt, i->turns[1].reverse_prompt);
+  EXPECT_EQ(i->reverse_prompt, i->turns[1].reverse_prompt) << "the report's is the last reply's";
+}
+
+TEST(RunTest, ReversePromptIsLookedForWhereTheNewTextCompletesIt) {
+  const std::vector<std::string> p = {"User:", "###"};
+  EXPECT_EQ(ReversePromptEnding(p, "hello Us", 2), nullptr);
+  const std::string* hit = ReversePromptEnding(p, "hello User:", 3);  // "er:" completes it
+  ASSERT_NE(hit, nullptr);
+  EXPECT_EQ(*hit, "User:");
+  EXPECT_EQ(ReversePromptEnding(p, "User: and more", 4), nullptr) << "before the new text: seen already";
+  hit = ReversePromptEnding(p, "a###b", 5);  // one token holding it and more
+  ASSERT_NE(hit, nullptr);
+  EXPECT_EQ(*hit, "###");
+  EXPECT_EQ(ReversePromptEnding(p, "##", 2), nullptr);
+  EXPECT_EQ(ReversePromptEnding({}, "User:", 5), nullptr);
+}
+
 TEST(RunTest, InteractiveTurnsExtendOneContext) {
   std::vector<std::string> inputs = {"and then\n", "the end\n"};
   size_t next = 0;

@@ -145,8 +145,8 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
 void Register() {
   if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
   for (WeightType t : {WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kIQ4_NL,
-                       WeightType::kIQ4_XS, WeightType::kQ2_K, WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K,
-                       WeightType::kQ6_K}) {
+                       WeightType::kIQ4_XS, WeightType::kQ5_0, WeightType::kQ4_1, WeightType::kQ5_1, WeightType::kQ2_K,
+                       WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
     if (kernels::GetDotRowsTokensFn(t, kernels::ActiveSimdLevel()) == nullptr) continue;
     for (int n : {4, 16, 64}) {
       for (bool tokens : {true, false}) {
@@ -159,7 +159,8 @@ void Register() {
     }
   }
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
-                       WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ3_K, WeightType::kQ2_K}) {
+                       WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ5_0, WeightType::kQ4_1,
+                       WeightType::kQ5_1, WeightType::kQ3_K, WeightType::kQ2_K}) {
     for (int64_t rows : {256, 2048, 8192, 32768}) {
       for (int threads : {1, 2}) {
         for (bool best : {true, false}) {

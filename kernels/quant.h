@@ -268,8 +268,8 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
 using DotRowsTokensFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
                                  int n_tokens, int64_t n, float* out, size_t out_stride);
 // The several-token kernel for `weight` at `level`, or nullptr where there is none.
-// Today: F16 and BF16 at the AVX-512 level, Q8_0, Q4_0, IQ4_NL, IQ4_XS and Q2_K - Q6_K
-// there with AVX512-VNNI.
+// Today: F16 and BF16 at the AVX-512 level, every quantized type there with
+// AVX512-VNNI.
 DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level);
 // Rows of at least this many bytes are "long": the multi-row kernels prefetch each of
 // their rows ahead (they read R interleaved streams, which the hardware prefetchers

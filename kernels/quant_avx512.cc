@@ -1299,6 +1299,118 @@ TIERKV_VNNI_FN inline void DotNibbleRows16Tokens(const uint8_t* rows, size_t row
   for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + static_cast<size_t>(t) * out_stride, acc[t]);
 }
 
+// Q5_0, Q4_1 and Q5_1, 8 rows x T tokens (T <= 4): DotQ8_0Rows8Tokens's shape. Their
+// AVX2 kernels (DotQ5_0Avx2, DotQx_1Avx2) keep ggml's 8 f32 lanes per row, acc =
+// fma(d_w * d_x, (float)p, acc) per block, one HsumPs at the end, Q4_1 and Q5_1 plus a
+// scalar sum of m_w * s_x (which GCC contracts to fma(m_w, s_x, summs)) added last. Here
+// the codes (nibbles, with the fifth bits) are unsigned for vpdpbusd, Q5_0's from a
+// start of -16 times the activation's four-byte sums (its values are code - 16), the
+// others from 0 (their values are the codes); the lanes are the AVX2 lanes, the float
+// steps theirs lane-wise, and the m_w * s_x sums run for the 8 rows in one vector: each
+// (row, token) has the AVX2 kernel's bits.
+template <WeightType kType>
+struct Q5xTraits {
+  static constexpr bool kMins = kType != WeightType::kQ5_0;   // Q4_1, Q5_1: d * q + m
+  static constexpr bool kFifth = kType != WeightType::kQ4_1;  // Q5_0, Q5_1: qh
+  using Block = std::conditional_t<kType == WeightType::kQ5_0, BlockQ5_0,
+                                   std::conditional_t<kType == WeightType::kQ4_1, BlockQ4_1, BlockQ5_1>>;
+  using Act = std::conditional_t<kMins, BlockQ8_1, BlockQ8_0>;
+};
+
+// A block's 32 codes in element order (low nibbles are values 0..15), with 16 added
+// where the fifth bit (bit i of the little-endian qh) is set.
+template <WeightType kType>
+TIERKV_VNNI_FN inline __m256i Q5xCodes(const typename Q5xTraits<kType>::Block& b) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs));
+  const __m128i m4 = _mm_set1_epi8(0x0f);
+  __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+  if constexpr (Q5xTraits<kType>::kFifth) {
+    uint32_t h;
+    std::memcpy(&h, b.qh, 4);
+    u = _mm256_or_si256(u, _mm256_maskz_set1_epi8(h, 0x10));
+  }
+  return u;
+}
+
+template <WeightType kType, int T>
+TIERKV_VNNI_FN inline void DotQ5xRows8Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                            int64_t nb, float* out, size_t out_stride) {
+  using Tr = Q5xTraits<kType>;
+  using Block = typename Tr::Block;
+  const typename Tr::Act* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const typename Tr::Act*>(acts[t]);
+  const __m512i offset = _mm512_set1_epi8(16);
+  __m512 acc[4][T];
+  __m256 summs[T];
+  for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < 4; ++k) acc[k][t] = _mm512_setzero_ps();
+    summs[t] = _mm256_setzero_ps();
+  }
+  const bool stream = row_bytes >= kShortRowBytes;
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(Block);
+    if (stream && i % 4 == 0) {
+      for (int r = 0; r < 8; ++r) PrefetchAhead(col + static_cast<size_t>(r) * row_bytes, 4 * sizeof(Block));
+    }
+    const __m512 dw8 = _mm512_castps256_ps512(StridedHalves8(col + offsetof(Block, d), row_bytes));
+    __m256 m8 = _mm256_setzero_ps();
+    if constexpr (Tr::kMins) m8 = StridedHalves8(col + offsetof(Block, m), row_bytes);
+    __m512i wq[4];
+    __m512 dw[4];
+    for (int k = 0; k < 4; ++k) {
+      const auto& b0 = *reinterpret_cast<const Block*>(col + static_cast<size_t>(2 * k) * row_bytes);
+      const auto& b1 = *reinterpret_cast<const Block*>(col + static_cast<size_t>(2 * k + 1) * row_bytes);
+      wq[k] = _mm512_inserti64x4(_mm512_castsi256_si512(Q5xCodes<kType>(b0)), Q5xCodes<kType>(b1), 1);
+      const __m512i sel = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1,
+                                            2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+      dw[k] = _mm512_permutexvar_ps(sel, dw8);
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m512i xx = _mm512_broadcast_i64x4(Load256(x[t][i].qs));
+      const __m512i start = Tr::kMins ? _mm512_setzero_si512() : NegBiasSums(xx, offset);
+      const __m512 dx = _mm512_set1_ps(HalfV(x[t][i].d));
+      for (int k = 0; k < 4; ++k) {
+        const __m512i p = _mm512_dpbusd_epi32(start, wq[k], xx);
+        acc[k][t] = _mm512_fmadd_ps(_mm512_mul_ps(dw[k], dx), _mm512_cvtepi32_ps(p), acc[k][t]);
+      }
+      if constexpr (Tr::kMins) summs[t] = _mm256_fmadd_ps(m8, _mm256_set1_ps(HalfV(x[t][i].s)), summs[t]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float* o = out + static_cast<size_t>(t) * out_stride;
+    alignas(32) float sm[8];
+    _mm256_store_ps(sm, summs[t]);
+    for (int k = 0; k < 4; ++k) {
+      o[2 * k] = HsumPs256(_mm512_castps512_ps256(acc[k][t]));
+      o[2 * k + 1] = HsumPs256(_mm512_extractf32x8_ps(acc[k][t], 1));
+      if constexpr (Tr::kMins) {
+        o[2 * k] += sm[2 * k];
+        o[2 * k + 1] += sm[2 * k + 1];
+      }
+    }
+  }
+}
+
+// One token: DotQ5xRows8Tokens<kType, 1> over groups of 8 rows, the AVX2 kernel for the
+// rows left over.
+template <WeightType kType>
+TIERKV_VNNI_FN void DotQ5xRowsVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                  float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const void* const acts[1] = {act};
+  int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) {
+    PrefetchGroup(base + r * row_bytes, 8, row_bytes);
+    DotQ5xRows8Tokens<kType, 1>(base + r * row_bytes, row_bytes, acts, n / kQk0, out + r, 0);
+  }
+  DotRowsAvx2<kType>(base + r * row_bytes, row_bytes, n_rows - r, act, n, out + r);
+}
+
+template <WeightType kType>
+constexpr DotRowsTokensFn DotQ5xRowsTokensVnni =
+    DotRowsTokensGroups<DotQ5xRows8Tokens<kType, 4>, DotQ5xRows8Tokens<kType, 3>, DotQ5xRows8Tokens<kType, 2>,
+                        DotQ5xRows8Tokens<kType, 1>, DotQ5xRowsVnni<kType>, kQk0, 8>;
+
 constexpr DotRowsTokensFn DotQ8_0RowsTokensVnni =
     DotRowsTokensGroups<DotQ8_0Rows8Tokens<4>, DotQ8_0Rows8Tokens<3>, DotQ8_0Rows8Tokens<2>, DotQ8_0Rows8Tokens<1>,
                         DotQ8_0RowsVnni, kQk0, 8>;
@@ -1418,6 +1530,9 @@ DotFn Avx512Dot(WeightType weight) {
       case WeightType::kQ6_K: return OneRow<DotQ6_KRowsVnni>;
       case WeightType::kIQ4_XS: return OneRow<DotIq4XsRowsVnni>;
       case WeightType::kIQ4_NL: return OneRow<DotIq4NlRowsVnni>;
+      case WeightType::kQ5_0: return OneRow<DotQ5xRowsVnni<WeightType::kQ5_0>>;
+      case WeightType::kQ4_1: return OneRow<DotQ5xRowsVnni<WeightType::kQ4_1>>;
+      case WeightType::kQ5_1: return OneRow<DotQ5xRowsVnni<WeightType::kQ5_1>>;
       case WeightType::kQ2_K: return OneRow<DotQ23_KRowsVnni<false>>;
       case WeightType::kQ3_K: return OneRow<DotQ23_KRowsVnni<true>>;
       default: break;
@@ -1435,6 +1550,9 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
     case WeightType::kQ4_0: return DotNibbleRowsTokensVnni<false, DotQ4_0RowsVnni>;
     case WeightType::kIQ4_NL: return DotNibbleRowsTokensVnni<true, DotIq4NlRowsVnni>;
     case WeightType::kIQ4_XS: return DotIq4XsRowsTokensVnni;
+    case WeightType::kQ5_0: return DotQ5xRowsTokensVnni<WeightType::kQ5_0>;
+    case WeightType::kQ4_1: return DotQ5xRowsTokensVnni<WeightType::kQ4_1>;
+    case WeightType::kQ5_1: return DotQ5xRowsTokensVnni<WeightType::kQ5_1>;
     case WeightType::kQ4_K: return DotKRowsTokensVnni<K45Family<false>, DotK4RowsVnni<false>>;
     case WeightType::kQ5_K: return DotKRowsTokensVnni<K45Family<true>, DotK4RowsVnni<true>>;
     case WeightType::kQ6_K: return DotKRowsTokensVnni<Q6KFamily, DotQ6_KRowsVnni>;
@@ -1456,6 +1574,9 @@ DotRowsFn Avx512DotRows(WeightType weight) {
     case WeightType::kQ6_K: return DotQ6_KRowsVnni;
     case WeightType::kIQ4_XS: return DotIq4XsRowsVnni;
     case WeightType::kIQ4_NL: return DotIq4NlRowsVnni;
+    case WeightType::kQ5_0: return DotQ5xRowsVnni<WeightType::kQ5_0>;
+    case WeightType::kQ4_1: return DotQ5xRowsVnni<WeightType::kQ4_1>;
+    case WeightType::kQ5_1: return DotQ5xRowsVnni<WeightType::kQ5_1>;
     case WeightType::kQ2_K: return DotQ23_KRowsVnni<false>;
     case WeightType::kQ3_K: return DotQ23_KRowsVnni<true>;
     default: return nullptr;

@@ -208,7 +208,7 @@ TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
       {WeightType::kQ8_0, 2048}, {WeightType::kQ2_K, 2048}, {WeightType::kQ3_K, 2048}, {WeightType::kQ4_K, 2048},
       {WeightType::kQ5_K, 2048}, {WeightType::kQ6_K, 2048}, {WeightType::kQ4_0, 2048}, {WeightType::kF16, 2048},
       {WeightType::kBF16, 2048}, {WeightType::kF16, 200},   {WeightType::kBF16, 200},  {WeightType::kIQ4_NL, 2048},
-      {WeightType::kIQ4_XS, 2048}};
+      {WeightType::kIQ4_XS, 2048}, {WeightType::kQ5_0, 2048}, {WeightType::kQ4_1, 2048}, {WeightType::kQ5_1, 2048}};
   for (const auto& [t, kCols] : cases) {
     SCOPED_TRACE(std::string(WeightTypeName(t)) + " x " + std::to_string(kCols));
     constexpr int kRows = 77;

@@ -516,8 +516,8 @@ TEST(QuantTest, WorstCaseCodesDoNotSaturate) {
 // random codes and scales (fixed seeds), plus worst-case codes (largest magnitudes, 6-bit
 // scales and mins at 63) for the saturation bounds.
 constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K,
-                                      WeightType::kQ6_K, WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ2_K,
-                                      WeightType::kQ3_K};
+                                      WeightType::kQ6_K, WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ5_0,
+                                      WeightType::kQ4_1, WeightType::kQ5_1, WeightType::kQ2_K, WeightType::kQ3_K};
 
 void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t n,
                                   const std::vector<uint8_t>& act) {
@@ -643,6 +643,13 @@ TEST(QuantTest, VnniKernelsWorstCaseCodes) {
             // 0 (scale -32) and nibbles 0 (level -127), the largest magnitudes.
             std::memcpy(blk, &one, 2);
             if (r % 2 == 0) std::memset(blk + 2, 0, 134);
+            break;
+          }
+          case WeightType::kQ5_0: std::memcpy(blk, &one, 2); break;  // codes 31: value 15
+          case WeightType::kQ4_1:
+          case WeightType::kQ5_1: {  // codes 15 / 31, m = 1
+            std::memcpy(blk, &one, 2);
+            std::memcpy(blk + 2, &one, 2);
             break;
           }
           case WeightType::kIQ4_NL: {  // odd rows: level 113; even rows: nibbles 0, level -127

@@ -513,6 +513,18 @@ TIERKV_VNNI_FN inline __m512i ReduceEpi32Rows16(const __m512i* p) {
   return _mm512_permutexvar_epi32(order, s1);
 }
 
+// The 32 nibbles (0..15, in element order) of the Q4_0-layout blocks at `block` and
+// `block + row_bytes` (two rows' blocks i): each row's 16 bytes in two 128-bit lanes,
+// [row 2k | row 2k | row 2k + 1 | row 2k + 1], shifted by 0 and 4 and masked.
+TIERKV_VNNI_FN inline __m512i NibblePair(const uint8_t* block, size_t row_bytes) {
+  const uint8_t* q0 = block + offsetof(BlockQ4_0, qs);
+  const __m256i two =
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + row_bytes)), 1);
+  const __m512i qq = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(two));
+  return _mm512_and_si512(_mm512_srlv_epi64(qq, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+}
+
 // Sixteen short Q4_0 rows block by block (as AccQ8_0Rows16Short): a zmm holds two rows'
 // 32 values (each row's 16 bytes in two 128-bit lanes, shifted by 0 and 4), taken as
 // unsigned nibbles by vpdpbusd from a start of -8 * (x's four-byte sums), so the -8
@@ -521,9 +533,7 @@ TIERKV_VNNI_FN inline __m512i ReduceEpi32Rows16(const __m512i* p) {
 // lane r does what DotQ4_0Rows4Vnni's lane does for row r, so the bits are the same.
 TIERKV_VNNI_FN inline void DotQ4_0Rows16Short(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                               float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i eight = _mm512_set1_epi8(8);
-  const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
   alignas(64) float scales[16 * kShortRowMaxBlocks];
   GroupScales16<BlockQ4_0>(rows, row_bytes, x, nb, scales);
   __m512 acc = _mm512_setzero_ps();
@@ -533,14 +543,7 @@ TIERKV_VNNI_FN inline void DotQ4_0Rows16Short(const uint8_t* rows, size_t row_by
     const __m512i neg = NegBiasSums(xx, eight);
     __m512i p[8];
     for (int k = 0; k < 8; ++k) {
-      const uint8_t* q0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ4_0, qs);
-      const __m256i two = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + row_bytes)), 1);
-      // [row 2k | row 2k | row 2k + 1 | row 2k + 1], then low nibbles in lanes 0 and 2.
-      const __m512i qq = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(two));
-      const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(qq, shift), m4);
-      p[k] = _mm512_dpbusd_epi32(neg, nib, xx);
+      p[k] = _mm512_dpbusd_epi32(neg, NibblePair(col + static_cast<size_t>(2 * k) * row_bytes, row_bytes), xx);
     }
     const __m512 isum = _mm512_cvtepi32_ps(ReduceEpi32Rows16(p));
     acc = _mm512_fmadd_ps(isum, _mm512_load_ps(scales + 16 * i), acc);
@@ -1263,11 +1266,9 @@ TIERKV_VNNI_FN inline void DotNibbleRows16Tokens(const uint8_t* rows, size_t row
   static_assert(sizeof(BlockQ4_0) == sizeof(BlockIq4Nl) && offsetof(BlockIq4Nl, qs) == offsetof(BlockQ4_0, qs));
   const BlockQ8_0* x[T];
   for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_0*>(acts[t]);
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
   const __m512i offset = _mm512_set1_epi8(kNl ? static_cast<char>(0x80) : 8);
   const __m512i levels = _mm512_broadcast_i32x4(
       _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues)), _mm_set1_epi8(static_cast<char>(0x80))));
-  const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
   const bool stream = row_bytes >= kShortRowBytes;
@@ -1279,12 +1280,7 @@ TIERKV_VNNI_FN inline void DotNibbleRows16Tokens(const uint8_t* rows, size_t row
     const __m512 dw = StridedHalves16(col, row_bytes);
     __m512i nib[8];
     for (int k = 0; k < 8; ++k) {
-      const uint8_t* q0 = col + static_cast<size_t>(2 * k) * row_bytes + offsetof(BlockQ4_0, qs);
-      const __m256i two = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q0))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0 + row_bytes)), 1);
-      const __m512i qq = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(two));
-      nib[k] = _mm512_and_si512(_mm512_srlv_epi64(qq, shift), m4);
+      nib[k] = NibblePair(col + static_cast<size_t>(2 * k) * row_bytes, row_bytes);
       if constexpr (kNl) nib[k] = _mm512_shuffle_epi8(levels, nib[k]);
     }
     for (int t = 0; t < T; ++t) {

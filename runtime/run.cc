@@ -554,7 +554,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   } else {
     // The prompt counts for the repetition penalties, as in llama.cpp.
     for (const int32_t t : r.prompt_tokens) sampler.Accept(t);
-    TurnReport turn{first_input, n_prompt_tokens, 0, {}};
+    TurnReport turn{first_input, n_prompt_tokens, 0, {}, {}};
     TIERKV_RETURN_IF_ERROR(generate(interactive ? o.n_predict : n_predict, &turn));
     if (interactive) r.turns.push_back(std::move(turn));
     // Interactive: save after each reply (only new blocks are appended), then the next
@@ -595,7 +595,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
         break;
       }
       r.prefill_tokens += static_cast<int>(add.size());
-      TurnReport next{std::move(*in), static_cast<int>(add.size()), 0, {}};
+      TurnReport next{std::move(*in), static_cast<int>(add.size()), 0, {}, {}};
       TIERKV_RETURN_IF_ERROR(generate(o.n_predict, &next));
       r.turns.push_back(std::move(next));
     }

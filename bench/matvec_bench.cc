@@ -12,7 +12,8 @@
 // most cores (a compute comparison); R = 8192 (16 - 34 MB) reads it from L3 or memory.
 // Counter: GB/s of weight bytes (wall time). Also matmul/<type>/tokens:<N>/path:<tokens|rows>
 // (BM_MatMulTokens below): a prefill chunk's product through the several-token kernel
-// against the one-token kernel once per token. Commands and results: docs/benchmarks.md.
+// against the one-token kernel once per token (matmul-avx2/...: the same at the AVX2
+// level). Commands and results: docs/benchmarks.md.
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -98,7 +99,7 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
 // tokens) or the one-token multi-row kernel once per token (path:rows, what MatMulMany
 // did before), same bits either way (tests/kernels/matvec_test.cc). R = 256: the rows
 // stay in L2, so this compares arithmetic. Counter: GMAC/s.
-void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool tokens) {
+void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool tokens, bool avx2) {
   constexpr int64_t kRows = 256;
   const std::vector<uint8_t> w = RandomRows(t, kRows);
   const size_t rb = kernels::RowBytes(t, kCols);
@@ -113,7 +114,7 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
     ptrs.push_back(a.For(t));
   }
   std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
-  const kernels::SimdLevel level = kernels::ActiveSimdLevel();
+  const kernels::SimdLevel level = avx2 ? kernels::SimdLevel::kAvx2 : kernels::ActiveSimdLevel();
   const kernels::DotRowsTokensFn many = kernels::GetDotRowsTokensFn(t, level);
   const kernels::DotRowsFn one = kernels::GetDotRowsFn(t, level);
   const kernels::DotFn dot = kernels::GetDotFn(t, level);  // for types without a multi-row kernel (IQ4_NL)
@@ -152,7 +153,20 @@ void Register() {
       for (bool tokens : {true, false}) {
         const std::string name = std::string("matmul/") + kernels::WeightTypeName(t) + "/tokens:" + std::to_string(n) +
                                  "/path:" + (tokens ? "tokens" : "rows");
-        benchmark::RegisterBenchmark(name.c_str(), BM_MatMulTokens, t, n, tokens)
+        benchmark::RegisterBenchmark(name.c_str(), BM_MatMulTokens, t, n, tokens, false)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
+    }
+  }
+  // The AVX2 level's several-token kernels (CPUs without AVX-512) against its one-token
+  // kernel per row and token.
+  for (WeightType t : {WeightType::kQ4_K, WeightType::kQ5_K}) {
+    for (int n : {4, 16, 64}) {
+      for (bool tokens : {true, false}) {
+        const std::string name = std::string("matmul-avx2/") + kernels::WeightTypeName(t) + "/tokens:" +
+                                 std::to_string(n) + "/path:" + (tokens ? "tokens" : "rows");
+        benchmark::RegisterBenchmark(name.c_str(), BM_MatMulTokens, t, n, tokens, true)
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }

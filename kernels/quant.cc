@@ -561,7 +561,12 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
 }
 
 DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level) {
-  if (level >= SimdLevel::kAvx512) return quant_internal::Avx512DotRowsTokens(weight);
+  if (level >= SimdLevel::kAvx512) {
+    if (DotRowsTokensFn f = quant_internal::Avx512DotRowsTokens(weight)) return f;
+    // No VNNI: the one-token kernels at this level are the AVX2 ones, and so are these.
+    if (quant_internal::HasAvx512Vnni()) return nullptr;
+  }
+  if (level >= SimdLevel::kAvx2) return quant_internal::Avx2DotRowsTokens(weight);
   return nullptr;
 }
 

@@ -269,7 +269,8 @@ using DotRowsTokensFn = void (*)(const void* rows, size_t row_bytes, int64_t n_r
                                  int n_tokens, int64_t n, float* out, size_t out_stride);
 // The several-token kernel for `weight` at `level`, or nullptr where there is none.
 // Today: F16 and BF16 at the AVX-512 level, every quantized type there with
-// AVX512-VNNI.
+// AVX512-VNNI; Q4_K and Q5_K at the AVX2 level (and at the AVX-512 level
+// without VNNI, where the AVX2 kernels serve).
 DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level);
 // Rows of at least this many bytes are "long": the multi-row kernels prefetch each of
 // their rows ahead (they read R interleaved streams, which the hardware prefetchers
@@ -291,6 +292,7 @@ DotFn Avx2Dot(WeightType weight);
 DotFn Avx512Dot(WeightType weight);
 DotRowsFn Avx512DotRows(WeightType weight);
 DotRowsTokensFn Avx512DotRowsTokens(WeightType weight);
+DotRowsTokensFn Avx2DotRowsTokens(WeightType weight);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.
 bool HasAvx512Vnni();

@@ -225,62 +225,55 @@ TIERKV_AVX2_FN inline __m256i ScaledDotU8(__m256i u, __m256i a, __m256i scale16)
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), scale16);
 }
 
-TIERKV_AVX2_FN float DotQ4_KAvx2(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ4_K*>(row);
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQkK; ++i) {
+// Q4_K and Q5_K (and Q6_K below) as a super-block's unpacking, done once per row and
+// super-block, and a per-token step, so that the several-token kernels
+// (DotKRowTokensAvx2<F, T>) and the one-token kernels (the same with T = 1) run the same
+// code: per token the integer sums and the float step are identical.
+template <bool kFive>
+struct K45Avx2 {
+  using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  struct Unpacked {
+    __m256i lo[4], hi[4];  // chunk c's low and high 32 values (0..15, Q5_K 0..31)
     uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) ScaleMinK4(j, w[i].scales, &sc[j], &mn[j]);
+    float d, dmin;
+  };
+  TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int j = 0; j < 8; ++j) ScaleMinK4(j, b.scales, &u->sc[j], &u->mn[j]);
+    [[maybe_unused]] __m256i qh;
+    if constexpr (kFive) qh = LoadU256(b.qh);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i q = LoadU256(b.qs + 32 * c);
+      u->lo[c] = _mm256_and_si256(q, m4);
+      u->hi[c] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (kFive) {
+        // Bit 0 of each byte of qh is the 5th bit of the low nibbles, bit 1 of the high
+        // ones; shifting 16-bit lanes right moves only same-byte bits into bit 0 and 1.
+        const __m256i one = _mm256_set1_epi8(1);
+        u->lo[c] = _mm256_or_si256(u->lo[c], _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+        u->hi[c] = _mm256_or_si256(u->hi[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+        qh = _mm256_srli_epi16(qh, 2);
+      }
+    }
+    u->d = Half(b.d);
+    u->dmin = Half(b.dmin);
+  }
+  TIERKV_AVX2_FN static float Step(float sum, const Unpacked& u, const BlockQ8_K& x) {
     int summ = 0;
-    for (int j = 0; j < 8; ++j) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+    for (int j = 0; j < 8; ++j) summ += u.mn[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
-      const __m256i q = LoadU256(w[i].qs + 32 * c);
-      const __m256i lo = _mm256_and_si256(q, m4);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      acc = _mm256_add_epi32(acc, ScaledDotU8(lo, LoadU256(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
-      acc = _mm256_add_epi32(acc, ScaledDotU8(hi, LoadU256(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(u.lo[c], LoadU256(x.qs + 64 * c), _mm256_set1_epi16(u.sc[2 * c])));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(u.hi[c], LoadU256(x.qs + 64 * c + 32), _mm256_set1_epi16(u.sc[2 * c + 1])));
     }
-    const float d = x[i].d * Half(w[i].d);
-    const float dmin = x[i].d * Half(w[i].dmin);
-    sum += d * static_cast<float>(HsumEpi32(acc)) - dmin * static_cast<float>(summ);
+    // sum += d * isum - dmin * summ, as GCC contracted it when this was written as that
+    // expression: fma(isum, d, -(dmin * summ)), then the add. Spelled out, because
+    // inlined into the several-token kernels GCC contracted it differently (1 ulp).
+    const float d = x.d * u.d;
+    const float dmin = x.d * u.dmin;
+    return __builtin_fmaf(static_cast<float>(HsumEpi32(acc)), d, -(dmin * static_cast<float>(summ))) + sum;
   }
-  return sum;
-}
-
-TIERKV_AVX2_FN float DotQ5_KAvx2(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ5_K*>(row);
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  const __m256i one = _mm256_set1_epi8(1);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQkK; ++i) {
-    uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) ScaleMinK4(j, w[i].scales, &sc[j], &mn[j]);
-    int summ = 0;
-    for (int j = 0; j < 8; ++j) summ += mn[j] * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
-    __m256i qh = LoadU256(w[i].qh);
-    __m256i acc = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i q = LoadU256(w[i].qs + 32 * c);
-      // Bit 0 of each byte of qh is the 5th bit of the low nibbles, bit 1 of the high
-      // ones; shifting 16-bit lanes right moves only same-byte bits into bit 0 and 1.
-      const __m256i hb_lo = _mm256_slli_epi16(_mm256_and_si256(qh, one), 4);
-      const __m256i hb_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4);
-      qh = _mm256_srli_epi16(qh, 2);
-      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), hb_lo);
-      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hb_hi);
-      acc = _mm256_add_epi32(acc, ScaledDotU8(lo, LoadU256(x[i].qs + 64 * c), _mm256_set1_epi16(sc[2 * c])));
-      acc = _mm256_add_epi32(acc, ScaledDotU8(hi, LoadU256(x[i].qs + 64 * c + 32), _mm256_set1_epi16(sc[2 * c + 1])));
-    }
-    const float d = x[i].d * Half(w[i].d);
-    const float dmin = x[i].d * Half(w[i].dmin);
-    sum += d * static_cast<float>(HsumEpi32(acc)) - dmin * static_cast<float>(summ);
-  }
-  return sum;
-}
+};
 
 // Q2_K and Q3_K: in half h of a super-block, the 32 bytes qs[32h ..] hold four 32-value
 // chunks (bits 2j..2j+1 for chunk j), each two 16-value groups with their own scale,
@@ -342,22 +335,21 @@ TIERKV_AVX2_FN float DotQ23_KAvx2(const void* row, const void* act, int64_t n) {
   return sum;
 }
 
-TIERKV_AVX2_FN float DotQ6_KAvx2(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const BlockQ6_K*>(row);
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  const __m256i m2 = _mm256_set1_epi8(3);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n / kQkK; ++i) {
-    const int8_t* sc = w[i].scales;
-    int corr = 0;  // the -32 offset, applied through the activation's group sums
-    for (int g = 0; g < 16; ++g) corr += sc[g] * x[i].bsums[g];
-    __m256i acc = _mm256_setzero_si256();
+struct Q6KAvx2 {
+  using Block = BlockQ6_K;
+  struct Unpacked {
+    __m256i q[8];  // 32-value chunk 4h + k: low 4 bits from ql, high 2 from qh (0..63)
+    const int8_t* sc;
+    float d;
+  };
+  TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i m2 = _mm256_set1_epi8(3);
     for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = LoadU256(w[i].ql + 64 * h);
-      const __m256i ql1 = LoadU256(w[i].ql + 64 * h + 32);
-      const __m256i qh = LoadU256(w[i].qh + 32 * h);
-      __m256i q[4];
+      const __m256i ql0 = LoadU256(b.ql + 64 * h);
+      const __m256i ql1 = LoadU256(b.ql + 64 * h + 32);
+      const __m256i qh = LoadU256(b.qh + 32 * h);
+      __m256i* q = u->q + 4 * h;
       q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
       q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
@@ -365,16 +357,72 @@ TIERKV_AVX2_FN float DotQ6_KAvx2(const void* row, const void* act, int64_t n) {
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+    }
+    u->sc = b.scales;
+    u->d = Half(b.d);
+  }
+  TIERKV_AVX2_FN static float Step(float sum, const Unpacked& u, const BlockQ8_K& x) {
+    const int8_t* sc = u.sc;
+    int corr = 0;  // the -32 offset, applied through the activation's group sums
+    for (int g = 0; g < 16; ++g) corr += sc[g] * x.bsums[g];
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
       for (int k = 0; k < 4; ++k) {
         const int g = 8 * h + 2 * k;  // the two 16-value groups of this 32-value chunk
         const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-        acc = _mm256_add_epi32(acc, ScaledDotU8(q[k], LoadU256(x[i].qs + 128 * h + 32 * k), s16));
+        acc = _mm256_add_epi32(acc, ScaledDotU8(u.q[4 * h + k], LoadU256(x.qs + 128 * h + 32 * k), s16));
       }
     }
     const int sumi = HsumEpi32(acc) - 32 * corr;
-    sum += x[i].d * Half(w[i].d) * static_cast<float>(sumi);
+    return __builtin_fmaf(x.d * u.d, static_cast<float>(sumi), sum);  // sum += d_x * d_w * sumi, contracted
   }
-  return sum;
+};
+
+// One row against T tokens (T <= 4), super-block by super-block: F::Unpack once, F::Step
+// per token.
+template <typename F, int T>
+TIERKV_AVX2_FN inline void DotKRowTokensAvx2(const void* row, const void* const* acts, int64_t nb, float* out,
+                                            size_t out_stride) {
+  const auto* w = static_cast<const typename F::Block*>(row);
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  float sum[T];
+  for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+  typename F::Unpacked u;
+  for (int64_t i = 0; i < nb; ++i) {
+    F::Unpack(w[i], &u);
+    for (int t = 0; t < T; ++t) sum[t] = F::Step(sum[t], u, x[t][i]);
+  }
+  for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * out_stride] = sum[t];
+}
+
+template <typename F>
+TIERKV_AVX2_FN float DotKAvx2(const void* row, const void* act, int64_t n) {
+  const void* const acts[1] = {act};
+  float out;
+  DotKRowTokensAvx2<F, 1>(row, acts, n / kQkK, &out, 0);
+  return out;
+}
+
+// The several-token kernel: each row against the tokens four at a time (then the 1 - 3
+// left); a row (a few KiB) stays in L1 while they pass.
+template <typename F>
+TIERKV_AVX2_FN void DotKRowsTokensAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
+                                      int n_tokens, int64_t n, float* out, size_t out_stride) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const int64_t nb = n / kQkK;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const uint8_t* row = base + static_cast<size_t>(r) * row_bytes;
+    int t = 0;
+    for (; t + 4 <= n_tokens; t += 4) DotKRowTokensAvx2<F, 4>(row, acts + t, nb, out + t * out_stride + r, out_stride);
+    float* o = out + static_cast<size_t>(t) * out_stride + r;
+    switch (n_tokens - t) {
+      case 3: DotKRowTokensAvx2<F, 3>(row, acts + t, nb, o, out_stride); break;
+      case 2: DotKRowTokensAvx2<F, 2>(row, acts + t, nb, o, out_stride); break;
+      case 1: DotKRowTokensAvx2<F, 1>(row, acts + t, nb, o, out_stride); break;
+      default: break;
+    }
+  }
 }
 
 // IQ4_XS x Q8_K: ggml's vec_dot order. Per super-block, 8 int32 lanes of the
@@ -419,14 +467,24 @@ DotFn Avx2Dot(WeightType weight) {
     case WeightType::kIQ4_NL: return DotIq4NlAvx2;
     case WeightType::kQ2_K: return DotQ23_KAvx2<false>;
     case WeightType::kQ3_K: return DotQ23_KAvx2<true>;
-    case WeightType::kQ4_K: return DotQ4_KAvx2;
-    case WeightType::kQ5_K: return DotQ5_KAvx2;
-    case WeightType::kQ6_K: return DotQ6_KAvx2;
+    case WeightType::kQ4_K: return DotKAvx2<K45Avx2<false>>;
+    case WeightType::kQ5_K: return DotKAvx2<K45Avx2<true>>;
+    case WeightType::kQ6_K: return DotKAvx2<Q6KAvx2>;
     case WeightType::kIQ4_XS: return DotIq4XsAvx2;
     case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
   }
   return nullptr;
+}
+
+DotRowsTokensFn Avx2DotRowsTokens(WeightType weight) {
+  switch (weight) {
+    case WeightType::kQ4_K: return DotKRowsTokensAvx2<K45Avx2<false>>;
+    case WeightType::kQ5_K: return DotKRowsTokensAvx2<K45Avx2<true>>;
+    // Q6_K's measured 0.98 - 1.20x its one-token kernel (1.0 at 64 tokens): its per-token
+    // step is most of its work, so it keeps the one-token path.
+    default: return nullptr;
+  }
 }
 }  // namespace quant_internal
 
@@ -436,6 +494,7 @@ DotFn Avx2Dot(WeightType weight) {
 
 namespace tierkv::kernels::quant_internal {
 DotFn Avx2Dot(WeightType) { return nullptr; }
+DotRowsTokensFn Avx2DotRowsTokens(WeightType) { return nullptr; }
 }  // namespace tierkv::kernels::quant_internal
 
 #endif

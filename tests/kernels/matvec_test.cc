@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/thread_pool.h"
 
@@ -235,6 +236,43 @@ TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
       }
     }
   }
+}
+
+// The AVX2 level (CPUs without AVX-512, and AVX-512 ones without VNNI) has several-token
+// kernels for Q4_K and Q5_K (one row against four tokens at a time): the same bits as
+// that level's MatVec, for every token count up to 9.
+TEST(MatVecTest, MatMulEqualsMatVecPerTokenAtAvx2) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  const SimdLevel before = ActiveSimdLevel();
+  ForceSimdLevel(SimdLevel::kAvx2);
+  for (WeightType t : {WeightType::kQ4_K, WeightType::kQ5_K}) {
+    SCOPED_TRACE(WeightTypeName(t));
+    EXPECT_NE(GetDotRowsTokensFn(t, SimdLevel::kAvx2), nullptr);
+    constexpr int kCols = 1024, kRows = 37;
+    const OwnedMatrix a = RandomMatrix(t, kRows, kCols, 51);
+    for (int n_tokens = 2; n_tokens <= 9; ++n_tokens) {
+      std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
+      std::vector<ActivationRow*> ptrs;
+      std::vector<std::vector<float>> xs;
+      for (int i = 0; i < n_tokens; ++i) {
+        xs.push_back(RandomVector(kCols, 60 + static_cast<uint32_t>(i)));
+        rows[static_cast<size_t>(i)].Set(xs.back().data(), kCols);
+        ptrs.push_back(&rows[static_cast<size_t>(i)]);
+      }
+      std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
+      const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), kRows};
+      MatMulMany({&job, 1}, nullptr);
+      for (int i = 0; i < n_tokens; ++i) {
+        std::vector<float> want(kRows);
+        MatVec(a.view, xs[static_cast<size_t>(i)].data(), want.data(), nullptr);
+        for (int r = 0; r < kRows; ++r) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i) * kRows + r]), std::bit_cast<uint32_t>(want[r]))
+              << n_tokens << " tokens: token " << i << " row " << r;
+        }
+      }
+    }
+  }
+  ForceSimdLevel(before);
 }
 
 TEST(MatVecTest, GetRowDequantizes) {

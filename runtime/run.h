@@ -134,8 +134,9 @@ struct RunReport {
 };
 
 // The first of `prompts` (-r) that `text` contains where its last `added` bytes could
-// complete it (llama.cpp's check: the new text with the prompt's length - 1 bytes
-// before it), or null.
+// complete it (searched in the new text with the prompt's length - 1 bytes before it;
+// llama.cpp searches only the last prompt-length bytes, so it misses a prompt inside a
+// token that also holds more text), or null.
 const std::string* ReversePromptEnding(const std::vector<std::string>& prompts, std::string_view text, size_t added);
 
 // The model identity stored in session files: architecture, every tensor's name,

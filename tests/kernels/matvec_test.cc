@@ -199,8 +199,7 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
   }
 }
 
-// The same over long rows (prefetched inside the kernels; F16 and BF16 rows of 4 KiB
-// also split into row blocks of 48, MatMulMany's L2 blocking), token counts of every
+// The same over long rows (prefetched inside the kernels), token counts of every
 // remainder, and widths the F16/BF16 kernel leaves to the one-token path (n % 16 != 0),
 // with the thread pool's row split.
 TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {

@@ -199,6 +199,32 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
   }
 }
 
+// MatMulMany of `a` against n_tokens random activations (seeds from `seed`) gives, for
+// every token, that token's MatVec, bit for bit.
+void ExpectMatMulIsMatVecPerToken(const OwnedMatrix& a, int n_tokens, uint32_t seed, ThreadPool* pool) {
+  const int64_t n_rows = a.view.rows, cols = a.view.cols;
+  std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
+  std::vector<ActivationRow*> ptrs;
+  std::vector<std::vector<float>> xs;
+  for (int i = 0; i < n_tokens; ++i) {
+    xs.push_back(RandomVector(cols, seed + static_cast<uint32_t>(i)));
+    rows[static_cast<size_t>(i)].Set(xs.back().data(), cols);
+    ptrs.push_back(&rows[static_cast<size_t>(i)]);
+  }
+  std::vector<float> y(static_cast<size_t>(n_tokens * n_rows));
+  const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), static_cast<size_t>(n_rows)};
+  MatMulMany({&job, 1}, pool);
+  for (int i = 0; i < n_tokens; ++i) {
+    std::vector<float> want(static_cast<size_t>(n_rows));
+    MatVec(a.view, xs[static_cast<size_t>(i)].data(), want.data(), nullptr);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i * n_rows + r)]),
+                std::bit_cast<uint32_t>(want[static_cast<size_t>(r)]))
+          << n_tokens << " tokens: token " << i << " row " << r;
+    }
+  }
+}
+
 // The same over long rows (prefetched inside the kernels), token counts of every
 // remainder, and widths the F16/BF16 kernel leaves to the one-token path (n % 16 != 0),
 // with the thread pool's row split.
@@ -209,31 +235,10 @@ TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
       {WeightType::kQ5_K, 2048}, {WeightType::kQ6_K, 2048}, {WeightType::kQ4_0, 2048}, {WeightType::kF16, 2048},
       {WeightType::kBF16, 2048}, {WeightType::kF16, 200},   {WeightType::kBF16, 200},  {WeightType::kIQ4_NL, 2048},
       {WeightType::kIQ4_XS, 2048}, {WeightType::kQ5_0, 2048}, {WeightType::kQ4_1, 2048}, {WeightType::kQ5_1, 2048}};
-  for (const auto& [t, kCols] : cases) {
-    SCOPED_TRACE(std::string(WeightTypeName(t)) + " x " + std::to_string(kCols));
-    constexpr int kRows = 77;
-    const OwnedMatrix a = RandomMatrix(t, kRows, kCols, 31);
-    for (int n_tokens : {2, 4, 9}) {
-      std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
-      std::vector<ActivationRow*> ptrs;
-      std::vector<std::vector<float>> xs;
-      for (int i = 0; i < n_tokens; ++i) {
-        xs.push_back(RandomVector(kCols, 40 + static_cast<uint32_t>(i)));
-        rows[static_cast<size_t>(i)].Set(xs.back().data(), kCols);
-        ptrs.push_back(&rows[static_cast<size_t>(i)]);
-      }
-      std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
-      const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), kRows};
-      MatMulMany({&job, 1}, &pool);
-      for (int i = 0; i < n_tokens; ++i) {
-        std::vector<float> want(kRows);
-        MatVec(a.view, xs[static_cast<size_t>(i)].data(), want.data(), nullptr);
-        for (int r = 0; r < kRows; ++r) {
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i) * kRows + r]), std::bit_cast<uint32_t>(want[r]))
-              << n_tokens << " tokens: token " << i << " row " << r;
-        }
-      }
-    }
+  for (const auto& [t, cols] : cases) {
+    SCOPED_TRACE(std::string(WeightTypeName(t)) + " x " + std::to_string(cols));
+    const OwnedMatrix a = RandomMatrix(t, 77, cols, 31);
+    for (int n_tokens : {2, 4, 9}) ExpectMatMulIsMatVecPerToken(a, n_tokens, 40, &pool);
   }
 }
 
@@ -247,29 +252,8 @@ TEST(MatVecTest, MatMulEqualsMatVecPerTokenAtAvx2) {
   for (WeightType t : {WeightType::kQ4_K, WeightType::kQ5_K}) {
     SCOPED_TRACE(WeightTypeName(t));
     EXPECT_NE(GetDotRowsTokensFn(t, SimdLevel::kAvx2), nullptr);
-    constexpr int kCols = 1024, kRows = 37;
-    const OwnedMatrix a = RandomMatrix(t, kRows, kCols, 51);
-    for (int n_tokens = 2; n_tokens <= 9; ++n_tokens) {
-      std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
-      std::vector<ActivationRow*> ptrs;
-      std::vector<std::vector<float>> xs;
-      for (int i = 0; i < n_tokens; ++i) {
-        xs.push_back(RandomVector(kCols, 60 + static_cast<uint32_t>(i)));
-        rows[static_cast<size_t>(i)].Set(xs.back().data(), kCols);
-        ptrs.push_back(&rows[static_cast<size_t>(i)]);
-      }
-      std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
-      const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), kRows};
-      MatMulMany({&job, 1}, nullptr);
-      for (int i = 0; i < n_tokens; ++i) {
-        std::vector<float> want(kRows);
-        MatVec(a.view, xs[static_cast<size_t>(i)].data(), want.data(), nullptr);
-        for (int r = 0; r < kRows; ++r) {
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i) * kRows + r]), std::bit_cast<uint32_t>(want[r]))
-              << n_tokens << " tokens: token " << i << " row " << r;
-        }
-      }
-    }
+    const OwnedMatrix a = RandomMatrix(t, 37, 1024, 51);
+    for (int n_tokens = 2; n_tokens <= 9; ++n_tokens) ExpectMatMulIsMatVecPerToken(a, n_tokens, 60, nullptr);
   }
   ForceSimdLevel(before);
 }

@@ -62,6 +62,11 @@ std::vector<uint8_t> RandomRows(WeightType t, int64_t rows) {
         std::memcpy(p, &d, 2);
         std::memcpy(p + 2, &dmin, 2);
         break;
+      case WeightType::kF32: {
+        const float v = 0.01f * static_cast<float>(p[0] - 128);
+        std::memcpy(p, &v, 4);
+        break;
+      }
       default: std::memcpy(p, &d, 2); break;
     }
   }
@@ -97,7 +102,8 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
 // A prefill chunk's product, kernel level, one thread: R rows x 4096 against N tokens,
 // through the several-token kernel (path:tokens: each weight block set up once for four
 // tokens) or the one-token multi-row kernel once per token (path:rows, what MatMulMany
-// did before), same bits either way (tests/kernels/matvec_test.cc). R = 256: the rows
+// did before), same bits either way (tests/kernels/matvec_test.cc) except for F32 / F16 /
+// BF16, whose batch sums in tinyBLAS's order and one token in vec_dot's. R = 256: the rows
 // stay in L2, so this compares arithmetic. Counter: GMAC/s.
 void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool tokens, bool avx2) {
   constexpr int64_t kRows = 256;
@@ -115,7 +121,8 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
   }
   std::vector<float> y(static_cast<size_t>(n_tokens) * kRows);
   const kernels::SimdLevel level = avx2 ? kernels::SimdLevel::kAvx2 : kernels::ActiveSimdLevel();
-  const kernels::DotRowsTokensFn many = kernels::GetDotRowsTokensFn(t, level);
+  // What MatMulMany runs for a chunk: F32 / F16 / BF16 sum as a batch (kernels::TokenSums).
+  const kernels::DotRowsTokensFn many = kernels::GetDotRowsTokensFn(t, level, kernels::TokenSums::kBatched);
   const kernels::DotRowsFn one = kernels::GetDotRowsFn(t, level);
   const kernels::DotFn dot = kernels::GetDotFn(t, level);  // for types without a multi-row kernel (IQ4_NL)
   if (many == nullptr) {
@@ -145,10 +152,10 @@ void BM_MatMulTokens(benchmark::State& state, WeightType t, int n_tokens, bool t
 
 void Register() {
   if (kernels::DetectedSimdLevel() < kernels::SimdLevel::kAvx2) return;
-  for (WeightType t : {WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kIQ4_NL,
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kIQ4_NL,
                        WeightType::kIQ4_XS, WeightType::kQ5_0, WeightType::kQ4_1, WeightType::kQ5_1, WeightType::kQ2_K,
                        WeightType::kQ3_K, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
-    if (kernels::GetDotRowsTokensFn(t, kernels::ActiveSimdLevel()) == nullptr) continue;
+    if (kernels::GetDotRowsTokensFn(t, kernels::ActiveSimdLevel(), kernels::TokenSums::kBatched) == nullptr) continue;
     for (int n : {4, 16, 64}) {
       for (bool tokens : {true, false}) {
         const std::string name = std::string("matmul/") + kernels::WeightTypeName(t) + "/tokens:" + std::to_string(n) +

@@ -44,7 +44,7 @@ struct MulChunk {
   const MatMulJob* job;
   DotFn dot;
   DotRowsFn dot_rows;
-  DotRowsTokensFn dot_tokens;  // set when the job has several tokens and the type a kernel
+  DotRowsTokensFn dot_tokens;  // set when the job has several tokens (or batched sums) and the type a kernel
   const void* const* acts;  // [job->n]
   int64_t begin, end;
 };
@@ -118,7 +118,8 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
     const DotFn dot = GetDotFn(j.w->type, level);
     DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
     if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type)) dot_rows = nullptr;
-    const DotRowsTokensFn dot_tokens = j.n > 1 ? GetDotRowsTokensFn(j.w->type, level) : nullptr;
+    const bool batched = j.sums == TokenSums::kBatched && BatchedSumsDiffer(j.w->type, level);
+    const DotRowsTokensFn dot_tokens = j.n > 1 || batched ? GetDotRowsTokensFn(j.w->type, level, j.sums) : nullptr;
     int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));
     // Whole groups of rows per task for the several-token kernels (8 rows a group).
     if (dot_tokens != nullptr) step = (step + 15) / 16 * 16;
@@ -138,7 +139,9 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
 void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool) {
   std::vector<MatMulJob> mul;
   mul.reserve(jobs.size());
-  for (const MatVecJob& j : jobs) mul.push_back({j.w, &j.x, 1, j.y, static_cast<size_t>(j.w->rows)});
+  for (const MatVecJob& j : jobs) {
+    mul.push_back({j.w, &j.x, 1, j.y, static_cast<size_t>(j.w->rows), TokenSums::kPerToken});
+  }
   MatMulMany(mul, pool);
 }
 

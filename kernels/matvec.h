@@ -67,15 +67,18 @@ struct MatVecJob {
 void MatVecMany(std::span<const MatVecJob> jobs, ThreadPool* pool);
 
 // Several tokens (a prefill chunk): y[t * y_stride + r] = (W x_t)[r] for t in [0, n).
-// Each (row, token) dot product is the one MatVec computes, bit for bit; the rows are
-// read from memory once for all n tokens (a few rows at a time, each dotted with every
-// token while they are in cache) instead of once per token.
+// The rows are read from memory once for all n tokens (a few rows at a time, each dotted
+// with every token while they are in cache) instead of once per token. With
+// sums = kPerToken each (row, token) dot product is the one MatVec computes, bit for bit;
+// with kBatched (the default) F32, F16 and BF16 weights sum as llama.cpp's batched
+// product does (quant.h, TokenSums), even for n = 1.
 struct MatMulJob {
   const MatrixView* w;
   ActivationRow* const* x;  // [n], each converted for w before the pass
   int n;
   float* y;
   size_t y_stride;  // >= w->rows
+  TokenSums sums = TokenSums::kBatched;
 };
 void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool);
 

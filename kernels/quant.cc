@@ -560,7 +560,14 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
   return nullptr;
 }
 
-DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level) {
+bool BatchedSumsDiffer(WeightType weight, SimdLevel level) {
+  return level >= SimdLevel::kAvx512 && quant_internal::Avx512BatchDotRowsTokens(weight) != nullptr;
+}
+
+DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level, TokenSums sums) {
+  if (sums == TokenSums::kBatched && BatchedSumsDiffer(weight, level)) {
+    return quant_internal::Avx512BatchDotRowsTokens(weight);
+  }
   if (level >= SimdLevel::kAvx512) {
     if (DotRowsTokensFn f = quant_internal::Avx512DotRowsTokens(weight)) return f;
     // No VNNI: the one-token kernels at this level are the AVX2 ones, and so are these.

@@ -267,11 +267,24 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
 // kernels repeat that work per token.
 using DotRowsTokensFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
                                  int n_tokens, int64_t n, float* out, size_t out_stride);
-// The several-token kernel for `weight` at `level`, or nullptr where there is none.
-// Today: F16 and BF16 at the AVX-512 level, every quantized type there with
-// AVX512-VNNI; Q4_K and Q5_K at the AVX2 level (and at the AVX-512 level
-// without VNNI, where the AVX2 kernels serve).
-DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level);
+//
+// How a product of several tokens sums the float weight types (F32, F16, BF16).
+// llama.cpp's CPU backend multiplies one token with ggml's vec_dot and several with
+// tinyBLAS (llamafile_sgemm), which sum these types in different orders; tierkv follows
+// it at the AVX-512 level, the reference vectors' (docs/kernels.md): kBatched is
+// tinyBLAS's order, kPerToken is the one-token kernels' order for each token. The
+// quantized types, and the float types at the other levels, sum alike either way.
+enum class TokenSums : uint8_t { kBatched, kPerToken };
+// The several-token kernel for `weight` at `level` with `sums` (kPerToken: each result
+// bit-identical to GetDotRowsFn's / GetDotFn's for its row and token), or nullptr where
+// there is none (take the one-token kernels per token). Today, kPerToken: every
+// quantized type at the AVX-512 level with AVX512-VNNI; Q4_K and Q5_K at the AVX2 level
+// (and at the AVX-512 level without VNNI, where the AVX2 kernels serve). kBatched: those,
+// and F32, F16, BF16 at the AVX-512 level.
+DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level, TokenSums sums = TokenSums::kPerToken);
+// Whether kBatched sums `weight` differently from kPerToken at `level` (then a batch of
+// one token takes the several-token kernel too, as a llama.cpp batch of several would).
+bool BatchedSumsDiffer(WeightType weight, SimdLevel level);
 // Rows of at least this many bytes are "long": the multi-row kernels prefetch each of
 // their rows ahead (they read R interleaved streams, which the hardware prefetchers
 // follow poorly), and for one activation row MatVec may read them one at a time
@@ -292,6 +305,7 @@ DotFn Avx2Dot(WeightType weight);
 DotFn Avx512Dot(WeightType weight);
 DotRowsFn Avx512DotRows(WeightType weight);
 DotRowsTokensFn Avx512DotRowsTokens(WeightType weight);
+DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType weight);  // F32, F16, BF16 (kBatched)
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.

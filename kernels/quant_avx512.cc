@@ -91,118 +91,184 @@ TIERKV_AVX512_FN inline void HsumRows16(const __m512* acc, float* out) {
   _mm512_storeu_ps(out, _mm512_permutexvar_ps(order, s1));
 }
 
-TIERKV_AVX512_FN float DotF32Avx512(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const float*>(row);
-  const auto* x = static_cast<const float*>(act);
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
-    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
-  }
-  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
-  float s = HsumPs512(_mm512_add_ps(a0, a1));
-  for (; i < n; ++i) s += w[i] * x[i];
-  return s;
-}
+// ---- F32, F16, BF16: the two summation orders of llama.cpp's CPU backend ----
+//
+// llama.cpp sums these types one way in a matrix product of one token and another in a
+// product of several (docs/kernels.md, "Matmuls"); both are reproduced here, as its
+// AVX-512 build (the reference vectors' build, with AVX512-BF16) computes them:
+//
+// * One token (ggml's vec_dot). F32 and F16: four 16-lane FMA accumulators over 64-value
+//   steps, added (s0 + s2) + (s1 + s3) and reduced as _mm512_reduce_add_ps reduces
+//   (HsumPs512: the same adds); the values past the last whole step one at a time (F32:
+//   an FMA into the f32 sum; F16: each exact product added in double). BF16: two
+//   accumulators of vdpbf16ps over the 64-value steps (values 0-31 and 32-63), each
+//   reduced, the two sums and then the tail's products added in double.
+// * Several tokens (tinyBLAS): one accumulator per (row, token) over 16-value steps (F32,
+//   F16: FMA; BF16: 32-value steps of vdpbf16ps), reduced. Only when the width is a
+//   multiple of the step; otherwise llama.cpp (and this) takes the one-token order.
+//
+// vdpbf16ps adds, per 32-bit lane, the product of the two high bf16 halves and then that
+// of the two low halves, each rounded once; a product of two bf16 is exact in f32, so two
+// FMAs on the halves widened to f32 give its bits (DpBf16). The instruction also flushes
+// denormal inputs and results to zero, which DpBf16 does not: bf16 weights and activations
+// below 1e-38 do not occur in models. tests/kernels/quant_test.cc checks DpBf16 against
+// the instruction where the CPU has it.
 
-TIERKV_AVX512_FN inline __m512 LoadF16x16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-TIERKV_AVX512_FN inline __m512 LoadBf16x16(const uint16_t* p) {
-  const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-}
-
-// 16 weights as f32: from f16 or from bf16 (both exact).
-template <bool kBf16>
-TIERKV_AVX512_FN inline __m512 LoadHalf16(const uint16_t* p) {
-  if constexpr (kBf16) {
-    return LoadBf16x16(p);
+// 16 values of a row as f32 (all three conversions are exact).
+template <WeightType kType>
+TIERKV_AVX512_FN inline __m512 Load16(const void* p) {
+  if constexpr (kType == WeightType::kF32) {
+    return _mm512_loadu_ps(p);
+  } else if constexpr (kType == WeightType::kF16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
   } else {
-    return LoadF16x16(p);
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
   }
 }
 
-// 16 activation values as f32: converted from f16, or already converted.
-TIERKV_AVX512_FN inline __m512 LoadAct16(const uint16_t* x) { return LoadF16x16(x); }
-TIERKV_AVX512_FN inline __m512 LoadAct16(const float* x) { return _mm512_loadu_ps(x); }
+TIERKV_AVX512_FN inline __m512 DpBf16(__m512 acc, const void* w, const void* x) {
+  const __m512i a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(x);
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)), _mm512_castsi512_ps(_mm512_and_si512(b, hi)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)),
+                         acc);
+}
 
-// DotF16Avx512's two accumulators over the first n / 16 * 16 values, added (the vector
-// HsumPs512 reduces). X is the activation as f16, or as f32 converted from it (the same
-// values: the conversion is exact).
-template <typename X>
-TIERKV_AVX512_FN inline __m512 F16ProductSum(const uint16_t* w, const X* x, int64_t n) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm512_fmadd_ps(LoadF16x16(w + i), LoadAct16(x + i), a0);
-    a1 = _mm512_fmadd_ps(LoadF16x16(w + i + 16), LoadAct16(x + i + 16), a1);
+template <WeightType kType>
+constexpr size_t kValueBytes = kType == WeightType::kF32 ? 4 : 2;
+
+template <WeightType kType>
+inline float ValueAt(const void* p, int64_t i) {
+  if constexpr (kType == WeightType::kF32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (kType == WeightType::kF16) {
+    return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+  } else {
+    return Bf16ToF32(static_cast<const uint16_t*>(p)[i]);
   }
-  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LoadF16x16(w + i), LoadAct16(x + i), a0);
-  return _mm512_add_ps(a0, a1);
 }
 
-TIERKV_AVX512_FN float DotF16Avx512(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const uint16_t*>(row);
-  const auto* x = static_cast<const uint16_t*>(act);
-  float s = HsumPs512(F16ProductSum(w, x, n));
-  for (int64_t i = n / 16 * 16; i < n; ++i) s += F16ToF32(w[i]) * F16ToF32(x[i]);
-  return s;
+template <WeightType kType>
+TIERKV_AVX512_FN inline const void* At(const void* p, int64_t i) {
+  return static_cast<const uint8_t*>(p) + static_cast<size_t>(i) * kValueBytes<kType>;
 }
 
-// F16 rows under kShortRowBytes (such as the 64-wide output projection of qwen3moe,
-// 151936 rows of 128 bytes) 16 at a time: one row at a time, such a row costs as much in
-// its horizontal sum as in its products. Per row the products are DotF16Avx512's, and
-// HsumRows16 sums the 16 rows with HsumPs512's adds, so the bits are the same. The
-// activation is converted once per call.
-TIERKV_AVX512_FN void DotF16RowsAvx512(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+// F32 / F16, one token: the 16 lanes of (s0 + s2) + (s1 + s3) over the first n / 64 * 64
+// values (what HsumPs512 then reduces).
+template <WeightType kType>
+TIERKV_AVX512_FN inline __m512 VecDotLanes(const void* w, const void* x, int64_t n) {
+  __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t i = 0; i + 64 <= n; i += 64) {
+    for (int j = 0; j < 4; ++j) {
+      s[j] = _mm512_fmadd_ps(Load16<kType>(At<kType>(w, i + 16 * j)), Load16<kType>(At<kType>(x, i + 16 * j)), s[j]);
+    }
+  }
+  return _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]));
+}
+
+// The one-token tail after the lanes' reduction `sum`.
+template <WeightType kType>
+TIERKV_AVX512_FN inline float VecDotTail(float sum, const void* w, const void* x, int64_t n) {
+  if constexpr (kType == WeightType::kF32) {
+    for (int64_t i = n / 64 * 64; i < n; ++i) sum = __builtin_fmaf(ValueAt<kType>(w, i), ValueAt<kType>(x, i), sum);
+    return sum;
+  } else {
+    double s = sum;
+    for (int64_t i = n / 64 * 64; i < n; ++i) s += static_cast<double>(ValueAt<kType>(w, i) * ValueAt<kType>(x, i));
+    return static_cast<float>(s);
+  }
+}
+
+template <WeightType kType>
+TIERKV_AVX512_FN float VecDotAvx512(const void* row, const void* act, int64_t n) {
+  if constexpr (kType == WeightType::kBF16) {
+    __m512 c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+      c1 = DpBf16(c1, At<kType>(row, i), At<kType>(act, i));
+      c2 = DpBf16(c2, At<kType>(row, i + 32), At<kType>(act, i + 32));
+    }
+    double s = static_cast<double>(HsumPs512(c1)) + static_cast<double>(HsumPs512(c2));
+    for (; i < n; ++i) s += static_cast<double>(ValueAt<kType>(row, i) * ValueAt<kType>(act, i));
+    return static_cast<float>(s);
+  } else {
+    return VecDotTail<kType>(HsumPs512(VecDotLanes<kType>(row, act, n)), row, act, n);
+  }
+}
+
+// One token, n_rows rows. Short F16 / F32 rows (such as the 64-wide output projection of
+// qwen3moe, 151936 rows of 128 bytes) 16 at a time: one at a time, such a row costs as
+// much in its horizontal sum as in its products. Per row the lanes are VecDotLanes' and
+// HsumRows16 makes HsumPs512's adds, so the bits are the same.
+template <WeightType kType>
+TIERKV_AVX512_FN void VecDotRowsAvx512(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
                                       float* out) {
   const auto* base = static_cast<const uint8_t*>(rows);
   int64_t r = 0;
-  if (n % 16 == 0 && row_bytes < kShortRowBytes && n_rows >= 16) {
-    alignas(64) float xf[kShortRowBytes / 2];
-    const auto* x = static_cast<const uint16_t*>(act);
-    for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(xf + i, LoadF16x16(x + i));
+  if (kType != WeightType::kBF16 && n % 64 == 0 && row_bytes < kShortRowBytes && n_rows >= 16) {
     for (; r + 16 <= n_rows; r += 16) {
       PrefetchGroup(base + r * row_bytes, 16, row_bytes);
       __m512 acc[8];
       for (int j = 0; j < 8; ++j) {
-        __m512 t[2];
-        for (int k = 0; k < 2; ++k) {
-          const auto* w = reinterpret_cast<const uint16_t*>(base + static_cast<size_t>(r + 2 * j + k) * row_bytes);
-          t[k] = F16ProductSum(w, xf, n);
-        }
+        const __m512 t0 = VecDotLanes<kType>(base + static_cast<size_t>(r + 2 * j) * row_bytes, act, n);
+        const __m512 t1 = VecDotLanes<kType>(base + static_cast<size_t>(r + 2 * j + 1) * row_bytes, act, n);
         // Rows 2j and 2j + 1, each as the 8 lanes lo + hi (HsumPs512's first add).
-        acc[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x44), _mm512_shuffle_f32x4(t[0], t[1], 0xee));
+        acc[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x44), _mm512_shuffle_f32x4(t0, t1, 0xee));
       }
       HsumRows16(acc, out + r);
     }
   }
-  for (; r < n_rows; ++r) out[r] = DotF16Avx512(base + static_cast<size_t>(r) * row_bytes, act, n);
+  for (; r < n_rows; ++r) out[r] = VecDotAvx512<kType>(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 
-TIERKV_AVX512_FN float DotBf16Avx512(const void* row, const void* act, int64_t n) {
-  const auto* w = static_cast<const uint16_t*>(row);
-  const auto* x = static_cast<const uint16_t*>(act);
-  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a0 = _mm512_fmadd_ps(LoadBf16x16(w + i), LoadBf16x16(x + i), a0);
-    a1 = _mm512_fmadd_ps(LoadBf16x16(w + i + 16), LoadBf16x16(x + i + 16), a1);
+// The several-token step: 16 values (F32, F16) or 32 (BF16).
+template <WeightType kType>
+constexpr int64_t kBatchStep = kType == WeightType::kBF16 ? 32 : 16;
+
+template <WeightType kType>
+TIERKV_AVX512_FN inline __m512 BatchStep(__m512 acc, __m512 w16, const void* w, const void* x, int64_t i) {
+  if constexpr (kType == WeightType::kBF16) {
+    (void)w16;
+    return DpBf16(acc, At<kType>(w, i), At<kType>(x, i));
+  } else {
+    (void)w;
+    return _mm512_fmadd_ps(w16, Load16<kType>(At<kType>(x, i)), acc);
   }
-  for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(LoadBf16x16(w + i), LoadBf16x16(x + i), a0);
-  float s = HsumPs512(_mm512_add_ps(a0, a1));
-  for (; i < n; ++i) s += Bf16ToF32(w[i]) * Bf16ToF32(x[i]);
-  return s;
 }
 
-// BF16 rows one at a time (the one-token kernel behind the several-token one).
-TIERKV_AVX512_FN void DotBf16RowsAvx512(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                       float* out) {
-  const auto* base = static_cast<const uint8_t*>(rows);
-  for (int64_t r = 0; r < n_rows; ++r) out[r] = DotBf16Avx512(base + static_cast<size_t>(r) * row_bytes, act, n);
+// Several tokens, 2 rows x T tokens (T <= 4): per (row, token) tinyBLAS's one accumulator,
+// each weight step loaded (and for F16 converted) once for the T tokens. nb is n here
+// (kBlock 1); REQUIRES n % kBatchStep == 0. (Converting the activations to f32 once per
+// call instead measured slower for F16, 20 - 29 GMAC/s against 33 - 35: four tokens' f32
+// rows outgrow L1.)
+template <WeightType kType, int T>
+TIERKV_AVX512_FN inline void BatchDotRows2Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
+                                                int64_t n, float* out, size_t out_stride) {
+  const void* w[2] = {rows, rows + row_bytes};
+  __m512 a[2][T];
+  for (int r = 0; r < 2; ++r) {
+    for (int t = 0; t < T; ++t) a[r][t] = _mm512_setzero_ps();
+  }
+  const bool stream = row_bytes >= kShortRowBytes;
+  constexpr int64_t kStep = kBatchStep<kType>;
+  for (int64_t i = 0; i < n; i += kStep) {
+    if (stream && (i * static_cast<int64_t>(kValueBytes<kType>)) % 1024 == 0) {
+      PrefetchAhead(At<kType>(w[0], i), 1024);
+      PrefetchAhead(At<kType>(w[1], i), 1024);
+    }
+    __m512 u[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    if constexpr (kType != WeightType::kBF16) {
+      for (int r = 0; r < 2; ++r) u[r] = Load16<kType>(At<kType>(w[r], i));
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int r = 0; r < 2; ++r) a[r][t] = BatchStep<kType>(a[r][t], u[r], w[r], acts[t], i);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float* o = out + static_cast<size_t>(t) * out_stride;
+    for (int r = 0; r < 2; ++r) o[r] = HsumPs512(a[r][t]);
+  }
 }
 
 
@@ -1436,65 +1502,35 @@ constexpr DotRowsTokensFn DotKRowsTokensVnni =
     DotRowsTokensGroups<DotKRows8Tokens<Family, 4>, DotKRows8Tokens<Family, 3>, DotKRows8Tokens<Family, 2>,
                         DotKRows8Tokens<Family, 1>, Rows, kQkK, 8>;
 
-// F16 and BF16, 2 rows x T tokens (T <= 4): per (row, token) DotF16Avx512's (or
-// DotBf16Avx512's) two accumulators over the same 16-value chunks, then HsumPs512, so
-// the bits are the same; each weight chunk is loaded and converted once for the T
-// tokens. Needs n % 16 == 0 (DotHalfRowsTokens sends other widths the one-token way);
-// nb is n here (kBlock 1). (Converting the activations to f32 once per call instead
-// measured slower, 20 - 29 GMAC/s against 33 - 35: four tokens' f32 rows outgrow L1.)
-template <bool kBf16, int T>
-TIERKV_AVX512_FN inline void DotHalfRows2Tokens(const uint8_t* rows, size_t row_bytes, const void* const* acts,
-                                               int64_t n, float* out, size_t out_stride) {
-  const uint16_t* x[T];
-  for (int t = 0; t < T; ++t) x[t] = static_cast<const uint16_t*>(acts[t]);
-  const auto* w0 = reinterpret_cast<const uint16_t*>(rows);
-  const auto* w1 = reinterpret_cast<const uint16_t*>(rows + row_bytes);
-  __m512 a[2][T][2];
-  for (int r = 0; r < 2; ++r) {
-    for (int t = 0; t < T; ++t) a[r][t][0] = a[r][t][1] = _mm512_setzero_ps();
-  }
-  const bool stream = row_bytes >= kShortRowBytes;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    if (stream && i % 512 == 0) {
-      PrefetchAhead(w0 + i, 1024);
-      PrefetchAhead(w1 + i, 1024);
+// F32, F16, BF16 several tokens, in tinyBLAS's order where n is a multiple of its step,
+// else in the one-token order (as llama.cpp falls back to vec_dot).
+// Rows past the last pair of DotRowsTokensGroups, one token: the several-token order.
+template <WeightType kType>
+TIERKV_AVX512_FN void BatchDotRowsLeftover(const void* rows, size_t row_bytes, int64_t n_rows, const void* act,
+                                           int64_t n, float* out) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const void* w = static_cast<const uint8_t*>(rows) + static_cast<size_t>(r) * row_bytes;
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += kBatchStep<kType>) {
+      const __m512 u = kType == WeightType::kBF16 ? _mm512_setzero_ps() : Load16<kType>(At<kType>(w, i));
+      a = BatchStep<kType>(a, u, w, act, i);
     }
-    const __m512 u00 = LoadHalf16<kBf16>(w0 + i), u01 = LoadHalf16<kBf16>(w0 + i + 16);
-    const __m512 u10 = LoadHalf16<kBf16>(w1 + i), u11 = LoadHalf16<kBf16>(w1 + i + 16);
-    for (int t = 0; t < T; ++t) {
-      const __m512 xa = LoadHalf16<kBf16>(x[t] + i), xb = LoadHalf16<kBf16>(x[t] + i + 16);
-      a[0][t][0] = _mm512_fmadd_ps(u00, xa, a[0][t][0]);
-      a[0][t][1] = _mm512_fmadd_ps(u01, xb, a[0][t][1]);
-      a[1][t][0] = _mm512_fmadd_ps(u10, xa, a[1][t][0]);
-      a[1][t][1] = _mm512_fmadd_ps(u11, xb, a[1][t][1]);
-    }
-  }
-  if (i + 16 <= n) {
-    const __m512 u0 = LoadHalf16<kBf16>(w0 + i), u1 = LoadHalf16<kBf16>(w1 + i);
-    for (int t = 0; t < T; ++t) {
-      const __m512 xa = LoadHalf16<kBf16>(x[t] + i);
-      a[0][t][0] = _mm512_fmadd_ps(u0, xa, a[0][t][0]);
-      a[1][t][0] = _mm512_fmadd_ps(u1, xa, a[1][t][0]);
-    }
-  }
-  for (int t = 0; t < T; ++t) {
-    float* o = out + static_cast<size_t>(t) * out_stride;
-    for (int r = 0; r < 2; ++r) o[r] = HsumPs512(_mm512_add_ps(a[r][t][0], a[r][t][1]));
+    out[r] = HsumPs512(a);
   }
 }
 
-template <bool kBf16>
-TIERKV_AVX512_FN void DotHalfRowsTokens(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
-                                        int n_tokens, int64_t n, float* out, size_t out_stride) {
-  constexpr DotRowsFn kRows = kBf16 ? DotBf16RowsAvx512 : DotF16RowsAvx512;
-  if (n % 16 != 0) {
-    for (int t = 0; t < n_tokens; ++t) kRows(rows, row_bytes, n_rows, acts[t], n, out + static_cast<size_t>(t) * out_stride);
+template <WeightType kType>
+TIERKV_AVX512_FN void BatchDotRowsTokens(const void* rows, size_t row_bytes, int64_t n_rows, const void* const* acts,
+                                         int n_tokens, int64_t n, float* out, size_t out_stride) {
+  if (n % kBatchStep<kType> != 0) {
+    for (int t = 0; t < n_tokens; ++t) {
+      VecDotRowsAvx512<kType>(rows, row_bytes, n_rows, acts[t], n, out + static_cast<size_t>(t) * out_stride);
+    }
     return;
   }
-  DotRowsTokensGroups<DotHalfRows2Tokens<kBf16, 4>, DotHalfRows2Tokens<kBf16, 3>, DotHalfRows2Tokens<kBf16, 2>,
-                      DotHalfRows2Tokens<kBf16, 1>, kRows, 1, 2>(rows, row_bytes, n_rows, acts, n_tokens, n, out,
-                                                                 out_stride);
+  DotRowsTokensGroups<BatchDotRows2Tokens<kType, 4>, BatchDotRows2Tokens<kType, 3>, BatchDotRows2Tokens<kType, 2>,
+                      BatchDotRows2Tokens<kType, 1>, BatchDotRowsLeftover<kType>, 1, 2>(rows, row_bytes, n_rows, acts,
+                                                                                        n_tokens, n, out, out_stride);
 }
 
 #undef TIERKV_VNNI_FN
@@ -1511,9 +1547,9 @@ bool HasAvx512Vnni() {
 
 DotFn Avx512Dot(WeightType weight) {
   switch (weight) {
-    case WeightType::kF32: return DotF32Avx512;
-    case WeightType::kF16: return DotF16Avx512;
-    case WeightType::kBF16: return DotBf16Avx512;
+    case WeightType::kF32: return VecDotAvx512<WeightType::kF32>;
+    case WeightType::kF16: return VecDotAvx512<WeightType::kF16>;
+    case WeightType::kBF16: return VecDotAvx512<WeightType::kBF16>;
     default: break;
   }
   // The quantized types: the VNNI kernels where the CPU has them, else the AVX2 ones.
@@ -1538,8 +1574,6 @@ DotFn Avx512Dot(WeightType weight) {
 }
 
 DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
-  if (weight == WeightType::kF16) return DotHalfRowsTokens<false>;
-  if (weight == WeightType::kBF16) return DotHalfRowsTokens<true>;
   if (!HasAvx512Vnni()) return nullptr;
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsTokensVnni;
@@ -1558,9 +1592,22 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
   }
 }
 
+DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType weight) {
+  switch (weight) {
+    case WeightType::kF32: return BatchDotRowsTokens<WeightType::kF32>;
+    case WeightType::kF16: return BatchDotRowsTokens<WeightType::kF16>;
+    case WeightType::kBF16: return BatchDotRowsTokens<WeightType::kBF16>;
+    default: return nullptr;
+  }
+}
+
 DotRowsFn Avx512DotRows(WeightType weight) {
-  if (weight == WeightType::kF16) return DotF16RowsAvx512;
-  if (weight == WeightType::kBF16) return DotBf16RowsAvx512;
+  switch (weight) {
+    case WeightType::kF32: return VecDotRowsAvx512<WeightType::kF32>;
+    case WeightType::kF16: return VecDotRowsAvx512<WeightType::kF16>;
+    case WeightType::kBF16: return VecDotRowsAvx512<WeightType::kBF16>;
+    default: break;
+  }
   if (!HasAvx512Vnni()) return nullptr;
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsVnni;
@@ -1588,6 +1635,7 @@ namespace tierkv::kernels::quant_internal {
 DotFn Avx512Dot(WeightType) { return nullptr; }
 DotRowsFn Avx512DotRows(WeightType) { return nullptr; }
 DotRowsTokensFn Avx512DotRowsTokens(WeightType) { return nullptr; }
+DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType) { return nullptr; }
 bool HasAvx512Vnni() { return false; }
 }  // namespace tierkv::kernels::quant_internal
 

@@ -218,8 +218,10 @@ class Model {
   // (each layer's weights acquired once for the chunk; attention reads each KV block
   // once for all the chunk's queries while it is in cache). Logits for the chunk
   // entries listed in logit_rows (ascending), row r of `logits` ([logit_rows.size()]
-  // [n_vocab]) for entry logit_rows[r]. Every value is bit-identical to calling Forward
-  // token by token (tested): only the loop order changes.
+  // [n_vocab]) for entry logit_rows[r]. The values do not depend on how a prompt is cut
+  // into chunks (tested). With quantized weights they are bit-identical to calling
+  // Forward token by token; F32 / F16 / BF16 matrices sum as llama.cpp's batched product
+  // does (kernels::TokenSums), in another order than one token's.
   // REQUIRES: as Forward, pos == cache.Length(seq). On error the sequence is truncated
   // back to pos.
   Status ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
@@ -255,6 +257,7 @@ class Model {
   Status FeedForward(const Layer& L, int layer, int pos);
   // Queries q[n][n_heads * head_dim] at positions pos .. pos + n - 1; out likewise.
   Status Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, const float* q, float* out);
+  Status AcquireOutput(kernels::MatrixView* output);
   Status Logits(std::span<float> logits);
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);

@@ -137,8 +137,8 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
 }
 
 // The chunk layer by layer: per token the arithmetic of ForwardLayers, with each matrix
-// multiplied by all the chunk's tokens in one pass (MatMulMany: the bits of one MatVec
-// per token), attention once for all the chunk's queries, and each selected expert once
+// multiplied by all the chunk's tokens in one pass (MatMulMany: quantized weights give
+// the bits of one MatVec per token, F32 / F16 / BF16 sum as a batch), attention once for all the chunk's queries, and each selected expert once
 // for all its tokens (ChunkMoe). A MoE layer's weight page is released only after every
 // token's output projection, as one token's step releases it.
 Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
@@ -228,10 +228,23 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   }
   s.layer_pin.Release();
   const size_t n_vocab = static_cast<size_t>(c.n_vocab);
-  for (size_t r = 0; r < logit_rows.size(); ++r) {
-    load(static_cast<size_t>(logit_rows[r]));
-    TIERKV_RETURN_IF_ERROR(Logits(logits.subspan(r * n_vocab, n_vocab)));
+  if (logit_rows.size() == 1) {
+    load(static_cast<size_t>(logit_rows[0]));
+    return Logits(logits.first(n_vocab));
   }
+  // Several rows: one product of the output matrix with all of them (llama.cpp's batch of
+  // several outputs, which sums F16 / BF16 / F32 as a batch: kernels::TokenSums).
+  if (logit_rows.empty()) return Status::Ok();
+  kernels::MatrixView output;
+  TIERKV_RETURN_IF_ERROR(AcquireOutput(&output));
+  const size_t nr = logit_rows.size();
+  for (size_t r = 0; r < nr; ++r) {
+    float* xn = row(s.chunk_xn, r, n_embd);
+    kernels::RmsNorm(xs + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, c.n_embd, c.rms_eps, xn);
+    acts[r]->Set(xn, c.n_embd);
+  }
+  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), logits.data(), n_vocab}};
+  kernels::MatMulMany(out, pool);
   return Status::Ok();
 }
 
@@ -291,17 +304,24 @@ Status Model::FeedForward(const Layer& L, int layer, int pos) {
   return Status::Ok();
 }
 
-// logits = output(RMSNorm(x)).
-Status Model::Logits(std::span<float> logits) {
-  Scratch& s = *s_;
-  kernels::MatrixView output = w_->output;
+// The output matrix, its page pinned (in s_->pins) for the step.
+Status Model::AcquireOutput(kernels::MatrixView* output) {
+  *output = w_->output;
   if (mm_ != nullptr) {
     auto pin = AcquireCounted(*mm_, output_page_, weight_tier_, &counters_.weight_wait_s, &counters_.weight_acquires,
                               &counters_.weight_hits);
     if (!pin.ok()) return pin.status().Annotate("output weights");
-    output.data = pin->data();
-    s.pins.push_back(std::move(pin).value());
+    output->data = pin->data();
+    s_->pins.push_back(std::move(pin).value());
   }
+  return Status::Ok();
+}
+
+// logits = output(RMSNorm(x)).
+Status Model::Logits(std::span<float> logits) {
+  Scratch& s = *s_;
+  kernels::MatrixView output;
+  TIERKV_RETURN_IF_ERROR(AcquireOutput(&output));
   kernels::RmsNorm(s.x.data(), w_->output_norm, cfg_.n_embd, cfg_.rms_eps, s.xn.data());
   s.act.Set(s.xn.data(), cfg_.n_embd);
   kernels::MatVec(output, s.act, logits.data(), pool_.get());
@@ -492,8 +512,10 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
     s.chunk_gate.resize(m * n_ff);
     s.chunk_up.resize(m * n_ff);
     const int mi = static_cast<int>(m);
-    const kernels::MatMulJob gu[] = {{&w[0], s.chunk_in_ptrs.data(), mi, s.chunk_gate.data(), n_ff},
-                                     {&w[1], s.chunk_in_ptrs.data(), mi, s.chunk_up.data(), n_ff}};
+    // llama.cpp multiplies experts one token at a time (ggml's vec_dot), even in a batch.
+    constexpr kernels::TokenSums kOne = kernels::TokenSums::kPerToken;
+    const kernels::MatMulJob gu[] = {{&w[0], s.chunk_in_ptrs.data(), mi, s.chunk_gate.data(), n_ff, kOne},
+                                     {&w[1], s.chunk_in_ptrs.data(), mi, s.chunk_up.data(), n_ff, kOne}};
     kernels::MatMulMany(gu, pool_.get());
     if (s.chunk_hidden.size() < m) s.chunk_hidden.resize(m);
     s.chunk_hidden_ptrs.clear();
@@ -504,7 +526,7 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
       s.chunk_hidden_ptrs.push_back(&s.chunk_hidden[r]);
     }
     s.chunk_proj.resize(std::max(s.chunk_proj.size(), m * n_embd));
-    const kernels::MatMulJob down[] = {{&w[2], s.chunk_hidden_ptrs.data(), mi, s.chunk_proj.data(), n_embd}};
+    const kernels::MatMulJob down[] = {{&w[2], s.chunk_hidden_ptrs.data(), mi, s.chunk_proj.data(), n_embd, kOne}};
     kernels::MatMulMany(down, pool_.get());
     for (size_t r = 0; r < m; ++r) {
       const auto [t, slot] = who[r];

@@ -436,8 +436,8 @@ Result<RunReport> RunSession(const RunOptions& o) {
     if (o.stop != nullptr) o.stop->store(false, std::memory_order_relaxed);
   };
 
-  // Computes all[from, end) in chunks of o.batch tokens (ForwardBatch: the same bits as
-  // one Forward per token), the last one's logits into `logits` (and, for the first
+  // Computes all[from, end) in chunks of o.batch tokens (ForwardBatch: the same bits for
+  // any chunk size), the last one's logits into `logits` (and, for the first
   // prompt, the --dump-logits positions). A stop between chunks drops the tokens not
   // computed from `all` and returns false.
   std::vector<int> rows;

@@ -18,6 +18,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/thread_pool.h"
+#include "tests/kernels/sum_orders.h"
 
 namespace tierkv::kernels {
 namespace {
@@ -45,9 +46,10 @@ OwnedMatrix RandomMatrix(WeightType type, int64_t rows, int64_t cols, uint32_t s
         const float v = normal(rng);
         std::memcpy(row + 4 * i, &v, 4);
       }
-    } else if (type == WeightType::kF16) {
+    } else if (type == WeightType::kF16 || type == WeightType::kBF16) {
       for (int64_t i = 0; i < cols; ++i) {
-        const uint16_t h = F32ToF16(normal(rng));
+        const float v = normal(rng);
+        const uint16_t h = type == WeightType::kF16 ? F32ToF16(v) : F32ToBf16(v);
         std::memcpy(row + 2 * i, &h, 2);
       }
     } else {
@@ -181,8 +183,8 @@ TEST(MatVecTest, MatMulEqualsMatVecPerToken) {
     }
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
       std::vector<float> ya(kTokens * 310, -1.0f), yb(kTokens * 37);
-      const MatMulJob jobs[] = {{&a.view, ptrs.data(), kTokens, ya.data(), 310},
-                                {&b.view, ptrs.data(), kTokens, yb.data(), 37}};
+      const MatMulJob jobs[] = {{&a.view, ptrs.data(), kTokens, ya.data(), 310, TokenSums::kPerToken},
+                                {&b.view, ptrs.data(), kTokens, yb.data(), 37, TokenSums::kPerToken}};
       MatMulMany(jobs, p);
       for (int i = 0; i < kTokens; ++i) {
         std::vector<float> wa(301), wb(37);
@@ -212,7 +214,7 @@ void ExpectMatMulIsMatVecPerToken(const OwnedMatrix& a, int n_tokens, uint32_t s
     ptrs.push_back(&rows[static_cast<size_t>(i)]);
   }
   std::vector<float> y(static_cast<size_t>(n_tokens * n_rows));
-  const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), static_cast<size_t>(n_rows)};
+  const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), static_cast<size_t>(n_rows), TokenSums::kPerToken};
   MatMulMany({&job, 1}, pool);
   for (int i = 0; i < n_tokens; ++i) {
     std::vector<float> want(static_cast<size_t>(n_rows));
@@ -239,6 +241,46 @@ TEST(MatVecTest, MatMulEqualsMatVecPerTokenLongRows) {
     SCOPED_TRACE(std::string(WeightTypeName(t)) + " x " + std::to_string(cols));
     const OwnedMatrix a = RandomMatrix(t, 77, cols, 31);
     for (int n_tokens : {2, 4, 9}) ExpectMatMulIsMatVecPerToken(a, n_tokens, 40, &pool);
+  }
+}
+
+// With batched sums (the default of a MatMulJob) F32, F16 and BF16 weights at the
+// AVX-512 level sum each (row, token) as tinyBLAS does (testing::TinyBlasOrder), for any
+// token count including one, and with the pool's row split; widths that are not a
+// multiple of its step (16 values; BF16: 32) sum per token as MatVec does.
+TEST(MatVecTest, MatMulBatchedSumsAsTinyBlas) {
+  if (!BatchedSumsDiffer(WeightType::kF16, ActiveSimdLevel())) GTEST_SKIP() << "below AVX-512: one order";
+  ThreadPool pool(2);
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    for (int64_t cols : {64, 512, 2048, 200, 48}) {
+      SCOPED_TRACE(std::string(WeightTypeName(t)) + " x " + std::to_string(cols));
+      const OwnedMatrix a = RandomMatrix(t, 35, cols, 71);
+      const int64_t step = t == WeightType::kBF16 ? 32 : 16;
+      for (int n_tokens : {1, 2, 4, 9}) {
+        std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
+        std::vector<ActivationRow*> ptrs;
+        for (int i = 0; i < n_tokens; ++i) {
+          const std::vector<float> x = RandomVector(cols, 80 + static_cast<uint32_t>(i));
+          rows[static_cast<size_t>(i)].Set(x.data(), cols);
+          ptrs.push_back(&rows[static_cast<size_t>(i)]);
+        }
+        std::vector<float> y(static_cast<size_t>(n_tokens * 35));
+        const MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), 35};
+        MatMulMany({&job, 1}, &pool);
+        std::vector<float> wf(static_cast<size_t>(cols)), xf(static_cast<size_t>(cols)), one(35);
+        for (int i = 0; i < n_tokens; ++i) {
+          const void* act = ptrs[static_cast<size_t>(i)]->For(t);
+          DequantizeRow(t, act, xf.data(), cols);
+          MatVec(a.view, *ptrs[static_cast<size_t>(i)], one.data(), nullptr);
+          for (int64_t r = 0; r < 35; ++r) {
+            DequantizeRow(t, a.view.Row(r), wf.data(), cols);
+            const float want = cols % step == 0 ? testing::TinyBlasOrder(t, wf, xf) : one[static_cast<size_t>(r)];
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i * 35 + r)]), std::bit_cast<uint32_t>(want))
+                << n_tokens << " tokens: token " << i << " row " << r;
+          }
+        }
+      }
+    }
   }
 }
 

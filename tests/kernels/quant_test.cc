@@ -17,6 +17,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/quant_simd.h"
+#include "tests/kernels/sum_orders.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -568,32 +569,91 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   }
 }
 
-// The 16-row F16 kernel (short rows) against the AVX-512 one-row dot, bit for bit: row
-// widths with and without a 16-value remainder of the 32-wide loop, and one that is not
-// a multiple of 16 (the one-row path throughout); row counts around the 16-row groups.
-TEST(QuantTest, F16RowsBitIdenticalToOneRow) {
+// The multi-row F32 / F16 / BF16 kernels (short F32 and F16 rows 16 at a time) against
+// the AVX-512 one-row dot, bit for bit: widths with and without a tail past the 64-value
+// steps (which send the rows one at a time), row counts around the 16-row groups.
+TEST(QuantTest, FloatRowsBitIdenticalToOneRow) {
   if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
-  const DotRowsFn many = GetDotRowsFn(WeightType::kF16, SimdLevel::kAvx512);
-  const DotFn one = GetDotFn(WeightType::kF16, SimdLevel::kAvx512);
-  ASSERT_NE(many, nullptr);
   std::mt19937 rng(29);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t n : {16, 48, 64, 72, 256, 496, 512, 1024}) {
-    for (int64_t n_rows : {1, 15, 16, 17, 33, 40}) {
-      SCOPED_TRACE("n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
-      std::vector<uint16_t> w(static_cast<size_t>(n * n_rows)), x(static_cast<size_t>(n));
-      for (uint16_t& h : w) h = F32ToF16(normal(rng));
-      for (uint16_t& h : x) h = F32ToF16(normal(rng));
-      std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
-      many(w.data(), static_cast<size_t>(n) * 2, n_rows, x.data(), n, out.data());
-      EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
-      for (int64_t r = 0; r < n_rows; ++r) {
-        const float want = one(w.data() + r * n, x.data(), n);
-        EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want)) << "row " << r;
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    const DotRowsFn many = GetDotRowsFn(t, SimdLevel::kAvx512);
+    const DotFn one = GetDotFn(t, SimdLevel::kAvx512);
+    ASSERT_NE(many, nullptr);
+    for (int64_t n : {16, 48, 64, 72, 192, 256, 496, 512, 1024}) {
+      for (int64_t n_rows : {1, 15, 16, 17, 33, 40}) {
+        SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
+        std::vector<uint8_t> rows;
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const std::vector<uint8_t> row = RandomRow(t, n, rng);
+          rows.insert(rows.end(), row.begin(), row.end());
+        }
+        const std::vector<uint8_t> x = RandomRow(t, n, rng);
+        const size_t rb = RowBytes(t, n);
+        std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
+        many(rows.data(), rb, n_rows, x.data(), n, out.data());
+        EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const float want = one(rows.data() + static_cast<size_t>(r) * rb, x.data(), n);
+          EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want)) << "row " << r;
+        }
       }
     }
   }
 }
+
+// The AVX-512 one-token F32 / F16 / BF16 dots sum as ggml's vec_dot does, bit for bit
+// (testing::VecDotOrder): widths under one 64-value step, with and without a tail.
+TEST(QuantTest, FloatDotsSumAsGgmlVecDot) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(31);
+  for (WeightType t : {WeightType::kF32, WeightType::kF16, WeightType::kBF16}) {
+    for (int64_t n : {16, 32, 48, 64, 96, 128, 200, 256, 4096}) {
+      SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n));
+      for (int rep = 0; rep < 20; ++rep) {
+        const std::vector<uint8_t> w = RandomRow(t, n, rng), x = RandomRow(t, n, rng);
+        std::vector<float> wf(static_cast<size_t>(n)), xf(static_cast<size_t>(n));
+        DequantizeRow(t, w.data(), wf.data(), n);
+        DequantizeRow(t, x.data(), xf.data(), n);
+        const float got = GetDotFn(t, SimdLevel::kAvx512)(w.data(), x.data(), n);
+        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(testing::VecDotOrder(t, wf, xf)));
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,avx512bf16"))) void NativeDpBf16(float* acc, const uint16_t* w, const uint16_t* x) {
+  const __m512 r = _mm512_dpbf16_ps(_mm512_loadu_ps(acc), reinterpret_cast<__m512bh>(_mm512_loadu_si512(w)),
+                                    reinterpret_cast<__m512bh>(_mm512_loadu_si512(x)));
+  _mm512_storeu_ps(acc, r);
+}
+
+// The model of vdpbf16ps the BF16 kernels follow (testing::DpBf16Step: per lane the high
+// pair's product, then the low pair's, each rounded once) against the instruction, where
+// the CPU has it: random values of mixed magnitudes, accumulators included.
+TEST(QuantTest, Bf16StepMatchesVdpbf16ps) {
+  if (!__builtin_cpu_supports("avx512bf16")) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  for (int rep = 0; rep < 2000; ++rep) {
+    uint16_t w[32], x[32];
+    float wf[32], xf[32], acc[16], want[16];
+    for (int i = 0; i < 32; ++i) {
+      w[i] = F32ToBf16(std::ldexp(normal(rng), exponent(rng)));
+      x[i] = F32ToBf16(normal(rng));
+      wf[i] = Bf16ToF32(w[i]);
+      xf[i] = Bf16ToF32(x[i]);
+    }
+    for (int j = 0; j < 16; ++j) acc[j] = want[j] = std::ldexp(normal(rng), exponent(rng));
+    NativeDpBf16(acc, w, x);
+    testing::DpBf16Step(want, wf, xf, 0);
+    for (int j = 0; j < 16; ++j) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(acc[j]), std::bit_cast<uint32_t>(want[j])) << "rep " << rep << " lane " << j;
+    }
+  }
+}
+#endif
 
 TEST(QuantTest, VnniKernelsWorstCaseCodes) {
   if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";

@@ -5,11 +5,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu_features.h"
+#include "kernels/quant.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
@@ -59,6 +62,30 @@ inline std::vector<std::vector<float>> LogitsAfterEachToken(std::shared_ptr<cons
     }
   }
   return out;
+}
+
+// A prefill in chunks of `file` (whose matrices are of `type`) against `steps`, the logits
+// of one Forward per token. Where a batch sums `type` as one token does (the quantized
+// types; every type below the AVX-512 level) the bits are the same. Where it does not
+// (F32, F16, BF16 at AVX-512: kernels::TokenSums) they are the same for any chunking, and
+// within max_abs of the steps.
+inline void ExpectChunkedPrefill(const std::shared_ptr<const GgufFile>& file, const std::vector<int>& tokens,
+                                 int threads, int block_tokens, kernels::WeightType type,
+                                 const std::vector<std::vector<float>>& steps, double max_abs) {
+  const auto chunked = LogitsAfterEachToken(file, tokens, threads, block_tokens, /*chunk=*/5);
+  if (!kernels::BatchedSumsDiffer(type, kernels::ActiveSimdLevel())) {
+    EXPECT_EQ(chunked, steps) << "a prefill in chunks changed the bits";
+    return;
+  }
+  EXPECT_EQ(LogitsAfterEachToken(file, tokens, threads, block_tokens, /*chunk=*/7), chunked)
+      << "two chunkings gave different bits";
+  ASSERT_EQ(chunked.size(), steps.size());
+  double worst = 0;
+  for (size_t t = 0; t < steps.size(); ++t) {
+    for (size_t i = 0; i < steps[t].size(); ++i) worst = std::max(worst, std::fabs(double{chunked[t][i]} - steps[t][i]));
+  }
+  EXPECT_GT(worst, 0.0) << "batched sums were expected to differ from one token's";
+  EXPECT_LT(worst, max_abs);
 }
 
 }  // namespace tierkv::testing

@@ -225,12 +225,17 @@ TEST(TieringTest, PagedWeightsAndKvUnderTinyBudgetsGiveBitIdenticalLogits) {
       // A prefill in chunks under the same budgets: the chunk's experts and KV blocks
       // go through the same tiny device tier.
       const PagedRun chunked = DecodePaged(file, codec, /*paged=*/true, tokens, {9, 2, 13});
+      // (F16 / BF16 / F32 matrices sum a chunk as a batch, so the chunked run's reference
+      // is a resident chunked run.)
+      const PagedRun resident_chunked = DecodePaged(file, codec, /*paged=*/false, tokens, {9, 2, 13});
       ASSERT_EQ(resident.logits.size(), tiered.logits.size());
       ASSERT_EQ(resident.logits.size(), chunked.logits.size());
+      ASSERT_EQ(resident.logits.size(), resident_chunked.logits.size());
       ASSERT_FALSE(resident.logits.empty());
       EXPECT_EQ(std::memcmp(resident.logits.data(), tiered.logits.data(), resident.logits.size() * sizeof(float)), 0)
           << "paging changed the logits";
-      EXPECT_EQ(std::memcmp(resident.logits.data(), chunked.logits.data(), resident.logits.size() * sizeof(float)), 0)
+      EXPECT_EQ(std::memcmp(resident_chunked.logits.data(), chunked.logits.data(), chunked.logits.size() * sizeof(float)),
+                0)
           << "paging a chunked prefill changed the logits";
       // Each chunk's pages went through the tiny device tier as well (whether a page was
       // there in time, a hit, depends on the prefetches' timing).

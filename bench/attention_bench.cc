@@ -14,6 +14,7 @@
 //             values   AttentionValues (pass 2, reads V)
 //             three    the three calls one after the other
 //             fused    AttentionTwoPass (the decoder's call when a layer is one batch)
+//             fused-llama-sums  the same in llama.cpp's summation orders (--llama-sums)
 //             read     no arithmetic: a sum of the same K and V bytes in the fused path's
 //                      order (a task per KV head: its K runs block by block, then its V
 //                      runs), the memory-bound floor for the others in the same run
@@ -140,7 +141,7 @@ uint64_t ReadLayer(const Shape& s, int block_tokens, const std::vector<const std
   return total;
 }
 
-void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
+void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_sums) {
   const int tokens = static_cast<int>(state.range(0));
   kernels::ThreadPool pool(static_cast<int>(state.range(1)));
   Cache cache;
@@ -156,6 +157,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase) {
   p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   p.query_pos = tokens - 1;
   p.round_query_f16 = p.round_weights_f16 = true;
+  if (llama_sums) p.sums = kernels::AttentionSums::kOneToken;  // a decode step with --llama-sums
   kernels::AttentionState st;
   std::vector<float> out(cache.q.size());
   double total = 0;
@@ -217,13 +219,21 @@ void Register() {
   for (const Shape& s : kShapes) {
     for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused, kRead}) {
       const std::string name = std::string("attention/") + s.name + "/" + kPhaseNames[ph];
-      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph)
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph, false)
           ->ArgNames({"tokens", "threads"})
           ->ArgsProduct({{4096, 16384, 65536}, {1, 2}})
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.2);
     }
+    // The fused call with llama.cpp's summation orders (one token's; --llama-sums).
+    const std::string name = std::string("attention/") + s.name + "/fused-llama-sums";
+    benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, kFused, true)
+        ->ArgNames({"tokens", "threads"})
+        ->ArgsProduct({{4096, 16384, 65536}, {1, 2}})
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.2);
   }
 }
 

@@ -29,6 +29,8 @@
 // Q.K (round_query_f16) and the normalised softmax weights are rounded to f16 before the
 // product with V (round_weights_f16). In the online form the weights are rounded
 // relative to the running max instead: the same relative rounding, not the same bits.
+// With `sums` (two-pass form, f16 codec) Q.K and P.V also sum in llama.cpp's orders, one
+// token's or a batch's (kernels/attention_sums.h): then the bits are llama.cpp's.
 //
 // Block layout (kvcache/kv_cache.h, HND): K [n_kv_heads][block_tokens][vector_bytes],
 // then V [n_kv_heads][block_tokens][vector_bytes]; with key_tiles in the view, each K run
@@ -68,6 +70,7 @@
 #endif
 
 #include "kernels/activation.h"
+#include "kernels/attention_sums.h"
 #include "kernels/cpu_features.h"
 #include "kernels/expf.h"
 #include "kernels/fp16.h"
@@ -131,6 +134,9 @@ struct AttentionParams {
   int64_t query_pos = 0;           // keys at positions > query_pos are masked
   bool round_query_f16 = false;
   bool round_weights_f16 = false;
+  // kOneToken / kBatch: the two-pass form sums as llama.cpp (REQUIRES the f16 codec and
+  // round_query_f16 / round_weights_f16); kOwn: the codec's kernels.
+  AttentionSums sums = AttentionSums::kOwn;
 };
 
 // Per query head: prepared query, running max, running sum, accumulator.
@@ -142,6 +148,7 @@ struct AttentionState {
   std::vector<float> scratch;  // [n_heads][2 * block_tokens]: scores, weights (online)
   std::vector<float> probs;    // [n_heads][n_keys]: scores, then weights (two-pass)
   int64_t n_keys = 0;          // keys the query sees (two-pass)
+  std::vector<float> part;     // [n_heads][residues][head_dim]: value sums by residue (sums != kOwn)
 };
 
 // Starts a query: q[n_heads * head_dim] (after RoPE).
@@ -159,6 +166,10 @@ void AttentionBegin(const Codec& codec, const AttentionParams& p, const float* q
   st->l.assign(static_cast<size_t>(p.n_heads), 0.0);
   st->acc.assign(static_cast<size_t>(p.n_heads) * hd, 0.0f);
   st->n_keys = 0;
+  // Each residue starts at its first key: no clearing needed, only the size.
+  if (p.sums != AttentionSums::kOwn) {
+    st->part.resize(static_cast<size_t>(p.n_heads) * static_cast<size_t>(AttentionResidues(p.sums)) * hd);
+  }
 }
 
 namespace attention_internal {
@@ -609,7 +620,14 @@ void ScoreBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView
     if (n <= 0) continue;
     const std::byte* k = kv.blocks[b] + head_run;
     if (b + 1 < b1) PrefetchLines(kv.blocks[b + 1] + head_run, kRunPrefetchBytes);
-    DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride, kv.key_tiles);
+    // A batch's order is the codec's own for head_dim % 16 == 0; llama.cpp's batched
+    // product refuses other widths and sums them as one token's.
+    if (p.sums == AttentionSums::kOneToken || (p.sums == AttentionSums::kBatch && hd % 16 != 0)) {
+      OneTokenScoresF16(q, group, hd, reinterpret_cast<const uint16_t*>(k), kv.key_tiles, static_cast<size_t>(n),
+                        rows + start, stride);
+    } else {
+      DotGroup(codec, q, group, hd, k, static_cast<size_t>(n), rows + start, stride, kv.key_tiles);
+    }
     for (int i = 0; i < group; ++i) {
       const float block_max = ScaleRowMax(rows + static_cast<size_t>(i) * stride + start, n, scale);
       float& m = st->m[static_cast<size_t>(h0 + i)];
@@ -654,6 +672,17 @@ void ValueBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView
     if (b + 1 < kv.n_blocks) {
       const std::byte* next = kv.blocks[b + 1] + half + head_run;
       for (int r = 0; r < runs; ++r) PrefetchLines(next + r * run_bytes, kRunPrefetchBytes);
+    }
+    if (p.sums != AttentionSums::kOwn) {
+      const int residues = AttentionResidues(p.sums);
+      const size_t part_stride = static_cast<size_t>(residues) * hd;
+      for (int r = 0; r < runs; ++r) {
+        const size_t hr = static_cast<size_t>(r) * static_cast<size_t>(group);
+        AccumulateResiduesF16(rows + hr * stride, stride, group, hd,
+                              reinterpret_cast<const uint16_t*>(v + r * run_bytes), static_cast<size_t>(n), start,
+                              residues, st->part.data() + (h0 + hr) * part_stride, part_stride);
+      }
+      continue;
     }
     if constexpr (RunsValueCodec<Codec>) {
       if (runs > 1) {
@@ -914,6 +943,11 @@ void AttentionTwoPassMulti(const Codec& codec, const AttentionParams* ps, Attent
 template <AttentionCodec Codec>
 void AttentionEnd(const Codec& codec, const AttentionParams& p, AttentionState* st, float* out) {
   const size_t hd = static_cast<size_t>(p.head_dim);
+  for (int h = 0; h < p.n_heads && p.sums != AttentionSums::kOwn; ++h) {
+    const size_t part_stride = static_cast<size_t>(AttentionResidues(p.sums)) * hd;
+    ReduceResidues(st->part.data() + static_cast<size_t>(h) * part_stride, hd, AttentionResidues(p.sums), st->n_keys,
+                   st->acc.data() + static_cast<size_t>(h) * hd);
+  }
   for (int h = 0; h < p.n_heads; ++h) {
     float* acc = st->acc.data() + static_cast<size_t>(h) * hd;
     const double l = st->l[static_cast<size_t>(h)];

@@ -119,6 +119,11 @@ struct ModelOptions {
   // With an f16 KV codec, round Q and the softmax weights to f16 in attention as
   // llama.cpp does without flash attention (keeps logits closest to llama.cpp's).
   bool llama_attention_rounding = true;
+  // And (with the rounding) sum Q.K and P.V in llama.cpp's orders, one token's for a
+  // decode step and a batch's for a prefill chunk (kernels/attention_sums.h): then the
+  // logits are llama.cpp's bit for bit where the matrix products are too (the reference
+  // vectors' F16 and Q8_0 files), at a cost in attention time (docs/kernels.md).
+  bool llama_attention_sums = false;
   // Attention pins a layer's KV blocks this many at a time (0 = automatic: at most
   // 1/8 of the compute tier's budget, all of the layer when that holds it).
   // Results do not depend on it; small values keep the compute tier's working set small.
@@ -256,7 +261,8 @@ class Model {
   void AttentionOutputProjection(const Layer& L);
   Status FeedForward(const Layer& L, int layer, int pos);
   // Queries q[n][n_heads * head_dim] at positions pos .. pos + n - 1; out likewise.
-  Status Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, const float* q, float* out);
+  // chunk: called for a prefill chunk (ForwardBatch), whose sums follow llama.cpp's batch.
+  Status Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bool chunk, const float* q, float* out);
   Status AcquireOutput(kernels::MatrixView* output);
   Status Logits(std::span<float> logits);
   void Ffn(const Layer& L);

@@ -128,7 +128,7 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
     Layer L;
     TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
     TIERKV_RETURN_IF_ERROR(AttentionInput(cache, seq, L, l, pos));
-    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, 1, s.q.data(), s.attn.data()));
+    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, 1, /*chunk=*/false, s.q.data(), s.attn.data()));
     AttentionOutputProjection(L);
     TIERKV_RETURN_IF_ERROR(FeedForward(L, l, pos));
   }
@@ -201,7 +201,7 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
       TIERKV_RETURN_IF_ERROR(QkvToCache(cache, seq, L, l, pos + static_cast<int>(i), row(s.chunk_q, i, qd),
                                         row(s.chunk_k, i, kd), row(s.chunk_v, i, kd)));
     }
-    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, ni, s.chunk_q.data(), s.chunk_attn.data()));
+    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, ni, /*chunk=*/true, s.chunk_q.data(), s.chunk_attn.data()));
     set_acts(s.chunk_attn, qd, nullptr);
     const kernels::MatMulJob wo[] = {{&L.wo, acts, ni, s.chunk_proj.data(), n_embd}};
     kernels::MatMulMany(wo, pool);
@@ -228,12 +228,10 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   }
   s.layer_pin.Release();
   const size_t n_vocab = static_cast<size_t>(c.n_vocab);
-  if (logit_rows.size() == 1) {
-    load(static_cast<size_t>(logit_rows[0]));
-    return Logits(logits.first(n_vocab));
-  }
-  // Several rows: one product of the output matrix with all of them (llama.cpp's batch of
-  // several outputs, which sums F16 / BF16 / F32 as a batch: kernels::TokenSums).
+  // One product of the output matrix with all the rows, summed as a batch (F16 / BF16 /
+  // F32: kernels::TokenSums) however many there are, so that a row's logits do not
+  // depend on how the prompt was cut into chunks. (llama.cpp sums a batch of one output
+  // as one token; a run reads one row, where the orders differ in the last bits.)
   if (logit_rows.empty()) return Status::Ok();
   kernels::MatrixView output;
   TIERKV_RETURN_IF_ERROR(AcquireOutput(&output));
@@ -548,7 +546,8 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
 // ones were queued before the layer started (PrefetchLayer). Several queries go through
 // the same visits together (the kernels' *Multi forms), in groups whose score rows fit
 // kChunkScoreBytes.
-Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, const float* q, float* out) {
+Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bool chunk, const float* q,
+                        float* out) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   MemoryManager& mm = cache.memory();
@@ -564,6 +563,11 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, co
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.query_pos = pos;
   p.round_query_f16 = p.round_weights_f16 = options_.llama_attention_rounding && codec.codec() == KvCodec::kF16;
+  // And llama.cpp's summation orders: a prefill chunk's (even of one token) as its batched
+  // products, a decode step's as one token's.
+  if (p.round_weights_f16 && options_.llama_attention_sums) {
+    p.sums = chunk ? kernels::AttentionSums::kBatch : kernels::AttentionSums::kOneToken;
+  }
 
   // Two passes (llama.cpp's exact softmax weights) with an f16 cache and llama rounding;
   // otherwise one online pass. Either way the blocks are visited in order, `batch` at a

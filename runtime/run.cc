@@ -350,6 +350,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
+  mo.llama_attention_sums = o.llama_sums;
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.rope = o.rope;
   // mm is declared before the model so that the model is destroyed first, while the

@@ -62,6 +62,7 @@ struct RunOptions {
   enum class Weights { kAuto, kPaged, kMapped };
   Weights weights = Weights::kAuto;
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
+  bool llama_sums = false;     // attention in llama.cpp's summation orders (ModelOptions::llama_attention_sums)
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; 1 = one Forward each)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)

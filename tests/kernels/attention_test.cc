@@ -3,7 +3,8 @@
 // Paged attention against a double-precision reference (causal, GQA), with test codecs
 // defined here (kernels/ may not use kvcache's): results must not depend on how blocks
 // are batched or on the thread count, bit for bit; a codec working in another domain
-// (FinishOutput) must give the same answer.
+// (FinishOutput) must give the same answer. And the f16 sums in llama.cpp's orders
+// (kernels/attention_sums.h) against those orders written out value by value.
 #include "kernels/attention.h"
 
 #include <bit>
@@ -18,6 +19,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/thread_pool.h"
+#include "tests/kernels/sum_orders.h"
 
 namespace tierkv::kernels {
 namespace {
@@ -592,6 +594,110 @@ TEST(AttentionTest, MultiQueryFormsGiveEachQueryItsOwnBits) {
     CheckMultiQueries(plain, f, p);
     CheckMultiQueries(grouped, f, p);
   }
+}
+
+// ---- llama.cpp's summation orders (kernels/attention_sums.h) ----
+
+std::vector<SimdLevel> SumLevels() {
+  std::vector<SimdLevel> v = {SimdLevel::kScalar};
+  if (DetectedSimdLevel() >= SimdLevel::kAvx512) v.push_back(SimdLevel::kAvx512);
+  return v;
+}
+
+std::vector<uint16_t> RandomHalves(size_t n, std::mt19937& rng, float std_dev = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, std_dev);
+  std::vector<uint16_t> h(n);
+  for (uint16_t& x : h) x = F32ToF16(normal(rng));
+  return h;
+}
+
+// One-token scores: per (head, key) ggml's vec_dot order (testing::VecDotOrder) over the
+// f16 query and key, for keys stored as vectors and as tiles of 16 (the last one partial),
+// at every SIMD level; head_dim 32 sums all in double, 96 has a 32-value tail.
+TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
+  std::mt19937 rng(71);
+  const SimdLevel before = ActiveSimdLevel();
+  for (size_t hd : {size_t{32}, size_t{64}, size_t{96}, size_t{128}}) {
+    constexpr int kHeads = 3;
+    constexpr size_t kKeys = 37;
+    const std::vector<uint16_t> qh = RandomHalves(kHeads * hd, rng), keys = RandomHalves(kKeys * hd, rng);
+    std::vector<uint16_t> tiles(((kKeys + 15) / 16) * 16 * hd);
+    for (size_t t = 0; t < kKeys; ++t) {
+      for (size_t d = 0; d < hd; ++d) tiles[(t / 16) * 16 * hd + d * 16 + t % 16] = keys[t * hd + d];
+    }
+    std::vector<float> q(qh.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = F16ToF32(qh[i]);
+    for (SimdLevel level : SumLevels()) {
+      ForceSimdLevel(level);
+      for (bool tiled : {false, true}) {
+        SCOPED_TRACE("hd " + std::to_string(hd) + (tiled ? " tiled " : " ") + SimdLevelName(level));
+        std::vector<float> scores(kHeads * 40, -7.0f);
+        OneTokenScoresF16(q.data(), kHeads, hd, tiled ? tiles.data() : keys.data(), tiled, kKeys, scores.data(), 40);
+        for (int h = 0; h < kHeads; ++h) {
+          const std::vector<float> qv(q.begin() + static_cast<ptrdiff_t>(h * hd),
+                                      q.begin() + static_cast<ptrdiff_t>((h + 1) * hd));
+          for (size_t t = 0; t < kKeys; ++t) {
+            std::vector<float> kv(hd);
+            for (size_t d = 0; d < hd; ++d) kv[d] = F16ToF32(keys[t * hd + d]);
+            const float want = testing::VecDotOrder(WeightType::kF16, qv, kv);
+            ASSERT_EQ(std::bit_cast<uint32_t>(scores[static_cast<size_t>(h) * 40 + t]), std::bit_cast<uint32_t>(want))
+                << "head " << h << " key " << t;
+          }
+          EXPECT_EQ(scores[static_cast<size_t>(h) * 40 + kKeys], -7.0f) << "wrote past the keys";
+        }
+      }
+    }
+  }
+  ForceSimdLevel(before);
+}
+
+// Value sums by residue: fed block by block (any split), then reduced, they are per output
+// dimension llama.cpp's product of the f16 weights with V's column: vec_dot over the
+// keys padded with zero weights to 256 (one token), tinyBLAS over them padded to 16 (a
+// batch); at every SIMD level, for fewer keys than residues too.
+TEST(AttentionSumsTest, ValueResiduesSumAsLlamaCpp) {
+  std::mt19937 rng(73);
+  const SimdLevel before = ActiveSimdLevel();
+  constexpr int kHeads = 2;
+  for (AttentionSums sums : {AttentionSums::kOneToken, AttentionSums::kBatch}) {
+    for (size_t hd : {size_t{32}, size_t{128}, size_t{40}}) {
+      for (size_t n_keys : {size_t{5}, size_t{40}, size_t{300}}) {
+        const std::vector<uint16_t> v = RandomHalves(n_keys * hd, rng);
+        const std::vector<uint16_t> wh = RandomHalves(kHeads * n_keys, rng, 0.05f);
+        std::vector<float> w(wh.size());
+        for (size_t i = 0; i < w.size(); ++i) w[i] = F16ToF32(wh[i]);
+        const int residues = AttentionResidues(sums);
+        for (SimdLevel level : SumLevels()) {
+          ForceSimdLevel(level);
+          SCOPED_TRACE(std::string(sums == AttentionSums::kOneToken ? "one token" : "batch") + " hd " +
+                       std::to_string(hd) + " keys " + std::to_string(n_keys) + " " + SimdLevelName(level));
+          const size_t part_stride = static_cast<size_t>(residues) * hd;
+          std::vector<float> part(kHeads * part_stride, std::nanf(""));  // never read before it is written
+          for (size_t t0 = 0; t0 < n_keys; t0 += 24) {  // blocks of 24 keys: residues straddle them
+            const size_t n = std::min<size_t>(24, n_keys - t0);
+            AccumulateResiduesF16(w.data(), n_keys, kHeads, hd, v.data() + t0 * hd, n, static_cast<int64_t>(t0),
+                                  residues, part.data(), part_stride);
+          }
+          for (int h = 0; h < kHeads; ++h) {
+            std::vector<float> out(hd);
+            ReduceResidues(part.data() + static_cast<size_t>(h) * part_stride, hd, residues,
+                           static_cast<int64_t>(n_keys), out.data());
+            const size_t pad = sums == AttentionSums::kOneToken ? 256 : 16;
+            const size_t padded = (n_keys + pad - 1) / pad * pad;
+            std::vector<float> wcol(padded, 0.0f), vcol(padded, 0.0f);
+            for (size_t j = 0; j < n_keys; ++j) wcol[j] = w[static_cast<size_t>(h) * n_keys + j];
+            for (size_t d = 0; d < hd; ++d) {
+              for (size_t j = 0; j < n_keys; ++j) vcol[j] = F16ToF32(v[j * hd + d]);
+              const float want = sums == AttentionSums::kOneToken ? testing::VecDotOrder(WeightType::kF16, wcol, vcol)
+                                                                   : testing::TinyBlasOrder(WeightType::kF16, wcol, vcol);
+              ASSERT_EQ(std::bit_cast<uint32_t>(out[d]), std::bit_cast<uint32_t>(want)) << "head " << h << " dim " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+  ForceSimdLevel(before);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 //
 // Every model in TIERKV_SHARED_DIR/reference/models against what llama.cpp computed for
 // it (vectors/<name>.json; the reference README describes the schema and tolerances):
-// one test per (model, prompt). The prompt's token ids come from the JSON (tokenization
+// one test per (model, prompt), with the default attention and again with llama.cpp's
+// summation orders (ModelOptions::llama_attention_sums, which made every F16 and Q8_0
+// file bit-identical on 2026-12-03). The prompt's token ids come from the JSON (tokenization
 // is tested elsewhere). With an f16 KV cache, as the reference used:
 //   1. at every recorded prompt position, each of the 10 reference top logits (by token
 //      id) within tolerance.logit_abs, the log-sum-exp within tolerance.logsumexp_abs;
@@ -133,6 +135,7 @@ struct RefCase {
   std::string model;  // "ref-llama-f16"
   int index = -1;     // case index in the JSON; -1: no vectors (skip)
   std::string id;     // "P1"
+  bool llama_sums = false;  // ModelOptions::llama_attention_sums (both are run)
 };
 
 std::vector<RefCase> ListCases() {
@@ -154,14 +157,16 @@ std::vector<RefCase> ListCases() {
       out.push_back({m, -1, "none"});
       continue;
     }
-    for (size_t i = 0; i < j["cases"].size(); ++i) out.push_back({m, static_cast<int>(i), j["cases"][i]["id"]});
+    for (bool sums : {false, true}) {
+      for (size_t i = 0; i < j["cases"].size(); ++i) out.push_back({m, static_cast<int>(i), j["cases"][i]["id"], sums});
+    }
   }
   if (out.empty()) out.push_back({"none", -1, "none"});
   return out;
 }
 
 std::string CaseName(const testing::TestParamInfo<RefCase>& info) {
-  std::string s = info.param.model + "_" + info.param.id;
+  std::string s = info.param.model + "_" + info.param.id + (info.param.llama_sums ? "_llama_sums" : "");
   for (char& ch : s) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -232,6 +237,7 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
 
   ModelOptions mo;
   mo.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  mo.llama_attention_sums = rc.llama_sums;
   auto model_or = Model::Load(file, mo);
   ASSERT_TRUE(model_or.ok()) << model_or.status().ToString();
   Model& model = **model_or;
@@ -318,9 +324,9 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   EXPECT_GE(frac, 0.99) << "share of top-10 logits within logit_abs_p99 " << tol["logit_abs_p99"];
   std::string why;
   EXPECT_TRUE(cache.CheckInvariants(&why)) << why;
-  std::printf("[reference] %-22s %s: %4zu tokens, max |logit err| %.5f (tol %.3g), within p99 tol %.1f%% (tol %.3g), "
+  std::printf("[reference] %-22s %s%s: %4zu tokens, max |logit err| %.5f (tol %.3g), within p99 tol %.1f%% (tol %.3g), "
               "max |lse err| %.5f (tol %.3g), greedy prefix %d ok, prompt %.2f s, steps %.2f s\n",
-              rc.model.c_str(), rc.id.c_str(), prompt.size(), st.max_err, tol["logit_abs"].get<double>(), 100 * frac,
+              rc.model.c_str(), rc.id.c_str(), rc.llama_sums ? " llama-sums" : "", prompt.size(), st.max_err, tol["logit_abs"].get<double>(), 100 * frac,
               tol["logit_abs_p99"].get<double>(), st.max_lse_err, tol["logsumexp_abs"].get<double>(), stable,
               std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
   RecordProperty("max_logit_err", std::to_string(st.max_err));

@@ -70,7 +70,8 @@ Status Run(Model& model, KvCache& cache, SeqId seq, int tokens, int every, const
 
 // Logits of every position of a fixed token stream, concatenated.
 std::vector<float> Decode(std::shared_ptr<const GgufFile> file, KvCodec codec, const Budget& b, MemoryManager** mm_out,
-                          std::unique_ptr<MemoryManager>* keep, const Chunks& chunks = {}, int query_group = 0) {
+                          std::unique_ptr<MemoryManager>* keep, const Chunks& chunks = {}, int query_group = 0,
+                          bool llama_sums = false) {
   testing::TempDir dir;
   testing::SmallTiers s;
   s.frame_bytes = 16 * 1024;
@@ -83,6 +84,7 @@ std::vector<float> Decode(std::shared_ptr<const GgufFile> file, KvCodec codec, c
   mo.threads = 2;
   mo.kv_batch_blocks = b.kv_batch_blocks;
   mo.attention_query_group = query_group;
+  mo.llama_attention_sums = llama_sums;
   auto model = Model::Load(file, mo);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   auto cache = KvCache::Create(keep->get(), (*model)->KvGeometryFor(codec, /*block_tokens=*/16));
@@ -116,6 +118,35 @@ TEST(TieringTest, ForcedEvictionEveryStepGivesBitIdenticalLogits) {
     EXPECT_EQ(std::memcmp(resident.data(), tiered.data(), resident.size() * sizeof(float)), 0)
         << "tiering changed the logits";
   }
+}
+
+// Attention in llama.cpp's summation orders (f16 codec) keeps its value sums by residue
+// across the batches a streamed layer comes in: decode steps and chunked prefills give
+// the same bits resident and with every block streamed through a tiny device tier, and
+// a chunk's queries taken a few at a time change nothing.
+TEST(TieringTest, LlamaSumsGiveBitIdenticalLogitsWhenStreamed) {
+  if (!std::filesystem::exists(kModels)) GTEST_SKIP() << "no reference models at " << kModels;
+  auto file = GgufFile::Open(kModels + "/ref-llama-f16.gguf");
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  std::shared_ptr<const GgufFile> shared = std::move(file).value();
+  const Chunks chunks = {37, 1, 64, 5, 16};
+  MemoryManager* mm = nullptr;
+  std::unique_ptr<MemoryManager> keep[5];
+  const Budget resident_budget{0, 4096, 0, 0}, streamed{2, 3, 512, 1};
+  const auto steps = Decode(shared, KvCodec::kF16, resident_budget, &mm, &keep[0], {}, 0, true);
+  const auto steps_streamed = Decode(shared, KvCodec::kF16, streamed, &mm, &keep[1], {}, 0, true);
+  EXPECT_GT(mm->Stats(Tier::kDisk).bytes_out, 0u) << "blocks were read back from disk";
+  const auto chunked = Decode(shared, KvCodec::kF16, resident_budget, &mm, &keep[2], chunks, 0, true);
+  const auto chunked_streamed = Decode(shared, KvCodec::kF16, streamed, &mm, &keep[3], chunks, 7, true);
+  const auto default_sums = Decode(shared, KvCodec::kF16, resident_budget, &mm, &keep[4]);
+  ASSERT_FALSE(steps.empty());
+  ASSERT_EQ(steps.size(), steps_streamed.size());
+  ASSERT_EQ(chunked.size(), chunked_streamed.size());
+  EXPECT_EQ(std::memcmp(steps.data(), steps_streamed.data(), steps.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(chunked.data(), chunked_streamed.data(), chunked.size() * sizeof(float)), 0);
+  // The option changes the sums, so the logits (a little).
+  ASSERT_EQ(steps.size(), default_sums.size());
+  EXPECT_NE(std::memcmp(steps.data(), default_sums.data(), steps.size() * sizeof(float)), 0);
 }
 
 // A prefill in chunks (ForwardBatch: layer by layer, every query of a chunk over each KV

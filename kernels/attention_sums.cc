@@ -1,0 +1,178 @@
+// kernels/attention_sums.cc
+#include "kernels/attention_sums.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "kernels/cpu_features.h"
+#include "kernels/fp16.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TIERKV_SUMS_X86 1
+#endif
+
+namespace tierkv::kernels {
+namespace {
+
+// _mm512_reduce_add_ps of 16 lanes: halves, quarters, then (0 + 2) + (1 + 3).
+float Reduce16(const float* v) {
+  float a[8], b[4];
+  for (int l = 0; l < 8; ++l) a[l] = v[l] + v[l + 8];
+  for (int l = 0; l < 4; ++l) b[l] = a[l] + a[l + 4];
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+float KeyAt(const uint16_t* k, bool tiled, size_t hd, size_t t, size_t d) {
+  return F16ToF32(tiled ? k[(t / 16) * 16 * hd + d * 16 + t % 16] : k[t * hd + d]);
+}
+
+void OneTokenScoresScalar(const float* q, int heads, size_t hd, const uint16_t* k, bool tiled, size_t n,
+                          float* scores, size_t stride) {
+  const size_t np = hd / 64 * 64;
+  for (size_t t = 0; t < n; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      const float* qh = q + static_cast<size_t>(h) * hd;
+      float acc[4][16] = {};
+      for (size_t i = 0; i < np; i += 64) {
+        for (int j = 0; j < 4; ++j) {
+          for (int l = 0; l < 16; ++l) {
+            const size_t x = i + 16 * static_cast<size_t>(j) + static_cast<size_t>(l);
+            acc[j][l] = __builtin_fmaf(qh[x], KeyAt(k, tiled, hd, t, x), acc[j][l]);
+          }
+        }
+      }
+      float v[16];
+      for (int l = 0; l < 16; ++l) v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+      double s = Reduce16(v);
+      for (size_t x = np; x < hd; ++x) s += static_cast<double>(qh[x] * KeyAt(k, tiled, hd, t, x));
+      scores[static_cast<size_t>(h) * stride + t] = static_cast<float>(s);
+    }
+  }
+}
+
+void AccumulateResiduesScalar(const float* w, size_t w_stride, int heads, size_t hd, const uint16_t* v, size_t n,
+                              int64_t first, int residues, float* part, size_t part_stride) {
+  for (size_t t = 0; t < n; ++t) {
+    const int64_t j = first + static_cast<int64_t>(t);
+    const bool start = j < residues;
+    const size_t r = static_cast<size_t>(j % residues);
+    for (int h = 0; h < heads; ++h) {
+      const float wj = w[static_cast<size_t>(h) * w_stride + static_cast<size_t>(j)];
+      float* p = part + static_cast<size_t>(h) * part_stride + r * hd;
+      for (size_t d = 0; d < hd; ++d) p[d] = __builtin_fmaf(wj, F16ToF32(v[t * hd + d]), start ? 0.0f : p[d]);
+    }
+  }
+}
+
+#if defined(TIERKV_SUMS_X86)
+#define TIERKV_SUMS_AVX512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
+
+TIERKV_SUMS_AVX512 inline __m512 Row16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// A tile's 16 keys as lanes, one head: the scalar form's operations lane by lane (x86's
+// fma, add and double conversions round as the scalar ones do).
+TIERKV_SUMS_AVX512 __m512 OneTokenTileScores(const float* q, size_t hd, const uint16_t* tile) {
+  const size_t np = hd / 64 * 64;
+  __m512 r = _mm512_setzero_ps();
+  if (np > 0) {
+    __m512 v[16];
+    for (int l = 0; l < 16; ++l) {
+      __m512 t[4];
+      for (int j = 0; j < 4; ++j) {
+        const size_t x = 16 * static_cast<size_t>(j) + static_cast<size_t>(l);
+        t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[x]), Row16(tile + x * 16), _mm512_setzero_ps());
+        for (size_t i = 64; i < np; i += 64) {
+          t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[i + x]), Row16(tile + (i + x) * 16), t[j]);
+        }
+      }
+      v[l] = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
+    }
+    __m512 a[8], b[4];
+    for (int l = 0; l < 8; ++l) a[l] = _mm512_add_ps(v[l], v[l + 8]);
+    for (int l = 0; l < 4; ++l) b[l] = _mm512_add_ps(a[l], a[l + 4]);
+    r = _mm512_add_ps(_mm512_add_ps(b[0], b[2]), _mm512_add_ps(b[1], b[3]));
+  }
+  if (np == hd) return r;
+  __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(r)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(r, 1));
+  for (size_t x = np; x < hd; ++x) {
+    const __m512 p = _mm512_mul_ps(_mm512_set1_ps(q[x]), Row16(tile + x * 16));
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
+  }
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+}
+
+TIERKV_SUMS_AVX512 void OneTokenScoresTiledAvx512(const float* q, int heads, size_t hd, const uint16_t* k, size_t n,
+                                                  float* scores, size_t stride) {
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const uint16_t* tile = k + t0 * hd;
+    const __mmask16 keep = n - t0 >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - t0)) - 1);
+    for (int h = 0; h < heads; ++h) {
+      const __m512 s = OneTokenTileScores(q + static_cast<size_t>(h) * hd, hd, tile);
+      _mm512_mask_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, keep, s);
+    }
+  }
+}
+
+// Key by key (in sequence order), each into its residue's sums, which stay in L1
+// (residues x head_dim floats a head). (A residue-by-residue loop that kept each sum in a
+// register over the block's keys measured slower: its keys are `residues` vectors apart.)
+TIERKV_SUMS_AVX512 void AccumulateResiduesAvx512(const float* w, size_t w_stride, int heads, size_t hd,
+                                                 const uint16_t* v, size_t n, int64_t first, int residues, float* part,
+                                                 size_t part_stride) {
+  const size_t mask = static_cast<size_t>(residues) - 1;  // residues is a power of two
+  for (size_t t = 0; t < n; ++t) {
+    const size_t j = static_cast<size_t>(first) + t;
+    const bool start = j < static_cast<size_t>(residues);
+    const size_t off = (j & mask) * hd;
+    const uint16_t* vt = v + t * hd;
+    for (size_t d = 0; d < hd; d += 16) {
+      const __m512 x = Row16(vt + d);
+      for (int h = 0; h < heads; ++h) {
+        float* p = part + static_cast<size_t>(h) * part_stride + off + d;
+        const __m512 acc = start ? _mm512_setzero_ps() : _mm512_loadu_ps(p);
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(_mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + j]), x, acc));
+      }
+    }
+  }
+}
+#endif  // TIERKV_SUMS_X86
+
+}  // namespace
+
+void OneTokenScoresF16(const float* q, int heads, size_t hd, const uint16_t* k, bool tiled, size_t n,
+                       float* scores, size_t stride) {
+  assert(hd <= 256);
+#if defined(TIERKV_SUMS_X86)
+  if (tiled && ActiveSimdLevel() >= SimdLevel::kAvx512) {
+    return OneTokenScoresTiledAvx512(q, heads, hd, k, n, scores, stride);
+  }
+#endif
+  OneTokenScoresScalar(q, heads, hd, k, tiled, n, scores, stride);
+}
+
+void AccumulateResiduesF16(const float* w, size_t w_stride, int heads, size_t hd, const uint16_t* v, size_t n,
+                           int64_t first, int residues, float* part, size_t part_stride) {
+  assert(residues == 16 || residues == 64);
+#if defined(TIERKV_SUMS_X86)
+  if (hd % 16 == 0 && ActiveSimdLevel() >= SimdLevel::kAvx512) {
+    return AccumulateResiduesAvx512(w, w_stride, heads, hd, v, n, first, residues, part, part_stride);
+  }
+#endif
+  AccumulateResiduesScalar(w, w_stride, heads, hd, v, n, first, residues, part, part_stride);
+}
+
+void ReduceResidues(const float* part, size_t hd, int residues, int64_t n_keys, float* out) {
+  const int seen = static_cast<int>(std::min<int64_t>(n_keys, residues));
+  for (size_t d = 0; d < hd; ++d) {
+    auto at = [&](int r) { return r < seen ? part[static_cast<size_t>(r) * hd + d] : 0.0f; };
+    float v[16];
+    for (int l = 0; l < 16; ++l) v[l] = residues == 64 ? (at(l) + at(32 + l)) + (at(16 + l) + at(48 + l)) : at(l);
+    out[d] = Reduce16(v);
+  }
+}
+
+}  // namespace tierkv::kernels

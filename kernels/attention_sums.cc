@@ -6,6 +6,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
+#include "memory/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -72,50 +73,74 @@ TIERKV_SUMS_AVX512 inline __m512 Row16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// A tile's 16 keys as lanes, one head: the scalar form's operations lane by lane (x86's
-// fma, add and double conversions round as the scalar ones do).
-TIERKV_SUMS_AVX512 __m512 OneTokenTileScores(const float* q, size_t hd, const uint16_t* tile) {
-  const size_t np = hd / 64 * 64;
-  __m512 r = _mm512_setzero_ps();
-  if (np > 0) {
-    __m512 v[16];
-    for (int l = 0; l < 16; ++l) {
-      __m512 t[4];
-      for (int j = 0; j < 4; ++j) {
-        const size_t x = 16 * static_cast<size_t>(j) + static_cast<size_t>(l);
-        t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[x]), Row16(tile + x * 16), _mm512_setzero_ps());
-        for (size_t i = 64; i < np; i += 64) {
-          t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[i + x]), Row16(tile + (i + x) * 16), t[j]);
-        }
+// A tile's 16 keys as lanes, one head: the 64-dimension steps' lanes and their tree
+// (REQUIRES hd >= 64), the scalar form's operations lane by lane.
+TIERKV_SUMS_AVX512 __m512 OneTokenTileTree(const float* q, size_t np, const uint16_t* tile) {
+  __m512 v[16];
+  for (int l = 0; l < 16; ++l) {
+    __m512 t[4];
+    for (int j = 0; j < 4; ++j) {
+      const size_t x = 16 * static_cast<size_t>(j) + static_cast<size_t>(l);
+      t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[x]), Row16(tile + x * 16), _mm512_setzero_ps());
+      for (size_t i = 64; i < np; i += 64) {
+        t[j] = _mm512_fmadd_ps(_mm512_set1_ps(q[i + x]), Row16(tile + (i + x) * 16), t[j]);
       }
-      v[l] = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
     }
-    __m512 a[8], b[4];
-    for (int l = 0; l < 8; ++l) a[l] = _mm512_add_ps(v[l], v[l + 8]);
-    for (int l = 0; l < 4; ++l) b[l] = _mm512_add_ps(a[l], a[l + 4]);
-    r = _mm512_add_ps(_mm512_add_ps(b[0], b[2]), _mm512_add_ps(b[1], b[3]));
+    v[l] = _mm512_add_ps(_mm512_add_ps(t[0], t[2]), _mm512_add_ps(t[1], t[3]));
   }
-  if (np == hd) return r;
-  __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(r)), hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(r, 1));
+  __m512 a[8], b[4];
+  for (int l = 0; l < 8; ++l) a[l] = _mm512_add_ps(v[l], v[l + 8]);
+  for (int l = 0; l < 4; ++l) b[l] = _mm512_add_ps(a[l], a[l + 4]);
+  return _mm512_add_ps(_mm512_add_ps(b[0], b[2]), _mm512_add_ps(b[1], b[3]));
+}
+
+// Up to kTailHeads heads of one tile: the dimensions [np, hd) added to start[h] in
+// double. The products of f16 values are exact, so fma in double rounds as the scalar
+// form's add of the product does; the tile's dimension rows are converted once for all
+// the heads.
+constexpr int kTailHeads = 4;
+TIERKV_SUMS_AVX512 void OneTokenTileTail(const float* q, size_t hd, size_t np, int heads, const uint16_t* tile,
+                                         const __m512* start, __m512* out) {
+  __m512d lo[kTailHeads], hi[kTailHeads];
+  for (int h = 0; h < heads; ++h) {
+    lo[h] = _mm512_cvtps_pd(_mm512_castps512_ps256(start[h]));
+    hi[h] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(start[h], 1));
+  }
   for (size_t x = np; x < hd; ++x) {
-    const __m512 p = _mm512_mul_ps(_mm512_set1_ps(q[x]), Row16(tile + x * 16));
-    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
-    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
+    const __m512 k = Row16(tile + x * 16);
+    const __m512d klo = _mm512_cvtps_pd(_mm512_castps512_ps256(k)), khi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(k, 1));
+    for (int h = 0; h < heads; ++h) {
+      const __m512d qx = _mm512_set1_pd(static_cast<double>(q[static_cast<size_t>(h) * hd + x]));
+      lo[h] = _mm512_fmadd_pd(qx, klo, lo[h]);
+      hi[h] = _mm512_fmadd_pd(qx, khi, hi[h]);
+    }
   }
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo)), _mm512_cvtpd_ps(hi), 1);
+  for (int h = 0; h < heads; ++h) {
+    out[h] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo[h])), _mm512_cvtpd_ps(hi[h]), 1);
+  }
 }
 
 TIERKV_SUMS_AVX512 void OneTokenScoresTiledAvx512(const float* q, int heads, size_t hd, const uint16_t* k, size_t n,
                                                   float* scores, size_t stride) {
+  const size_t np = hd / 64 * 64;
   for (size_t t0 = 0; t0 < n; t0 += 16) {
     const uint16_t* tile = k + t0 * hd;
     const __mmask16 keep = n - t0 >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - t0)) - 1);
-    for (int h = 0; h < heads; ++h) {
-      const __m512 s = OneTokenTileScores(q + static_cast<size_t>(h) * hd, hd, tile);
-      _mm512_mask_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, keep, s);
+    for (int h0 = 0; h0 < heads; h0 += kTailHeads) {
+      const int hn = std::min(kTailHeads, heads - h0);
+      __m512 s[kTailHeads];
+      for (int h = 0; h < hn; ++h) {
+        s[h] = np > 0 ? OneTokenTileTree(q + static_cast<size_t>(h0 + h) * hd, np, tile) : _mm512_setzero_ps();
+      }
+      if (np < hd) OneTokenTileTail(q + static_cast<size_t>(h0) * hd, hd, np, hn, tile, s, s);
+      for (int h = 0; h < hn; ++h) _mm512_mask_storeu_ps(scores + static_cast<size_t>(h0 + h) * stride + t0, keep, s[h]);
     }
   }
 }
+
+// The value vectors stream from memory; the hardware prefetchers alone left the loop
+// waiting on them (as the codec's own value kernels found: they prefetch 4 KiB ahead).
+constexpr size_t kValuePrefetchBytes = 4096;
 
 // Key by key (in sequence order), each into its residue's sums, which stay in L1
 // (residues x head_dim floats a head). (A residue-by-residue loop that kept each sum in a
@@ -129,6 +154,7 @@ TIERKV_SUMS_AVX512 void AccumulateResiduesAvx512(const float* w, size_t w_stride
     const bool start = j < static_cast<size_t>(residues);
     const size_t off = (j & mask) * hd;
     const uint16_t* vt = v + t * hd;
+    PrefetchLines(vt + kValuePrefetchBytes / 2, hd * 2);
     for (size_t d = 0; d < hd; d += 16) {
       const __m512 x = Row16(vt + d);
       for (int h = 0; h < heads; ++h) {

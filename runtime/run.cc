@@ -185,7 +185,7 @@ nlohmann::json RunReport::ToJson() const {
                   {"expert_hit_rate", ratio(d.expert_hits, d.expert_acquires)},
                   {"expert_prediction_recall", ratio(d.experts_chosen_in_prediction, d.experts_chosen_predicted)},
                   {"prefetched_pages", d.prefetched_pages}};
-  j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}};
+  j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}, {"llama_sums", llama_sums}};
   j["rope"] = rope;
   j["weights"] = paged_weights ? "paged" : "mapped";
   j["chat"] = chat.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat);
@@ -399,6 +399,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);
+  r.llama_sums = o.llama_sums && o.kv_type == KvCodec::kF16;
 
   // Session restore and prefix reuse.
   const ModelFingerprint fp =

@@ -112,6 +112,7 @@ struct RunReport {
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
+  bool llama_sums = false;  // attention summed in llama.cpp's orders (--llama-sums with an f16 cache)
   bool paged_weights = false;  // what --weights (auto) chose
   std::string chat;            // the chat format used ("" without --chat)
   std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"

@@ -330,6 +330,16 @@ TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["kv"]["type"], "q8_0");
+  EXPECT_EQ(j["kv"]["llama_sums"], false);
+}
+
+// --llama-sums reaches the model (with the default f16 cache) and the report says so.
+TEST(RunCommandTest, LlamaSumsFlagIsReported) {
+  const CliResult r = RunCli(Quick({"--llama-sums", "--json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv"]["type"], "f16");
+  EXPECT_EQ(j["kv"]["llama_sums"], true);
 }
 
 // llama.cpp's RoPE flags reach the model (the report names the settings used), and a

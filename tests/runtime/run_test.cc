@@ -320,51 +320,63 @@ TEST(RunTest, InteractiveTurnsExtendOneContext) {
   EXPECT_EQ(full->turns.size(), 1u);
 }
 
+// With --llama-sums (RunOptions::llama_sums) these two files give llama.cpp's float logits
+// exactly (docs/kernels.md), so there the tolerance is 0.
 TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
   if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
-  for (const char* name : {"ref-llama-q8_0", "ref-qwen3moe-f16"}) {
-    SCOPED_TRACE(name);
-    std::ifstream in(kRef + "/vectors/" + name + ".json");
-    const auto ref = nlohmann::json::parse(in);
-    const auto& c = ref["cases"][0];  // P1
-    const double tol = ref["tolerance"]["logit_abs"], lse_tol = ref["tolerance"]["logsumexp_abs"];
-    RunOptions o = Options(name);
-    o.prompt = c["prompt"];
-    o.n_predict = 4;
-    o.dump_logits = 8;
-    auto r = RunSession(o);
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->prompt_tokens, c["prompt_ids"].get<std::vector<int32_t>>());
-    const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-    EXPECT_EQ(r->generated_tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + 4));
-    auto check = [&](const LogitsEntry& got, const nlohmann::json& want) {
-      EXPECT_NEAR(got.logsumexp, want["logsumexp"].get<double>(), lse_tol) << "pos " << got.pos;
-      // Compare by token id: every reference top-10 id must be in ours within tolerance
-      // of its reference logit (ids closer than the tolerance may swap ranks).
-      for (const auto& pair : want["top"]) {
-        const int32_t id = pair[0];
-        const double logit = pair[1];
-        bool found = false;
-        for (const auto& [gid, gl] : got.top) {
-          if (gid == id) { found = true; EXPECT_NEAR(gl, logit, tol) << "pos " << got.pos << " id " << id; }
+  for (const bool llama_sums : {false, true}) {
+    for (const char* name : {"ref-llama-q8_0", "ref-qwen3moe-f16"}) {
+      SCOPED_TRACE(std::string(name) + (llama_sums ? " --llama-sums" : ""));
+      std::ifstream in(kRef + "/vectors/" + name + ".json");
+      const auto ref = nlohmann::json::parse(in);
+      const auto& c = ref["cases"][0];  // P1
+      const double tol = llama_sums ? 0.0 : ref["tolerance"]["logit_abs"].get<double>();
+      const double lse_tol = ref["tolerance"]["logsumexp_abs"];
+      RunOptions o = Options(name);
+      o.llama_sums = llama_sums;
+      o.prompt = c["prompt"];
+      o.n_predict = 4;
+      o.dump_logits = 8;
+      auto r = RunSession(o);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->prompt_tokens, c["prompt_ids"].get<std::vector<int32_t>>());
+      const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
+      EXPECT_EQ(r->generated_tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + 4));
+      auto check = [&](const LogitsEntry& got, const nlohmann::json& want) {
+        EXPECT_NEAR(got.logsumexp, want["logsumexp"].get<double>(), lse_tol) << "pos " << got.pos;
+        // Compare by token id: every reference top-10 id must be in ours within tolerance
+        // of its reference logit (ids closer than the tolerance may swap ranks).
+        for (const auto& pair : want["top"]) {
+          const int32_t id = pair[0];
+          const double logit = pair[1];
+          bool found = false;
+          for (const auto& [gid, gl] : got.top) {
+            if (gid != id) continue;
+            found = true;
+            if (llama_sums) {
+              EXPECT_EQ(static_cast<float>(gl), static_cast<float>(logit)) << "pos " << got.pos << " id " << id;
+            } else {
+              EXPECT_NEAR(gl, logit, tol) << "pos " << got.pos << " id " << id;
+            }
+          }
+          if (!found) {
+            EXPECT_LT(logit, got.top.back().second + tol) << "pos " << got.pos << " id " << id << " missing";
+          }
         }
-        if (!found) {
-          EXPECT_LT(logit, got.top.back().second + tol) << "pos " << got.pos << " id " << id << " missing";
+      };
+      size_t checked = 0;
+      for (const auto& want : c["prompt_positions"]) {
+        for (const auto& got : r->logits) {
+          if (got.pos == want["pos"].get<int>()) { check(got, want); ++checked; }
         }
       }
-    };
-    size_t checked = 0;
-    for (const auto& want : c["prompt_positions"]) {
-      for (const auto& got : r->logits) {
-        if (got.pos == want["pos"].get<int>()) { check(got, want); ++checked; }
+      EXPECT_EQ(checked, c["prompt_positions"].size());
+      ASSERT_EQ(r->steps.size(), 4u);
+      for (size_t s = 0; s < 4; ++s) check(r->steps[s], c["greedy_steps"][s]);
+      const auto j = r->ToJson();
+      for (const char* k : {"prompt_tokens", "generated_tokens", "text", "timings", "tiers", "kv", "session", "logits", "steps"}) {
+        EXPECT_TRUE(j.contains(k)) << k;
       }
-    }
-    EXPECT_EQ(checked, c["prompt_positions"].size());
-    ASSERT_EQ(r->steps.size(), 4u);
-    for (size_t s = 0; s < 4; ++s) check(r->steps[s], c["greedy_steps"][s]);
-    const auto j = r->ToJson();
-    for (const char* k : {"prompt_tokens", "generated_tokens", "text", "timings", "tiers", "kv", "session", "logits", "steps"}) {
-      EXPECT_TRUE(j.contains(k)) << k;
     }
   }
 }

@@ -217,23 +217,18 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_
 
 void Register() {
   for (const Shape& s : kShapes) {
-    for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused, kRead}) {
-      const std::string name = std::string("attention/") + s.name + "/" + kPhaseNames[ph];
-      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph, false)
+    auto add = [&](const std::string& phase_name, Phase ph, bool llama_sums) {
+      const std::string name = std::string("attention/") + s.name + "/" + phase_name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph, llama_sums)
           ->ArgNames({"tokens", "threads"})
           ->ArgsProduct({{4096, 16384, 65536}, {1, 2}})
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond)
           ->MinTime(0.2);
-    }
+    };
+    for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused, kRead}) add(kPhaseNames[ph], ph, false);
     // The fused call with llama.cpp's summation orders (one token's; --llama-sums).
-    const std::string name = std::string("attention/") + s.name + "/fused-llama-sums";
-    benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, kFused, true)
-        ->ArgNames({"tokens", "threads"})
-        ->ArgsProduct({{4096, 16384, 65536}, {1, 2}})
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.2);
+    add("fused-llama-sums", kFused, true);
   }
 }
 

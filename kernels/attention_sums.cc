@@ -133,7 +133,9 @@ TIERKV_SUMS_AVX512 void OneTokenScoresTiledAvx512(const float* q, int heads, siz
         s[h] = np > 0 ? OneTokenTileTree(q + static_cast<size_t>(h0 + h) * hd, np, tile) : _mm512_setzero_ps();
       }
       if (np < hd) OneTokenTileTail(q + static_cast<size_t>(h0) * hd, hd, np, hn, tile, s, s);
-      for (int h = 0; h < hn; ++h) _mm512_mask_storeu_ps(scores + static_cast<size_t>(h0 + h) * stride + t0, keep, s[h]);
+      for (int h = 0; h < hn; ++h) {
+        _mm512_mask_storeu_ps(scores + static_cast<size_t>(h0 + h) * stride + t0, keep, s[h]);
+      }
     }
   }
 }

@@ -130,9 +130,9 @@ TIERKV_AVX512_FN inline __m512 Load16(const void* p) {
 TIERKV_AVX512_FN inline __m512 DpBf16(__m512 acc, const void* w, const void* x) {
   const __m512i a = _mm512_loadu_si512(w), b = _mm512_loadu_si512(x);
   const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
-  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, hi)), _mm512_castsi512_ps(_mm512_and_si512(b, hi)), acc);
-  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)),
-                         acc);
+  const __m512 a_hi = _mm512_castsi512_ps(_mm512_and_si512(a, hi)), b_hi = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
+  const __m512 a_lo = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), b_lo = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+  return _mm512_fmadd_ps(a_lo, b_lo, _mm512_fmadd_ps(a_hi, b_hi, acc));
 }
 
 template <WeightType kType>

@@ -138,9 +138,10 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
 
 // The chunk layer by layer: per token the arithmetic of ForwardLayers, with each matrix
 // multiplied by all the chunk's tokens in one pass (MatMulMany: quantized weights give
-// the bits of one MatVec per token, F32 / F16 / BF16 sum as a batch), attention once for all the chunk's queries, and each selected expert once
-// for all its tokens (ChunkMoe). A MoE layer's weight page is released only after every
-// token's output projection, as one token's step releases it.
+// the bits of one MatVec per token, F32 / F16 / BF16 sum as a batch), attention once
+// for all the chunk's queries, and each selected expert once for all its tokens
+// (ChunkMoe). A MoE layer's weight page is released only after every token's output
+// projection, as one token's step releases it.
 Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
                            std::span<const int> logit_rows, std::span<float> logits) {
   const ModelConfig& c = cfg_;

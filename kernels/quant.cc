@@ -363,7 +363,7 @@ float DotQ23_KScalar(const void* row, const void* act, int64_t n) {
 float DotQ4_KScalar(const void* row, const void* act, int64_t n) {
   const auto* w = static_cast<const BlockQ4_K*>(row);
   const auto* x = static_cast<const BlockQ8_K*>(act);
-  float sum = 0.0f;
+  float sum = 0.0f, mins = 0.0f;
   for (int64_t i = 0; i < n / kQkK; ++i) {
     int sumi = 0, summ = 0;
     const uint8_t* q = w[i].qs;
@@ -380,11 +380,11 @@ float DotQ4_KScalar(const void* row, const void* act, int64_t n) {
       sumi += sc0 * lo + sc1 * hi;
       summ += m0 * (x[i].bsums[4 * c] + x[i].bsums[4 * c + 1]) + m1 * (x[i].bsums[4 * c + 2] + x[i].bsums[4 * c + 3]);
     }
-    const float d = x[i].d * F16ToF32(w[i].d);
-    const float dmin = x[i].d * F16ToF32(w[i].dmin);
-    sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+    // Two chains, as ggml's repacked Q4_K gemv (the SIMD kernels do the same).
+    sum = std::fma(static_cast<float>(sumi), x[i].d * F16ToF32(w[i].d), sum);
+    mins = std::fma(static_cast<float>(summ), x[i].d * F16ToF32(w[i].dmin), mins);
   }
-  return sum;
+  return sum - mins;
 }
 
 float DotQ5_KScalar(const void* row, const void* act, int64_t n) {

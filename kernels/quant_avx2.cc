@@ -258,7 +258,14 @@ struct K45Avx2 {
     u->d = Half(b.d);
     u->dmin = Half(b.dmin);
   }
-  TIERKV_AVX2_FN static float Step(float sum, const Unpacked& u, const BlockQ8_K& x) {
+  // Q4_K: two chains, a = fma(isum, d, a) and m = fma(summ, dmin, m), a - m at the end
+  // (ggml's repacked 8x8 gemv, which llama.cpp runs Q4_K matrices through). Q5_K: one,
+  // sum += d * isum - dmin * summ.
+  struct Acc {
+    float a = 0.0f, m = 0.0f;
+  };
+  TIERKV_AVX2_FN static float Finish(Acc acc) { return kFive ? acc.a : acc.a - acc.m; }
+  TIERKV_AVX2_FN static Acc Step(Acc sum, const Unpacked& u, const BlockQ8_K& x) {
     int summ = 0;
     for (int j = 0; j < 8; ++j) summ += u.mn[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
     __m256i acc = _mm256_setzero_si256();
@@ -266,12 +273,17 @@ struct K45Avx2 {
       acc = _mm256_add_epi32(acc, ScaledDotU8(u.lo[c], LoadU256(x.qs + 64 * c), _mm256_set1_epi16(u.sc[2 * c])));
       acc = _mm256_add_epi32(acc, ScaledDotU8(u.hi[c], LoadU256(x.qs + 64 * c + 32), _mm256_set1_epi16(u.sc[2 * c + 1])));
     }
-    // sum += d * isum - dmin * summ, as GCC contracted it when this was written as that
-    // expression: fma(isum, d, -(dmin * summ)), then the add. Spelled out, because
-    // inlined into the several-token kernels GCC contracted it differently (1 ulp).
     const float d = x.d * u.d;
     const float dmin = x.d * u.dmin;
-    return __builtin_fmaf(static_cast<float>(HsumEpi32(acc)), d, -(dmin * static_cast<float>(summ))) + sum;
+    const float isum = static_cast<float>(HsumEpi32(acc)), fsumm = static_cast<float>(summ);
+    if constexpr (kFive) {
+      // As GCC contracted the expression when it was written so: fma(isum, d,
+      // -(dmin * summ)), then the add; spelled out (inlined into the several-token
+      // kernels GCC contracted it differently, 1 ulp).
+      return {__builtin_fmaf(isum, d, -(dmin * fsumm)) + sum.a, 0.0f};
+    } else {
+      return {__builtin_fmaf(isum, d, sum.a), __builtin_fmaf(fsumm, dmin, sum.m)};
+    }
   }
 };
 
@@ -342,6 +354,8 @@ struct Q6KAvx2 {
     const int8_t* sc;
     float d;
   };
+  using Acc = float;
+  TIERKV_AVX2_FN static float Finish(Acc acc) { return acc; }
   TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m2 = _mm256_set1_epi8(3);
@@ -386,14 +400,14 @@ TIERKV_AVX2_FN inline void DotKRowTokensAvx2(const void* row, const void* const*
   const auto* w = static_cast<const typename F::Block*>(row);
   const BlockQ8_K* x[T];
   for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
-  float sum[T];
-  for (int t = 0; t < T; ++t) sum[t] = 0.0f;
+  typename F::Acc sum[T];
+  for (int t = 0; t < T; ++t) sum[t] = typename F::Acc{};
   typename F::Unpacked u;
   for (int64_t i = 0; i < nb; ++i) {
     F::Unpack(w[i], &u);
     for (int t = 0; t < T; ++t) sum[t] = F::Step(sum[t], u, x[t][i]);
   }
-  for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * out_stride] = sum[t];
+  for (int t = 0; t < T; ++t) out[static_cast<size_t>(t) * out_stride] = F::Finish(sum[t]);
 }
 
 template <typename F>

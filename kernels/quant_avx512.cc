@@ -685,6 +685,18 @@ TIERKV_VNNI_FN inline __m256 AddScaledLessMins8(__m256 sum8, float d_x, const ui
   return _mm256_add_ps(_mm256_fmsub_ps(_mm256_cvtepi32_ps(isum), d8, _mm256_mul_ps(m8, summ)), sum8);
 }
 
+// Q4_K's two chains for 8 rows lane-wise: a8 = fma(isum, d_x * d_w, a8) and
+// m8 = fma(summ, d_x * dmin_w, m8) (K45Avx2's Step with kFive = false).
+TIERKV_VNNI_FN inline void AddSplit8(__m256* a8, __m256* m8, float d_x, const uint16_t* d_w, const uint16_t* dmin_w,
+                                     size_t stride, __m256i isum, const int32_t* summs) {
+  const __m256 xd = _mm256_set1_ps(d_x);
+  const __m256 d8 = _mm256_mul_ps(xd, StridedHalves8(d_w, stride));
+  const __m256 dm8 = _mm256_mul_ps(xd, StridedHalves8(dmin_w, stride));
+  const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
+  *a8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d8, *a8);
+  *m8 = _mm256_fmadd_ps(summ, dm8, *m8);
+}
+
 TIERKV_VNNI_FN inline float AddScaledLessMins1(float sum1, float d_x, uint16_t d_w, uint16_t dmin_w, int isum,
                                                int summ) {
   const float d = d_x * HalfV(d_w);
@@ -771,7 +783,8 @@ TIERKV_VNNI_FN inline __m128i UnpackK4Row(const std::conditional_t<kFive, BlockQ
 // pair sums of its bsums are shared by the rows. Per row and chunk c, the 32 bytes of qs
 // go to both halves of a zmm; a per-half shift (0 | 4) picks the low or high nibbles,
 // so one vector holds sub-blocks 2c and 2c+1 in the activation's order. The float part
-// is DotQ4_KAvx2's: sum += d * (float)isum - dmin * (float)summ.
+// is K45Avx2's: Q5_K sum += d * (float)isum - dmin * (float)summ; Q4_K two chains,
+// a = fma(isum, d, a) and m = fma(summ, dmin, m), a - m at the end (AddSplit8).
 template <bool kFive, int R>
 TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                          float* out) {
@@ -779,8 +792,8 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
   const Block* w[R];
   for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  float sum1 = 0.0f;                  // R == 1
-  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
+  float sum1 = 0.0f, mins1 = 0.0f;                            // R == 1
+  __m256 sum8 = _mm256_setzero_ps(), mins8 = _mm256_setzero_ps();  // R == 8: one row per lane
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int c = 0; c < 4; ++c) xq[c] = Load512(x[i].qs + 64 * c);
@@ -798,16 +811,21 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
       for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], xq[c]), sc[c]);
       accs[r] = acc;
     }
-    if constexpr (R == 8) {
+    if constexpr (R == 8 && kFive) {
       sum8 = AddScaledLessMins8(sum8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
-    } else {
+    } else if constexpr (R == 8) {
+      AddSplit8(&sum8, &mins8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
+    } else if constexpr (kFive) {
       sum1 = AddScaledLessMins1(sum1, x[i].d, w[0][i].d, w[0][i].dmin, ReduceEpi32x16(accs[0]), summs[0]);
+    } else {
+      sum1 = __builtin_fmaf(static_cast<float>(ReduceEpi32x16(accs[0])), x[i].d * HalfV(w[0][i].d), sum1);
+      mins1 = __builtin_fmaf(static_cast<float>(summs[0]), x[i].d * HalfV(w[0][i].dmin), mins1);
     }
   }
   if constexpr (R == 8) {
-    _mm256_storeu_ps(out, sum8);
+    _mm256_storeu_ps(out, kFive ? sum8 : _mm256_sub_ps(sum8, mins8));
   } else {
-    out[0] = sum1;
+    out[0] = kFive ? sum1 : sum1 - mins1;
   }
 }
 
@@ -1208,6 +1226,7 @@ float OneRow(const void* row, const void* act, int64_t n) {
 template <bool kFive>
 struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, AddScaledLessMins8
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
+  static constexpr bool kSplit = !kFive;  // Q4_K: AddSplit8's two chains instead of Step
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
     return _mm256_castsi128_si256(UnpackK4Row<kFive>(b, u, sc));
   }
@@ -1223,6 +1242,7 @@ struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, AddScaledLe
 };
 struct Q6KFamily {  // the -32 offset folded into the integer start
   using Block = BlockQ6_K;
+  static constexpr bool kSplit = false;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) { return UnpackQ6KRow(b, u, sc); }
   TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return Load256(x.bsums); }
   TIERKV_VNNI_FN static __m512i Start(__m256i sc16, __m256i bs, int32_t*) {
@@ -1236,6 +1256,7 @@ struct Q6KFamily {  // the -32 offset folded into the integer start
 template <bool kThree>
 struct Q23KFamily {  // Q2_K (mins) and Q3_K (the -4 offset)
   using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
+  static constexpr bool kSplit = false;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
     return UnpackQ23KRow<kThree>(b, u, sc);
   }
@@ -1259,8 +1280,8 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
   for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
   const Block* w[8];
   for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  __m256 sum8[T];
-  for (int t = 0; t < T; ++t) sum8[t] = _mm256_setzero_ps();
+  __m256 sum8[T], mins8[T];
+  for (int t = 0; t < T; ++t) sum8[t] = mins8[t] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     if (row_bytes >= kShortRowBytes) {
       for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
@@ -1281,10 +1302,18 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
       }
     }
     for (int t = 0; t < T; ++t) {
-      sum8[t] = Family::Step(sum8[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
+      if constexpr (Family::kSplit) {
+        AddSplit8(&sum8[t], &mins8[t], x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs[t]),
+                  summs[t]);
+      } else {
+        sum8[t] = Family::Step(sum8[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
+      }
     }
   }
-  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, sum8[t]);
+  for (int t = 0; t < T; ++t) {
+    _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride,
+                     Family::kSplit ? _mm256_sub_ps(sum8[t], mins8[t]) : sum8[t]);
+  }
 }
 
 // The several-token kernels' driver: groups of kGroupRows rows through Group<T> for

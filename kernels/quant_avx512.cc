@@ -697,6 +697,31 @@ TIERKV_VNNI_FN inline void AddSplit8(__m256* a8, __m256* m8, float d_x, const ui
   *m8 = _mm256_fmadd_ps(summ, dm8, *m8);
 }
 
+// The float state of 8 rows (one per lane) over their super-blocks: one chain, or Q4_K's
+// two (Result8: a - m).
+struct Chain8 {
+  __m256 s;
+};
+struct Chains8 {
+  __m256 a, m;
+};
+TIERKV_VNNI_FN inline __m256 Result8(const Chain8& c) { return c.s; }
+TIERKV_VNNI_FN inline __m256 Result8(const Chains8& c) { return _mm256_sub_ps(c.a, c.m); }
+
+// Q4_K (two chains) and Q5_K (one) for 8 rows: the one-token and several-token kernels'
+// float step.
+template <bool kFive>
+using K45State = std::conditional_t<kFive, Chain8, Chains8>;
+template <bool kFive>
+TIERKV_VNNI_FN inline void StepK45(K45State<kFive>* st, float d_x, const uint16_t* d_w, const uint16_t* dmin_w,
+                                   size_t stride, __m256i isum, const int32_t* summs) {
+  if constexpr (kFive) {
+    st->s = AddScaledLessMins8(st->s, d_x, d_w, dmin_w, stride, isum, summs);
+  } else {
+    AddSplit8(&st->a, &st->m, d_x, d_w, dmin_w, stride, isum, summs);
+  }
+}
+
 TIERKV_VNNI_FN inline float AddScaledLessMins1(float sum1, float d_x, uint16_t d_w, uint16_t dmin_w, int isum,
                                                int summ) {
   const float d = d_x * HalfV(d_w);
@@ -792,8 +817,8 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
   const Block* w[R];
   for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  float sum1 = 0.0f, mins1 = 0.0f;                            // R == 1
-  __m256 sum8 = _mm256_setzero_ps(), mins8 = _mm256_setzero_ps();  // R == 8: one row per lane
+  float sum1 = 0.0f, mins1 = 0.0f;  // R == 1
+  K45State<kFive> st8{};             // R == 8: one row per lane
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int c = 0; c < 4; ++c) xq[c] = Load512(x[i].qs + 64 * c);
@@ -811,10 +836,8 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
       for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], xq[c]), sc[c]);
       accs[r] = acc;
     }
-    if constexpr (R == 8 && kFive) {
-      sum8 = AddScaledLessMins8(sum8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
-    } else if constexpr (R == 8) {
-      AddSplit8(&sum8, &mins8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
+    if constexpr (R == 8) {
+      StepK45<kFive>(&st8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
     } else if constexpr (kFive) {
       sum1 = AddScaledLessMins1(sum1, x[i].d, w[0][i].d, w[0][i].dmin, ReduceEpi32x16(accs[0]), summs[0]);
     } else {
@@ -823,7 +846,7 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
     }
   }
   if constexpr (R == 8) {
-    _mm256_storeu_ps(out, kFive ? sum8 : _mm256_sub_ps(sum8, mins8));
+    _mm256_storeu_ps(out, Result8(st8));
   } else {
     out[0] = kFive ? sum1 : sum1 - mins1;
   }
@@ -1222,11 +1245,12 @@ float OneRow(const void* row, const void* act, int64_t n) {
 // activation's 64-byte vector k, sc[k] their scales as words, and the row's scales or
 // mins for the bsums terms) for the T tokens; per token the integer sums and the float
 // step are the one-token 8-row kernel's (Family::Start, the integer start and the mins
-// term; Family::Step, the float step), so each (row, token) has its bits.
+// term; Family::Step, the float step on a Family::State), so each (row, token) has its
+// bits.
 template <bool kFive>
-struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, AddScaledLessMins8
+struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, StepK45
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
-  static constexpr bool kSplit = !kFive;  // Q4_K: AddSplit8's two chains instead of Step
+  using State = K45State<kFive>;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
     return _mm256_castsi128_si256(UnpackK4Row<kFive>(b, u, sc));
   }
@@ -1235,39 +1259,39 @@ struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, AddScaledLe
     *summ = MinsTimesSums(_mm256_castsi256_si128(mins), _mm256_castsi256_si128(bs));
     return _mm512_setzero_si512();
   }
-  TIERKV_VNNI_FN static __m256 Step(__m256 sum8, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
-                                    const int32_t* summs) {
-    return AddScaledLessMins8(sum8, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
+  TIERKV_VNNI_FN static void Step(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
+                                  const int32_t* summs) {
+    StepK45<kFive>(st, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
   }
 };
 struct Q6KFamily {  // the -32 offset folded into the integer start
   using Block = BlockQ6_K;
-  static constexpr bool kSplit = false;
+  using State = Chain8;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) { return UnpackQ6KRow(b, u, sc); }
   TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return Load256(x.bsums); }
   TIERKV_VNNI_FN static __m512i Start(__m256i sc16, __m256i bs, int32_t*) {
     return _mm512_sub_epi32(_mm512_setzero_si512(), Q6KOffset(sc16, bs));
   }
-  TIERKV_VNNI_FN static __m256 Step(__m256 sum8, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
-                                    const int32_t*) {
-    return AddScaled8(sum8, x.d, &w0->d, row_bytes, isum);
+  TIERKV_VNNI_FN static void Step(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
+                                  const int32_t*) {
+    st->s = AddScaled8(st->s, x.d, &w0->d, row_bytes, isum);
   }
 };
 template <bool kThree>
 struct Q23KFamily {  // Q2_K (mins) and Q3_K (the -4 offset)
   using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
-  static constexpr bool kSplit = false;
+  using State = Chain8;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
     return UnpackQ23KRow<kThree>(b, u, sc);
   }
   TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return Q23KBsums<kThree>(x); }
   TIERKV_VNNI_FN static __m512i Start(__m256i s16, __m256i bs, int32_t* summ) { return Q23KStart<kThree>(s16, bs, summ); }
-  TIERKV_VNNI_FN static __m256 Step(__m256 sum8, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
-                                    const int32_t* summs) {
+  TIERKV_VNNI_FN static void Step(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
+                                  const int32_t* summs) {
     if constexpr (kThree) {
-      return AddScaled8(sum8, x.d, &w0->d, row_bytes, isum);
+      st->s = AddScaled8(st->s, x.d, &w0->d, row_bytes, isum);
     } else {
-      return AddScaledLessMins8(sum8, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
+      st->s = AddScaledLessMins8(st->s, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
     }
   }
 };
@@ -1280,8 +1304,7 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
   for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
   const Block* w[8];
   for (int r = 0; r < 8; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  __m256 sum8[T], mins8[T];
-  for (int t = 0; t < T; ++t) sum8[t] = mins8[t] = _mm256_setzero_ps();
+  typename Family::State st[T] = {};
   for (int64_t i = 0; i < nb; ++i) {
     if (row_bytes >= kShortRowBytes) {
       for (int r = 0; r < 8; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
@@ -1302,18 +1325,10 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
       }
     }
     for (int t = 0; t < T; ++t) {
-      if constexpr (Family::kSplit) {
-        AddSplit8(&sum8[t], &mins8[t], x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs[t]),
-                  summs[t]);
-      } else {
-        sum8[t] = Family::Step(sum8[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
-      }
+      Family::Step(&st[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
     }
   }
-  for (int t = 0; t < T; ++t) {
-    _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride,
-                     Family::kSplit ? _mm256_sub_ps(sum8[t], mins8[t]) : sum8[t]);
-  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, Result8(st[t]));
 }
 
 // The several-token kernels' driver: groups of kGroupRows rows through Group<T> for

@@ -475,6 +475,7 @@ void GroupBlock(const Codec& codec, const AttentionParams& p, AttentionState* st
 template <AttentionCodec Codec>
 void AttentionBlocks(const Codec& codec, const AttentionParams& p, const PagedKvView& kv, AttentionState* st,
                      ThreadPool* pool) {
+  assert(p.sums == AttentionSums::kOwn && "llama.cpp's sums are the two-pass form's");
   const size_t per_head = 2 * static_cast<size_t>(kv.block_tokens);
   if (st->scratch.size() < per_head * static_cast<size_t>(p.n_heads)) {
     st->scratch.resize(per_head * static_cast<size_t>(p.n_heads));
@@ -832,6 +833,7 @@ void AttentionBlocksMulti(const Codec& codec, const AttentionParams* ps, Attenti
                           const PagedKvView& kv, ThreadPool* pool) {
   if (n <= 0) return;
   const AttentionParams& p0 = ps[0];
+  assert(p0.sums == AttentionSums::kOwn && "llama.cpp's sums are the two-pass form's");
   const size_t per_head = 2 * static_cast<size_t>(kv.block_tokens);
   for (int64_t t = 0; t < n; ++t) {
     if (sts[t]->scratch.size() < per_head * static_cast<size_t>(p0.n_heads)) {

@@ -64,7 +64,7 @@ struct RunOptions {
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
   bool llama_sums = false;     // attention in llama.cpp's summation orders (ModelOptions::llama_attention_sums)
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
-  int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; 1 = one Forward each)
+  int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; the same logits for any value)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
   // Called with each generated token's text as soon as it is sampled (streaming
   // output); null = none. RunReport::text has the whole text either way.

@@ -43,7 +43,9 @@ void RopeAngles(const RopeParams& p, int64_t pos, float* cos_sin) {
     float theta = p.freq_scale * theta_extrap;
     if (p.ext_factor != 0.0f) {
       const float mix = YarnRamp(corr[0], corr[1], i0) * p.ext_factor;
-      theta = theta * (1.0f - mix) + theta_extrap * mix;
+      // ggml contracts this blend as fma(interp, 1 - mix, extrap * mix): the same here,
+      // or long YaRN contexts drift by an ulp of theta (~1e-3 in the logits at 2.7K).
+      theta = std::fma(theta, 1.0f - mix, theta_extrap * mix);
     }
     cos_sin[i0] = std::cos(theta) * mscale;
     cos_sin[i0 + 1] = std::sin(theta) * mscale;

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -41,7 +42,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const fs::path kRefDir = fs::path(TIERKV_SHARED_DIR) / "reference";
+// TIERKV_REFERENCE_DIR, when set, names another folder of the same layout (models/,
+// vectors/): vectors made with scripts/llama_xcheck for models and types outside
+// ../shared (docs/testing.md).
+const fs::path kRefDir = std::getenv("TIERKV_REFERENCE_DIR") != nullptr
+                             ? fs::path(std::getenv("TIERKV_REFERENCE_DIR"))
+                             : fs::path(TIERKV_SHARED_DIR) / "reference";
 
 // ---- SHA-256 (FIPS 180-4), to make sure the vectors belong to the model file ----
 

@@ -10,6 +10,7 @@
 #include "runtime/tokenizer.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -881,6 +882,64 @@ TEST(TokenizerRefTest, InvalidUtf8) {
     const std::string spm = l.Decode(l.Encode(s, false, false), {.remove_space_prefix = true});
     EXPECT_EQ(Hex(SpacesForMarks(spm)), Hex(SpacesForMarks(s)));
   }
+}
+
+// Texts tokenized by llama.cpp itself with scripts/llama_xcheck (docs/testing.md): when
+// TIERKV_TOKENIZER_XCHECK names a folder of tok-*.json files ({"model": GGUF path,
+// "cases": [{"hex", "plain", "special"}]}), every text must give llama.cpp's ids with
+// (add_special, parse_special) = (false, false) and (true, true). Texts llama.cpp itself
+// throws on ("error") are only required not to crash here. Skipped when unset: the
+// folder is made on a developer's machine, not in CI.
+TEST(TokenizerXcheckTest, MatchesLlamaCppOnGeneratedTexts) {
+  const char* dir = std::getenv("TIERKV_TOKENIZER_XCHECK");
+  if (dir == nullptr) GTEST_SKIP() << "TIERKV_TOKENIZER_XCHECK is not set";
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("tok-", 0) != 0 || e.path().extension() != ".json") continue;
+    ++files;
+    const auto j = nlohmann::json::parse(ReadFile(e.path().string()));
+    auto gguf = GgufFile::Open(j["model"].get<std::string>());
+    ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+    auto tok = Tokenizer::FromGguf(**gguf);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    // Newer llama.cpp (ggml 0.25) also promotes these spellings to control (end of
+    // generation) tokens, a rule the reference commit's tokenizer does not have and this
+    // one follows (docs/tokenizers.md): texts holding one are compared in plain mode only.
+    static constexpr std::string_view kNewerEogSpellings[] = {"</s>", "<|flush|>", "<|calls|>", "[EOT]", "[EOS]",
+                                                              "<eos>", "<turn|>", "<|tool_response>", "[e~["};
+    int checked = 0, wrong = 0, newer = 0;
+    for (const auto& c : j["cases"]) {
+      const std::string hex = c["hex"];
+      std::string text;
+      for (size_t i = 0; i + 1 < hex.size(); i += 2) text.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+      const auto plain = (*tok)->Encode(text, false, false);
+      const auto special = (*tok)->Encode(text, true, true);
+      if (c.contains("error")) continue;
+      ++checked;
+      bool special_ok = special == c["special"].get<std::vector<int32_t>>();
+      if (!special_ok && std::any_of(std::begin(kNewerEogSpellings), std::end(kNewerEogSpellings),
+                                     [&](std::string_view w) { return text.find(w) != std::string::npos; })) {
+        special_ok = true;
+        ++newer;
+      }
+      const bool ok = plain == c["plain"].get<std::vector<int32_t>>() && special_ok;
+      if (!ok && ++wrong <= 10) {
+        auto ids = [](const std::vector<int32_t>& v) {
+          std::string o;
+          for (int32_t id : v) o += std::to_string(id) + " ";
+          return o;
+        };
+        ADD_FAILURE() << name << ": text hex " << hex << " differs from llama.cpp\n  plain:   " << ids(plain)
+                      << "\n  llama:   " << ids(c["plain"].get<std::vector<int32_t>>()) << "\n  special: " << ids(special)
+                      << "\n  llama:   " << ids(c["special"].get<std::vector<int32_t>>());
+      }
+    }
+    std::printf("[xcheck] %s: %d texts, %d differ, %d compared in plain mode only (newer llama.cpp EOG spellings)\n",
+                name.c_str(), checked, wrong, newer);
+    EXPECT_EQ(wrong, 0) << name;
+  }
+  EXPECT_GT(files, 0) << "no tok-*.json in " << dir;
 }
 
 }  // namespace

@@ -415,30 +415,32 @@ float DotQ5_KScalar(const void* row, const void* act, int64_t n) {
   return sum;
 }
 
+// Q6_K in the order of ggml's x86 vec_dot (which llama.cpp runs Q6_K matrices through:
+// they are not repacked): per super-block 8 integer lanes, lane L summing values
+// 4L .. 4L + 3 of every 32-value chunk (unsigned codes times their 16-group's scale) less
+// 32 * (sc[2L] bsums[2L] + sc[2L + 1] bsums[2L + 1]), the -32 offset through the
+// activation's group sums; then acc[L] = fma(d_x * d_w, lane L, acc[L]) and the 8 lanes
+// added as (L, L + 4) pairs, then (0, 2) (1, 3), then the two (HsumLanes8).
 float DotQ6_KScalar(const void* row, const void* act, int64_t n) {
   const auto* w = static_cast<const BlockQ6_K*>(row);
   const auto* x = static_cast<const BlockQ8_K*>(act);
-  float sum = 0.0f;
+  float acc[8] = {};
   for (int64_t i = 0; i < n / kQkK; ++i) {
-    int sumi = 0;
-    const uint8_t* ql = w[i].ql;
-    const uint8_t* qh = w[i].qh;
+    int lane[8] = {};
     const int8_t* sc = w[i].scales;
-    const int8_t* a = x[i].qs;
-    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, a += 128) {
-      int g[8] = {};  // sums of the 8 groups of 16 values of this half
-      for (int l = 0; l < 32; ++l) {
-        const int is = l / 16;
-        g[is + 0] += (((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32) * a[l];
-        g[is + 2] += (((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32) * a[l + 32];
-        g[is + 4] += (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32) * a[l + 64];
-        g[is + 6] += (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32) * a[l + 96];
-      }
-      for (int k = 0; k < 8; ++k) sumi += sc[k] * g[k];
+    for (int e = 0; e < kQkK; ++e) {
+      const int h = e / 128, k = (e % 128) / 32, b = e % 32;
+      const uint8_t ql = w[i].ql[64 * h + 32 * (k & 1) + b];
+      const int q = ((k < 2 ? ql : ql >> 4) & 0xf) | (((w[i].qh[32 * h + b] >> (2 * k)) & 3) << 4);
+      lane[b / 4] += sc[e / 16] * q * x[i].qs[e];
     }
-    sum += x[i].d * F16ToF32(w[i].d) * static_cast<float>(sumi);
+    const float d = x[i].d * F16ToF32(w[i].d);
+    for (int l = 0; l < 8; ++l) {
+      lane[l] -= 32 * (sc[2 * l] * x[i].bsums[2 * l] + sc[2 * l + 1] * x[i].bsums[2 * l + 1]);
+      acc[l] = std::fma(d, static_cast<float>(lane[l]), acc[l]);
+    }
   }
-  return sum;
+  return HsumLanes8(acc);
 }
 
 // IQ4_XS x Q8_K: per super-block the integer sum over sub-blocks of (code - 32) times

@@ -237,6 +237,13 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n);
 // out: RowBytes(act, n) bytes. REQUIRES: n % block_size(act) == 0.
 void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n);
 
+// The 8 float lanes of a Q6_K dot product (DotQ6_KScalar) summed as ggml's x86
+// hsum_float_8 sums them: lanes (L, L + 4) pairwise, then (0, 2) and (1, 3), then the two.
+inline float HsumLanes8(const float a[8]) {
+  const float b0 = a[4] + a[0], b1 = a[5] + a[1], b2 = a[6] + a[2], b3 = a[7] + a[3];
+  return (b0 + b2) + (b1 + b3);
+}
+
 // One row of a weight matrix times an activation row already in ActivationType(weight).
 using DotFn = float (*)(const void* row, const void* act, int64_t n);
 // The kernel for `weight` at SIMD level `level` (falls back to lower levels where no

@@ -354,8 +354,15 @@ struct Q6KAvx2 {
     const int8_t* sc;
     float d;
   };
-  using Acc = float;
-  TIERKV_AVX2_FN static float Finish(Acc acc) { return acc; }
+  // ggml's vec_dot order (DotQ6_KScalar): 8 float lanes, summed at the end.
+  struct Acc {
+    __m256 lanes;  // zero by value-initialisation (Acc{})
+  };
+  TIERKV_AVX2_FN static float Finish(Acc acc) {
+    alignas(32) float a[8];
+    _mm256_store_ps(a, acc.lanes);
+    return HsumLanes8(a);
+  }
   TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m2 = _mm256_set1_epi8(3);
@@ -375,10 +382,13 @@ struct Q6KAvx2 {
     u->sc = b.scales;
     u->d = Half(b.d);
   }
-  TIERKV_AVX2_FN static float Step(float sum, const Unpacked& u, const BlockQ8_K& x) {
+  TIERKV_AVX2_FN static Acc Step(Acc sum, const Unpacked& u, const BlockQ8_K& x) {
     const int8_t* sc = u.sc;
-    int corr = 0;  // the -32 offset, applied through the activation's group sums
-    for (int g = 0; g < 16; ++g) corr += sc[g] * x.bsums[g];
+    // Lane L: values 4L .. 4L + 3 of every 32-value chunk (ScaledDotU8's lanes), less
+    // 32 * (sc[2L] bsums[2L] + sc[2L + 1] bsums[2L + 1]), the -32 offset.
+    const __m256i offset = _mm256_slli_epi32(
+        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), LoadU256(x.bsums)),
+        5);
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       for (int k = 0; k < 4; ++k) {
@@ -387,8 +397,8 @@ struct Q6KAvx2 {
         acc = _mm256_add_epi32(acc, ScaledDotU8(u.q[4 * h + k], LoadU256(x.qs + 128 * h + 32 * k), s16));
       }
     }
-    const int sumi = HsumEpi32(acc) - 32 * corr;
-    return __builtin_fmaf(x.d * u.d, static_cast<float>(sumi), sum);  // sum += d_x * d_w * sumi, contracted
+    acc = _mm256_sub_epi32(acc, offset);
+    return {_mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(acc), sum.lanes)};
   }
 };
 

@@ -908,19 +908,33 @@ TIERKV_VNNI_FN inline __m512i Q6KOffset(__m256i sc16, __m256i bsums) {
   return _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
 }
 
+// ggml's lanes (DotQ6_KScalar): a zmm lane L < 8 holds values 4L .. 4L + 3 of the first
+// 32 of its 64 activation values and lane L + 8 those of the second 32, so lane L of
+// the ymm fold is ggml's integer lane L; the offset (Q6KOffset) is in lanes 0-7.
+TIERKV_VNNI_FN inline __m256i FoldLanes8(__m512i acc) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+}
+TIERKV_VNNI_FN inline __m256 AddLanes8(__m256 lanes, float d_x, uint16_t d_w, __m512i acc) {
+  return _mm256_fmadd_ps(_mm256_set1_ps(d_x * HalfV(d_w)), _mm256_cvtepi32_ps(FoldLanes8(acc)), lanes);
+}
+TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) {
+  alignas(32) float a[8];
+  _mm256_store_ps(a, lanes);
+  return HsumLanes8(a);
+}
+
 template <int R>
 TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                            float* out) {
   static_assert(R == 1 || R == 8);
   const BlockQ6_K* w[R];
   for (int r = 0; r < R; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
-  float sum1 = 0.0f;                  // R == 1
-  __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
+  __m256 lanes[R];  // per row, ggml's 8 float lanes
+  for (int r = 0; r < R; ++r) lanes[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
     const __m256i bs = Load256(x[i].bsums);
-    __m512i accs[R];
     if (R > 1 && row_bytes >= kShortRowBytes) {
       for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(BlockQ6_K));
     }
@@ -934,19 +948,11 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
         acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(u[2 * h], xq[2 * h]), sc[2 * h]);
         acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(u[2 * h + 1], xq[2 * h + 1]), sc[2 * h + 1]);
       }
-      accs[r] = _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, bs));
-    }
-    if constexpr (R == 8) {
-      sum8 = AddScaled8(sum8, x[i].d, &w[0][i].d, row_bytes, ReduceEpi32x16Rows8(accs));
-    } else {
-      sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
+      lanes[r] = AddLanes8(lanes[r], x[i].d, w[r][i].d,
+                           _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, bs)));
     }
   }
-  if constexpr (R == 8) {
-    _mm256_storeu_ps(out, sum8);
-  } else {
-    out[0] = sum1;
-  }
+  for (int r = 0; r < R; ++r) out[r] = FinishLanes8(lanes[r]);
 }
 
 constexpr DotRowsFn DotQ6_KRowsVnni = DotRowsK<DotQ6_KRowsVnniT<kRowsK>, DotQ6_KRowsVnniT<1>>;
@@ -1264,17 +1270,29 @@ struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, StepK45
     StepK45<kFive>(st, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
   }
 };
+// ggml's lanes per row (DotQ6_KRowsVnniT).
+struct Lanes8Rows8 {
+  __m256 r[8];
+};
+TIERKV_VNNI_FN inline __m256 Result8(const Lanes8Rows8& c) {
+  alignas(32) float out[8];
+  for (int r = 0; r < 8; ++r) out[r] = FinishLanes8(c.r[r]);
+  return _mm256_load_ps(out);
+}
 struct Q6KFamily {  // the -32 offset folded into the integer start
   using Block = BlockQ6_K;
-  using State = Chain8;
+  using State = Lanes8Rows8;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) { return UnpackQ6KRow(b, u, sc); }
   TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return Load256(x.bsums); }
   TIERKV_VNNI_FN static __m512i Start(__m256i sc16, __m256i bs, int32_t*) {
     return _mm512_sub_epi32(_mm512_setzero_si512(), Q6KOffset(sc16, bs));
   }
-  TIERKV_VNNI_FN static void Step(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
-                                  const int32_t*) {
-    st->s = AddScaled8(st->s, x.d, &w0->d, row_bytes, isum);
+  TIERKV_VNNI_FN static void StepRows(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes,
+                                      const __m512i accs[8], const int32_t*) {
+    for (int r = 0; r < 8; ++r) {
+      const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
+      st->r[r] = AddLanes8(st->r[r], x.d, w->d, accs[r]);
+    }
   }
 };
 template <bool kThree>
@@ -1325,7 +1343,11 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
       }
     }
     for (int t = 0; t < T; ++t) {
-      Family::Step(&st[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
+      if constexpr (requires { &Family::StepRows; }) {
+        Family::StepRows(&st[t], x[t][i], &w[0][i], row_bytes, accs[t], summs[t]);
+      } else {
+        Family::Step(&st[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
+      }
     }
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, Result8(st[t]));

@@ -80,14 +80,19 @@ void ActivationRow::Set(const float* x, int64_t n) {
   ready_.fill(false);
 }
 
-const void* ActivationRow::For(WeightType weight_type) {
+const void* ActivationRow::For(WeightType weight_type, bool q8k_ties_away) {
   const WeightType act = ActivationType(weight_type);
   if (act == WeightType::kF32) return x_.data();
-  const int slot = SlotOf(act);
+  q8k_ties_away = q8k_ties_away && act == WeightType::kQ8_K;
+  const int slot = q8k_ties_away ? kSlots - 1 : SlotOf(act);
   if (!ready_[static_cast<size_t>(slot)]) {
     std::vector<uint8_t>& b = buf_[static_cast<size_t>(slot)];
     b.resize(RowBytes(act, n_));
-    QuantizeActivation(act, x_.data(), b.data(), n_);
+    if (q8k_ties_away) {
+      QuantizeQ8KTiesAway(x_.data(), b.data(), n_);
+    } else {
+      QuantizeActivation(act, x_.data(), b.data(), n_);
+    }
     ready_[static_cast<size_t>(slot)] = true;
   }
   return buf_[static_cast<size_t>(slot)].data();
@@ -105,9 +110,10 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
   std::vector<const void*> acts;
   acts.reserve(n_acts);
   for (const MatMulJob& j : jobs) {
+    const int grouped = j.llama_gemm && j.w->type == WeightType::kQ4_K && j.w->rows % 8 == 0 ? j.n - j.n % 4 : 0;
     for (int t = 0; t < j.n; ++t) {
       assert(j.x[t]->size() == j.w->cols);
-      acts.push_back(j.x[t]->For(j.w->type));
+      acts.push_back(j.x[t]->For(j.w->type, /*q8k_ties_away=*/t < grouped));
     }
   }
   if (macs < kMinParallelMacs) pool = nullptr;
@@ -119,7 +125,10 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
     DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
     if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type)) dot_rows = nullptr;
     const bool batched = j.sums == TokenSums::kBatched && BatchedSumsDiffer(j.w->type, level);
-    const DotRowsTokensFn dot_tokens = j.n > 1 || batched ? GetDotRowsTokensFn(j.w->type, level, j.sums) : nullptr;
+    DotRowsTokensFn dot_tokens = j.n > 1 || batched ? GetDotRowsTokensFn(j.w->type, level, j.sums) : nullptr;
+    if (j.llama_gemm && j.n >= 4 && j.w->rows % 8 == 0) {
+      if (DotRowsTokensFn g = GetLlamaGemmRowsTokensFn(j.w->type, level)) dot_tokens = g;
+    }
     int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));
     // Whole groups of rows per task for the several-token kernels (8 rows a group).
     if (dot_tokens != nullptr) step = (step + 15) / 16 * 16;

@@ -39,14 +39,16 @@ class ActivationRow {
  public:
   // Takes x[n] (copied). Invalidates earlier conversions.
   void Set(const float* x, int64_t n);
-  // x converted for dot products with weights of `weight_type`.
+  // x converted for dot products with weights of `weight_type`; with q8k_ties_away (Q8_K
+  // activations only) rounded as llama.cpp's repacked gemm rounds them
+  // (QuantizeQ8KTiesAway).
   // REQUIRES: Set() called; n divisible by the activation type's block size.
-  const void* For(WeightType weight_type);
+  const void* For(WeightType weight_type, bool q8k_ties_away = false);
   int64_t size() const { return n_; }
   const float* values() const { return x_.data(); }
 
  private:
-  static constexpr int kSlots = 6;  // F32, F16, BF16, Q8_0, Q8_K, Q8_1
+  static constexpr int kSlots = 7;  // F32, F16, BF16, Q8_0, Q8_K, Q8_1, Q8_K ties away
   std::vector<float> x_;
   int64_t n_ = 0;
   std::array<std::vector<uint8_t>, kSlots> buf_;
@@ -79,6 +81,11 @@ struct MatMulJob {
   float* y;
   size_t y_stride;  // >= w->rows
   TokenSums sums = TokenSums::kBatched;
+  // llama.cpp's repacked gemm (ModelOptions::llama_attention_sums): for Q4_K matrices
+  // whose rows are a multiple of 8, the tokens in whole groups of four from the first
+  // (t < n - n % 4) get their Q8_K activations rounded ties-away, as ggml quantizes the
+  // rows its gemm takes four at a time; the rest are rounded as for one token.
+  bool llama_gemm = false;
 };
 void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool);
 

@@ -216,6 +216,7 @@ void QuantizeQ8_1(const float* x, BlockQ8_1* y, int64_t nb) {
   }
 }
 
+template <bool kTiesAway>
 void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQkK) {
     float max = 0.0f, amax = 0.0f;
@@ -232,7 +233,7 @@ void QuantizeQ8_K(const float* x, BlockQ8_K* y, int64_t nb) {
     }
     const float iscale = -127.0f / max;
     for (int j = 0; j < kQkK; ++j) {
-      const int v = RoundHalfEven(iscale * x[j]);
+      const int v = kTiesAway ? static_cast<int>(std::round(iscale * x[j])) : RoundHalfEven(iscale * x[j]);
       y[i].qs[j] = static_cast<int8_t>(v < 127 ? v : 127);
     }
     for (int g = 0; g < kQkK / 16; ++g) {
@@ -387,32 +388,33 @@ float DotQ4_KScalar(const void* row, const void* act, int64_t n) {
   return sum - mins;
 }
 
+// Q5_K in the order of ggml's x86 vec_dot (llama.cpp does not repack Q5_K on x86): the
+// 8 integer lanes of DotQ6_KScalar (lane L: values 4L .. 4L + 3 of every 32-value chunk,
+// times the chunk's scale), acc[L] = fma(d_x * d_w, lane L, acc[L]); the mins in a
+// chain of their own, m = fma(-(d_x * dmin_w), summ, m); HsumLanes8(acc) + m.
 float DotQ5_KScalar(const void* row, const void* act, int64_t n) {
   const auto* w = static_cast<const BlockQ5_K*>(row);
   const auto* x = static_cast<const BlockQ8_K*>(act);
-  float sum = 0.0f;
+  float acc[8] = {};
+  float mins = 0.0f;
   for (int64_t i = 0; i < n / kQkK; ++i) {
-    int sumi = 0, summ = 0;
-    const uint8_t* q = w[i].qs;
-    const uint8_t* qh = w[i].qh;
-    const int8_t* a = x[i].qs;
-    for (int c = 0; c < 4; ++c, q += 32, a += 64) {
-      uint8_t sc0, m0, sc1, m1;
-      ScaleMinK4(2 * c, w[i].scales, &sc0, &m0);
-      ScaleMinK4(2 * c + 1, w[i].scales, &sc1, &m1);
-      int lo = 0, hi = 0;
+    int lane[8] = {}, summ = 0;
+    for (int c = 0; c < 8; ++c) {  // 32-value chunk c: nibbles of qs[32 (c / 2) ..], 5th bit c of qh
+      uint8_t sc, m;
+      ScaleMinK4(c, w[i].scales, &sc, &m);
+      summ += m * (x[i].bsums[2 * c] + x[i].bsums[2 * c + 1]);
+      const uint8_t* q = w[i].qs + 32 * (c / 2);
       for (int l = 0; l < 32; ++l) {
-        lo += ((q[l] & 0xf) | (((qh[l] >> (2 * c)) & 1) << 4)) * a[l];
-        hi += ((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) * a[l + 32];
+        const int code = (c % 2 == 0 ? q[l] & 0xf : q[l] >> 4) | (((w[i].qh[l] >> c) & 1) << 4);
+        lane[l / 4] += sc * code * x[i].qs[32 * c + l];
       }
-      sumi += sc0 * lo + sc1 * hi;
-      summ += m0 * (x[i].bsums[4 * c] + x[i].bsums[4 * c + 1]) + m1 * (x[i].bsums[4 * c + 2] + x[i].bsums[4 * c + 3]);
     }
     const float d = x[i].d * F16ToF32(w[i].d);
     const float dmin = x[i].d * F16ToF32(w[i].dmin);
-    sum += d * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(lane[l]), acc[l]);
+    mins = std::fma(-dmin, static_cast<float>(summ), mins);
   }
-  return sum;
+  return HsumLanes8(acc) + mins;
 }
 
 // Q6_K in the order of ggml's x86 vec_dot (which llama.cpp runs Q6_K matrices through:
@@ -514,10 +516,15 @@ void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n) {
     case WeightType::kBF16: F32ToBf16Array(x, static_cast<uint16_t*>(out), static_cast<size_t>(n)); return;
     case WeightType::kQ8_0: QuantizeQ8_0(x, static_cast<BlockQ8_0*>(out), n / kQk0); return;
     case WeightType::kQ8_1: QuantizeQ8_1(x, static_cast<BlockQ8_1*>(out), n / kQk0); return;
-    case WeightType::kQ8_K: QuantizeQ8_K(x, static_cast<BlockQ8_K*>(out), n / kQkK); return;
+    case WeightType::kQ8_K: QuantizeQ8_K<false>(x, static_cast<BlockQ8_K*>(out), n / kQkK); return;
     default: break;
   }
   assert(false && "not an activation type");
+}
+
+void QuantizeQ8KTiesAway(const float* x, void* out, int64_t n) {
+  assert(n % kQkK == 0);
+  QuantizeQ8_K<true>(x, static_cast<BlockQ8_K*>(out), n / kQkK);
 }
 
 namespace quant_internal {
@@ -577,6 +584,10 @@ DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level, TokenSums
   }
   if (level >= SimdLevel::kAvx2) return quant_internal::Avx2DotRowsTokens(weight);
   return nullptr;
+}
+
+DotRowsTokensFn GetLlamaGemmRowsTokensFn(WeightType weight, SimdLevel level) {
+  return level >= SimdLevel::kAvx512 ? quant_internal::Avx512LlamaGemmRowsTokens(weight) : nullptr;
 }
 
 SimdLevel DotFnLevel(WeightType weight, SimdLevel level) {

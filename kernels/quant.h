@@ -236,8 +236,12 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n);
 //         q = min(127, round_half_even(s * x)), d = 1 / s (f32), bsums.
 // out: RowBytes(act, n) bytes. REQUIRES: n % block_size(act) == 0.
 void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n);
+// Q8_K as ggml's quantize_mat_q8_K_4x8 rounds it (the activations of the tokens that
+// llama.cpp's repacked Q4_K gemm takes four at a time): the same d, codes rounded half
+// away from zero instead of half to even (found against ggml itself, docs/kernels.md).
+void QuantizeQ8KTiesAway(const float* x, void* out, int64_t n);
 
-// The 8 float lanes of a Q6_K dot product (DotQ6_KScalar) summed as ggml's x86
+// The 8 float lanes of a Q5_K / Q6_K dot product (DotQ5_KScalar) summed as ggml's x86
 // hsum_float_8 sums them: lanes (L, L + 4) pairwise, then (0, 2) and (1, 3), then the two.
 inline float HsumLanes8(const float a[8]) {
   const float b0 = a[4] + a[0], b1 = a[5] + a[1], b2 = a[6] + a[2], b3 = a[7] + a[3];
@@ -289,6 +293,11 @@ enum class TokenSums : uint8_t { kBatched, kPerToken };
 // (and at the AVX-512 level without VNNI, where the AVX2 kernels serve). kBatched: those,
 // and F32, F16, BF16 at the AVX-512 level.
 DotRowsTokensFn GetDotRowsTokensFn(WeightType weight, SimdLevel level, TokenSums sums = TokenSums::kPerToken);
+// llama.cpp's repacked mul_mat of several tokens (MatMulJob::llama_gemm): for Q4_K, at
+// the AVX-512 level with VNNI, tokens four at a time in its gemm's order (the float step
+// per 64-value part of a super-block) and the 1 - 3 left in its gemv's (= kPerToken);
+// nullptr for the other types and levels (use GetDotRowsTokensFn).
+DotRowsTokensFn GetLlamaGemmRowsTokensFn(WeightType weight, SimdLevel level);
 // Whether kBatched sums `weight` differently from kPerToken at `level` (then a batch of
 // one token takes the several-token kernel too, as a llama.cpp batch of several would).
 bool BatchedSumsDiffer(WeightType weight, SimdLevel level);
@@ -313,6 +322,7 @@ DotFn Avx512Dot(WeightType weight);
 DotRowsFn Avx512DotRows(WeightType weight);
 DotRowsTokensFn Avx512DotRowsTokens(WeightType weight);
 DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType weight);  // F32, F16, BF16 (kBatched)
+DotRowsTokensFn Avx512LlamaGemmRowsTokens(WeightType weight);  // Q4_K (GetLlamaGemmRowsTokensFn)
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.

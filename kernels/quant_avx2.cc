@@ -259,12 +259,27 @@ struct K45Avx2 {
     u->dmin = Half(b.dmin);
   }
   // Q4_K: two chains, a = fma(isum, d, a) and m = fma(summ, dmin, m), a - m at the end
-  // (ggml's repacked 8x8 gemv, which llama.cpp runs Q4_K matrices through). Q5_K: one,
-  // sum += d * isum - dmin * summ.
-  struct Acc {
+  // (ggml's repacked 8x8 gemv, which llama.cpp runs Q4_K matrices through). Q5_K (not
+  // repacked there): ggml's x86 vec_dot, 8 float lanes (ScaledDotU8's lanes: values
+  // 4L .. 4L + 3 of each 32-value chunk) lanes = fma(d, isum lanes, lanes), and a mins
+  // chain m = fma(-dmin, summ, m); HsumLanes8(lanes) + m at the end.
+  struct AccQ4 {
     float a = 0.0f, m = 0.0f;
   };
-  TIERKV_AVX2_FN static float Finish(Acc acc) { return kFive ? acc.a : acc.a - acc.m; }
+  struct AccQ5 {
+    __m256 lanes;  // zero by value-initialisation (Acc{})
+    float m;
+  };
+  using Acc = std::conditional_t<kFive, AccQ5, AccQ4>;
+  TIERKV_AVX2_FN static float Finish(Acc acc) {
+    if constexpr (kFive) {
+      alignas(32) float a[8];
+      _mm256_store_ps(a, acc.lanes);
+      return HsumLanes8(a) + acc.m;
+    } else {
+      return acc.a - acc.m;
+    }
+  }
   TIERKV_AVX2_FN static Acc Step(Acc sum, const Unpacked& u, const BlockQ8_K& x) {
     int summ = 0;
     for (int j = 0; j < 8; ++j) summ += u.mn[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
@@ -275,13 +290,11 @@ struct K45Avx2 {
     }
     const float d = x.d * u.d;
     const float dmin = x.d * u.dmin;
-    const float isum = static_cast<float>(HsumEpi32(acc)), fsumm = static_cast<float>(summ);
+    const float fsumm = static_cast<float>(summ);
     if constexpr (kFive) {
-      // As GCC contracted the expression when it was written so: fma(isum, d,
-      // -(dmin * summ)), then the add; spelled out (inlined into the several-token
-      // kernels GCC contracted it differently, 1 ulp).
-      return {__builtin_fmaf(isum, d, -(dmin * fsumm)) + sum.a, 0.0f};
+      return {_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), sum.lanes), __builtin_fmaf(-dmin, fsumm, sum.m)};
     } else {
+      const float isum = static_cast<float>(HsumEpi32(acc));
       return {__builtin_fmaf(isum, d, sum.a), __builtin_fmaf(fsumm, dmin, sum.m)};
     }
   }

@@ -769,6 +769,38 @@ TIERKV_VNNI_FN inline int32_t MinsTimesSums(__m128i mn16, __m128i bpair) {
   return _mm_cvtsi128_si32(ms);
 }
 
+// ggml's lanes (DotQ6_KScalar, DotQ5_KScalar): a zmm lane L < 8 holds values 4L .. 4L + 3
+// of the first 32 of its 64 activation values and lane L + 8 those of the second 32, so
+// lane L of the ymm fold is ggml's integer lane L (Q6_K's offset, Q6KOffset, is in
+// lanes 0-7).
+TIERKV_VNNI_FN inline __m256i FoldLanes8(__m512i acc) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+}
+TIERKV_VNNI_FN inline __m256 AddLanes8(__m256 lanes, float d_x, uint16_t d_w, __m512i acc) {
+  return _mm256_fmadd_ps(_mm256_set1_ps(d_x * HalfV(d_w)), _mm256_cvtepi32_ps(FoldLanes8(acc)), lanes);
+}
+// Q5_K's mins chain for R rows (row r in lane r; R = 1 uses lane 0):
+// m = fma(-(d_x * dmin_w), (float)summ, m), ggml's `summs += dmin * summ` as GCC contracts it.
+template <int R>
+TIERKV_VNNI_FN inline __m256 AddMins8(__m256 m8, float d_x, const uint16_t* dmin_w, size_t stride,
+                                      const int32_t* summs) {
+  if constexpr (R == 1) {
+    const float dmin = -(d_x * HalfV(dmin_w[0]));
+    return _mm256_set_m128(_mm_setzero_ps(), _mm_set_ss(__builtin_fmaf(dmin, static_cast<float>(summs[0]),
+                                                                        _mm256_cvtss_f32(m8))));
+  } else {
+    const __m256 dmin8 =
+        _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(d_x), StridedHalves8(dmin_w, stride)), _mm256_set1_ps(-0.0f));
+    const __m256 summ = _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(summs)));
+    return _mm256_fmadd_ps(dmin8, summ, m8);
+  }
+}
+TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) {
+  alignas(32) float a[8];
+  _mm256_store_ps(a, lanes);
+  return HsumLanes8(a);
+}
+
 // One Q4_K (kFive = false) or Q5_K super-block of a row, unpacked for vpmaddubsw +
 // vpdpwssd against the activation's four 64-byte vectors: u[c] holds the codes of
 // sub-blocks 2c and 2c+1 (the 32 bytes of qs go to both halves of a zmm; a per-half
@@ -817,8 +849,11 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
   const Block* w[R];
   for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
-  float sum1 = 0.0f, mins1 = 0.0f;  // R == 1
-  K45State<kFive> st8{};             // R == 8: one row per lane
+  float sum1 = 0.0f, mins1 = 0.0f;  // Q4_K, R == 1
+  Chains8 st8{};                     // Q4_K, R == 8: one row per lane
+  __m256 lanes[R];                   // Q5_K: per row, ggml's 8 float lanes
+  __m256 mins8 = _mm256_setzero_ps();  // Q5_K: the rows' mins chains, one per lane
+  for (int r = 0; r < R; ++r) lanes[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int c = 0; c < 4; ++c) xq[c] = Load512(x[i].qs + 64 * c);
@@ -836,19 +871,24 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
       for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], xq[c]), sc[c]);
       accs[r] = acc;
     }
-    if constexpr (R == 8) {
-      StepK45<kFive>(&st8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
-    } else if constexpr (kFive) {
-      sum1 = AddScaledLessMins1(sum1, x[i].d, w[0][i].d, w[0][i].dmin, ReduceEpi32x16(accs[0]), summs[0]);
+    if constexpr (kFive) {
+      for (int r = 0; r < R; ++r) lanes[r] = AddLanes8(lanes[r], x[i].d, w[r][i].d, accs[r]);
+      mins8 = AddMins8<R>(mins8, x[i].d, &w[0][i].dmin, row_bytes, summs);
+    } else if constexpr (R == 8) {
+      AddSplit8(&st8.a, &st8.m, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
     } else {
       sum1 = __builtin_fmaf(static_cast<float>(ReduceEpi32x16(accs[0])), x[i].d * HalfV(w[0][i].d), sum1);
       mins1 = __builtin_fmaf(static_cast<float>(summs[0]), x[i].d * HalfV(w[0][i].dmin), mins1);
     }
   }
-  if constexpr (R == 8) {
+  if constexpr (kFive) {
+    alignas(32) float m[8];
+    _mm256_store_ps(m, mins8);
+    for (int r = 0; r < R; ++r) out[r] = FinishLanes8(lanes[r]) + m[r];
+  } else if constexpr (R == 8) {
     _mm256_storeu_ps(out, Result8(st8));
   } else {
-    out[0] = kFive ? sum1 : sum1 - mins1;
+    out[0] = sum1 - mins1;
   }
 }
 
@@ -906,21 +946,6 @@ TIERKV_VNNI_FN inline __m256i UnpackQ6KRow(const BlockQ6_K& b, __m512i u[4], __m
 // -32 * sum_g sc_g * bsums_g: Q6_K's offset, folded into the integer sum.
 TIERKV_VNNI_FN inline __m512i Q6KOffset(__m256i sc16, __m256i bsums) {
   return _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
-}
-
-// ggml's lanes (DotQ6_KScalar): a zmm lane L < 8 holds values 4L .. 4L + 3 of the first
-// 32 of its 64 activation values and lane L + 8 those of the second 32, so lane L of
-// the ymm fold is ggml's integer lane L; the offset (Q6KOffset) is in lanes 0-7.
-TIERKV_VNNI_FN inline __m256i FoldLanes8(__m512i acc) {
-  return _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-}
-TIERKV_VNNI_FN inline __m256 AddLanes8(__m256 lanes, float d_x, uint16_t d_w, __m512i acc) {
-  return _mm256_fmadd_ps(_mm256_set1_ps(d_x * HalfV(d_w)), _mm256_cvtepi32_ps(FoldLanes8(acc)), lanes);
-}
-TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) {
-  alignas(32) float a[8];
-  _mm256_store_ps(a, lanes);
-  return HsumLanes8(a);
 }
 
 template <int R>
@@ -1295,6 +1320,36 @@ struct Q6KFamily {  // the -32 offset folded into the integer start
     }
   }
 };
+struct Q5Rows8 {  // Q5_K: ggml's lanes per row and the rows' mins chains (row r in lane r)
+  __m256 r[8];
+  __m256 m;
+};
+TIERKV_VNNI_FN inline __m256 Result8(const Q5Rows8& c) {
+  alignas(32) float out[8], m[8];
+  _mm256_store_ps(m, c.m);
+  for (int r = 0; r < 8; ++r) out[r] = FinishLanes8(c.r[r]) + m[r];
+  return _mm256_load_ps(out);
+}
+struct Q5KFamily {  // Q5_K in ggml's vec_dot order (DotK4RowsVnniT)
+  using Block = BlockQ5_K;
+  using State = Q5Rows8;
+  TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
+    return _mm256_castsi128_si256(UnpackK4Row<true>(b, u, sc));
+  }
+  TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return _mm256_castsi128_si256(BsumPairs(x)); }
+  TIERKV_VNNI_FN static __m512i Start(__m256i mins, __m256i bs, int32_t* summ) {
+    *summ = MinsTimesSums(_mm256_castsi256_si128(mins), _mm256_castsi256_si128(bs));
+    return _mm512_setzero_si512();
+  }
+  TIERKV_VNNI_FN static void StepRows(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes,
+                                      const __m512i accs[8], const int32_t* summs) {
+    for (int r = 0; r < 8; ++r) {
+      const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
+      st->r[r] = AddLanes8(st->r[r], x.d, w->d, accs[r]);
+    }
+    st->m = AddMins8<8>(st->m, x.d, &w0->dmin, row_bytes, summs);
+  }
+};
 template <bool kThree>
 struct Q23KFamily {  // Q2_K (mins) and Q3_K (the -4 offset)
   using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
@@ -1347,6 +1402,48 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
         Family::StepRows(&st[t], x[t][i], &w[0][i], row_bytes, accs[t], summs[t]);
       } else {
         Family::Step(&st[t], x[t][i], &w[0][i], row_bytes, ReduceEpi32x16Rows8(accs[t]), summs[t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_ps(out + static_cast<size_t>(t) * out_stride, Result8(st[t]));
+}
+
+// Q4_K, 8 rows x 4 tokens in the order of llama.cpp's repacked gemm
+// (ggml_gemm_q4_K_8x8_q8_K, which takes the tokens of a batch four at a time): the two
+// chains of the one-token order (K45Family<false>), but stepped once per 64-value part
+// of a super-block (sub-blocks 2k and 2k + 1: zmm k here) instead of once per
+// super-block: a = fma(isum_k, d_w * d_x, a), m = fma(m_2k bsum_2k + m_2k+1 bsum_2k+1,
+// dmin_w * d_x, m); a - m at the end. Served by GetLlamaGemmRowsTokensFn.
+TIERKV_VNNI_FN void DotQ4KGemmRows8Tokens4(const uint8_t* rows, size_t row_bytes, const void* const* acts, int64_t nb,
+                                          float* out, size_t out_stride) {
+  constexpr int T = 4;
+  const BlockQ8_K* x[T];
+  for (int t = 0; t < T; ++t) x[t] = static_cast<const BlockQ8_K*>(acts[t]);
+  const BlockQ4_K* w[8];
+  for (int r = 0; r < 8; ++r) w[r] = RowBlocks<BlockQ4_K>(rows, row_bytes, r);
+  Chains8 st[T] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    __m128i bp[T];
+    for (int t = 0; t < T; ++t) bp[t] = BsumPairs(x[t][i]);
+    alignas(32) int32_t isum[T][4][8], summ[T][4][8];
+    for (int r = 0; r < 8; ++r) {
+      __m512i u[4], sc[4];
+      const __m128i mn16 = UnpackK4Row<false>(w[r][i], u, sc);
+      for (int t = 0; t < T; ++t) {
+        alignas(16) int32_t mp[4];  // per part k: m_2k bsum_2k + m_2k+1 bsum_2k+1
+        _mm_store_si128(reinterpret_cast<__m128i*>(mp), _mm_madd_epi16(mn16, bp[t]));
+        for (int k = 0; k < 4; ++k) {
+          const __m512i acc = _mm512_dpwssd_epi32(_mm512_setzero_si512(),
+                                                  _mm512_maddubs_epi16(u[k], Load512(x[t][i].qs + 64 * k)), sc[k]);
+          isum[t][k][r] = ReduceEpi32x16(acc);
+          summ[t][k][r] = mp[k];
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int k = 0; k < 4; ++k) {
+        AddSplit8(&st[t].a, &st[t].m, x[t][i].d, &w[0][i].d, &w[0][i].dmin, row_bytes,
+                  _mm256_load_si256(reinterpret_cast<const __m256i*>(isum[t][k])), summ[t][k]);
       }
     }
   }
@@ -1567,6 +1664,12 @@ template <typename Family, DotRowsFn Rows>
 constexpr DotRowsTokensFn DotKRowsTokensVnni =
     DotRowsTokensGroups<DotKRows8Tokens<Family, 4>, DotKRows8Tokens<Family, 3>, DotKRows8Tokens<Family, 2>,
                         DotKRows8Tokens<Family, 1>, Rows, kQkK, 8>;
+// Q4_K as llama.cpp's repacked mul_mat: whole groups of four tokens in its gemm order,
+// the 1 - 3 tokens left in its gemv order (the one-token kernels' order).
+constexpr DotRowsTokensFn DotQ4KLlamaGemmVnni =
+    DotRowsTokensGroups<DotQ4KGemmRows8Tokens4, DotKRows8Tokens<K45Family<false>, 3>,
+                        DotKRows8Tokens<K45Family<false>, 2>, DotKRows8Tokens<K45Family<false>, 1>,
+                        DotK4RowsVnni<false>, kQkK, 8>;
 
 // F32, F16, BF16 several tokens, in tinyBLAS's order where n is a multiple of its step,
 // else in the one-token order (as llama.cpp falls back to vec_dot).
@@ -1650,7 +1753,7 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
     case WeightType::kQ4_1: return DotQ5xRowsTokensVnni<WeightType::kQ4_1>;
     case WeightType::kQ5_1: return DotQ5xRowsTokensVnni<WeightType::kQ5_1>;
     case WeightType::kQ4_K: return DotKRowsTokensVnni<K45Family<false>, DotK4RowsVnni<false>>;
-    case WeightType::kQ5_K: return DotKRowsTokensVnni<K45Family<true>, DotK4RowsVnni<true>>;
+    case WeightType::kQ5_K: return DotKRowsTokensVnni<Q5KFamily, DotK4RowsVnni<true>>;
     case WeightType::kQ6_K: return DotKRowsTokensVnni<Q6KFamily, DotQ6_KRowsVnni>;
     case WeightType::kQ2_K: return DotKRowsTokensVnni<Q23KFamily<false>, DotQ23_KRowsVnni<false>>;
     case WeightType::kQ3_K: return DotKRowsTokensVnni<Q23KFamily<true>, DotQ23_KRowsVnni<true>>;
@@ -1691,6 +1794,9 @@ DotRowsFn Avx512DotRows(WeightType weight) {
     default: return nullptr;
   }
 }
+DotRowsTokensFn Avx512LlamaGemmRowsTokens(WeightType weight) {
+  return weight == WeightType::kQ4_K && HasAvx512Vnni() ? DotQ4KLlamaGemmVnni : nullptr;
+}
 }  // namespace quant_internal
 
 }  // namespace tierkv::kernels
@@ -1702,6 +1808,7 @@ DotFn Avx512Dot(WeightType) { return nullptr; }
 DotRowsFn Avx512DotRows(WeightType) { return nullptr; }
 DotRowsTokensFn Avx512DotRowsTokens(WeightType) { return nullptr; }
 DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType) { return nullptr; }
+DotRowsTokensFn Avx512LlamaGemmRowsTokens(WeightType) { return nullptr; }
 bool HasAvx512Vnni() { return false; }
 }  // namespace tierkv::kernels::quant_internal
 

@@ -184,6 +184,10 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
     load(n - 1);
     PredictExperts(0);
   }
+  // With llama.cpp's sums, its repacked Q4_K gemm's activation rounding too
+  // (kernels::MatMulJob::llama_gemm).
+  constexpr kernels::TokenSums kBatched = kernels::TokenSums::kBatched;
+  const bool gemm = options_.llama_attention_sums;
   for (int l = 0; l < c.n_layer; ++l) {
     if (options_.prefetch) {
       load(n - 1);  // the next layer's experts are predicted for the chunk's last token
@@ -194,9 +198,9 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
 
     // Attention block.
     set_acts(s.chunk_xn, n_embd, L.attn_norm);
-    const kernels::MatMulJob qkv[] = {{&L.wq, acts, ni, s.chunk_q.data(), qd},
-                                      {&L.wk, acts, ni, s.chunk_k.data(), kd},
-                                      {&L.wv, acts, ni, s.chunk_v.data(), kd}};
+    const kernels::MatMulJob qkv[] = {{&L.wq, acts, ni, s.chunk_q.data(), qd, kBatched, gemm},
+                                      {&L.wk, acts, ni, s.chunk_k.data(), kd, kBatched, gemm},
+                                      {&L.wv, acts, ni, s.chunk_v.data(), kd, kBatched, gemm}};
     kernels::MatMulMany(qkv, pool);
     for (size_t i = 0; i < n; ++i) {
       TIERKV_RETURN_IF_ERROR(QkvToCache(cache, seq, L, l, pos + static_cast<int>(i), row(s.chunk_q, i, qd),
@@ -204,7 +208,7 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
     }
     TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, ni, /*chunk=*/true, s.chunk_q.data(), s.chunk_attn.data()));
     set_acts(s.chunk_attn, qd, nullptr);
-    const kernels::MatMulJob wo[] = {{&L.wo, acts, ni, s.chunk_proj.data(), n_embd}};
+    const kernels::MatMulJob wo[] = {{&L.wo, acts, ni, s.chunk_proj.data(), n_embd, kBatched, gemm}};
     kernels::MatMulMany(wo, pool);
     for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
 
@@ -215,15 +219,15 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
       TIERKV_RETURN_IF_ERROR(ChunkMoe(L, l, pos, ni, acts, xs));
       continue;
     }
-    const kernels::MatMulJob gu[] = {{&L.gate, acts, ni, s.chunk_gate.data(), n_ff},
-                                     {&L.up, acts, ni, s.chunk_up.data(), n_ff}};
+    const kernels::MatMulJob gu[] = {{&L.gate, acts, ni, s.chunk_gate.data(), n_ff, kBatched, gemm},
+                                     {&L.up, acts, ni, s.chunk_up.data(), n_ff, kBatched, gemm}};
     kernels::MatMulMany(gu, pool);
     for (size_t i = 0; i < n; ++i) {
       float* g = row(s.chunk_gate, i, n_ff);
       kernels::SwiGlu(g, row(s.chunk_up, i, n_ff), g, c.n_ff);
     }
     set_acts(s.chunk_gate, n_ff, nullptr);
-    const kernels::MatMulJob down[] = {{&L.down, acts, ni, s.chunk_proj.data(), n_embd}};
+    const kernels::MatMulJob down[] = {{&L.down, acts, ni, s.chunk_proj.data(), n_embd, kBatched, gemm}};
     kernels::MatMulMany(down, pool);
     for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
   }
@@ -242,7 +246,7 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
     kernels::RmsNorm(xs + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, c.n_embd, c.rms_eps, xn);
     acts[r]->Set(xn, c.n_embd);
   }
-  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), logits.data(), n_vocab}};
+  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), logits.data(), n_vocab, kBatched, gemm}};
   kernels::MatMulMany(out, pool);
   return Status::Ok();
 }

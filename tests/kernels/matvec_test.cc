@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -282,6 +283,99 @@ TEST(MatVecTest, MatMulBatchedSumsAsTinyBlas) {
       }
     }
   }
+}
+
+// llama.cpp's repacked Q4_K mul_mat (MatMulJob::llama_gemm): tokens in whole groups of
+// four get Q8_K activations rounded ties-away and the gemm's order, one float step per
+// 64-value part of a super-block (two chains, a - m); the 1 - 3 tokens left, the
+// one-token rounding and order (= MatVec). The reference is written out here from the
+// block layout; rows 40 (a multiple of 8) and 36 (not: llama.cpp does not repack it, so
+// every token is MatVec's).
+float Q4KGemmOrder(const BlockQ4_K* w, const BlockQ8_K* x, int64_t nb) {
+  float a = 0.0f, m = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = F16ToF32(w[i].d) * x[i].d, dmin = F16ToF32(w[i].dmin) * x[i].d;
+    for (int k = 0; k < 4; ++k) {
+      int isum = 0, summ = 0;
+      for (int j = 2 * k; j < 2 * k + 2; ++j) {  // sub-block j: nibbles of qs[32 (j / 2) ..]
+        uint8_t sc, mn;
+        ScaleMinK4(j, w[i].scales, &sc, &mn);
+        int s = 0;
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t q = w[i].qs[32 * (j / 2) + l];
+          s += (j % 2 == 0 ? q & 15 : q >> 4) * x[i].qs[32 * j + l];
+        }
+        isum += sc * s;
+        summ += mn * (x[i].bsums[2 * j] + x[i].bsums[2 * j + 1]);
+      }
+      a = std::fma(static_cast<float>(isum), d, a);
+      m = std::fma(static_cast<float>(summ), dmin, m);
+    }
+  }
+  return a - m;
+}
+
+TEST(MatVecTest, LlamaGemmQ4KGroupsOfFourTokens) {
+  if (GetLlamaGemmRowsTokensFn(WeightType::kQ4_K, ActiveSimdLevel()) == nullptr) {
+    GTEST_SKIP() << "llama.cpp's gemm order is served at the AVX-512 VNNI level only";
+  }
+  ThreadPool pool(2);
+  for (int64_t n_rows : {40, 36}) {
+    const int64_t cols = 512;
+    const OwnedMatrix a = RandomMatrix(WeightType::kQ4_K, n_rows, cols, 91);
+    for (int n_tokens : {1, 3, 4, 6, 9}) {
+      SCOPED_TRACE(std::to_string(n_rows) + " rows, " + std::to_string(n_tokens) + " tokens");
+      std::vector<ActivationRow> rows(static_cast<size_t>(n_tokens));
+      std::vector<ActivationRow*> ptrs;
+      for (int i = 0; i < n_tokens; ++i) {
+        std::vector<float> x = RandomVector(cols, 120 + static_cast<uint32_t>(i));
+        x[3] = 127.0f;  // amax 127: iscale -1, so the x.5 values below are exact ties
+        for (int64_t c = 8; c < cols; c += 16) x[static_cast<size_t>(c)] = -2.5f + static_cast<float>(c % 5);
+        rows[static_cast<size_t>(i)].Set(x.data(), cols);
+        ptrs.push_back(&rows[static_cast<size_t>(i)]);
+      }
+      std::vector<float> y(static_cast<size_t>(n_tokens * n_rows));
+      MatMulJob job{&a.view, ptrs.data(), n_tokens, y.data(), static_cast<size_t>(n_rows)};
+      job.llama_gemm = true;
+      MatMulMany({&job, 1}, &pool);
+      const int grouped = n_rows % 8 == 0 ? n_tokens - n_tokens % 4 : 0;
+      std::vector<float> one(static_cast<size_t>(n_rows));
+      std::vector<uint8_t> away(RowBytes(WeightType::kQ8_K, cols));
+      for (int i = 0; i < n_tokens; ++i) {
+        MatVec(a.view, *ptrs[static_cast<size_t>(i)], one.data(), nullptr);
+        QuantizeQ8KTiesAway(ptrs[static_cast<size_t>(i)]->values(), away.data(), cols);
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const float want = i < grouped ? Q4KGemmOrder(static_cast<const BlockQ4_K*>(a.view.Row(r)),
+                                                        reinterpret_cast<const BlockQ8_K*>(away.data()), cols / 256)
+                                         : one[static_cast<size_t>(r)];
+          ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(i * n_rows + r)]), std::bit_cast<uint32_t>(want))
+              << "token " << i << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+// Ties: ggml's quantize_mat_q8_K rounds them away from zero, quantize_row_q8_K to even.
+TEST(MatVecTest, Q8KTiesAwayRoundsHalvesAwayFromZero) {
+  std::vector<float> x(256, 0.0f);
+  x[0] = -127.0f;  // iscale = 1
+  x[1] = 2.5f;
+  x[2] = -3.5f;
+  x[3] = 0.5f;
+  std::vector<uint8_t> even(RowBytes(WeightType::kQ8_K, 256)), away(even.size());
+  QuantizeActivation(WeightType::kQ8_K, x.data(), even.data(), 256);
+  QuantizeQ8KTiesAway(x.data(), away.data(), 256);
+  const auto* e = reinterpret_cast<const BlockQ8_K*>(even.data());
+  const auto* w = reinterpret_cast<const BlockQ8_K*>(away.data());
+  EXPECT_EQ(e->d, w->d);
+  EXPECT_EQ(e->qs[1], 2);
+  EXPECT_EQ(w->qs[1], 3);
+  EXPECT_EQ(e->qs[2], -4);
+  EXPECT_EQ(w->qs[2], -4);
+  EXPECT_EQ(e->qs[3], 0);
+  EXPECT_EQ(w->qs[3], 1);
+  EXPECT_EQ(w->bsums[0], -127 + 3 - 4 + 1);
 }
 
 // The AVX2 level (CPUs without AVX-512, and AVX-512 ones without VNNI) has several-token

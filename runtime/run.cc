@@ -350,7 +350,10 @@ Result<RunReport> RunSession(const RunOptions& o) {
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
-  mo.llama_attention_sums = o.llama_sums;
+  const bool llama_sums = o.kv_type == KvCodec::kF16 &&
+                          (o.llama_sums == RunOptions::LlamaSums::kOn ||
+                           (o.llama_sums == RunOptions::LlamaSums::kAuto && n_ctx <= kLlamaSumsAutoCtx));
+  mo.llama_attention_sums = llama_sums;
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.rope = o.rope;
   // mm is declared before the model so that the model is destroyed first, while the
@@ -399,7 +402,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);
-  r.llama_sums = o.llama_sums && o.kv_type == KvCodec::kF16;
+  r.llama_sums = llama_sums;
 
   // Session restore and prefix reuse.
   const ModelFingerprint fp =

@@ -27,6 +27,12 @@
 
 namespace tierkv {
 
+// Contexts up to this many tokens take llama.cpp's summation orders by default
+// (RunOptions::LlamaSums::kAuto): there its logits are reproduced bit for bit wherever
+// the kernels can (docs/kernels.md), and the attention they slow down is a small part
+// of a step. Past it, decode attention would take 3 - 4x as long (docs/benchmarks.md).
+inline constexpr int kLlamaSumsAutoCtx = 8192;
+
 struct RunOptions {
   std::string model;           // path to a .gguf
   std::string prompt;
@@ -62,7 +68,11 @@ struct RunOptions {
   enum class Weights { kAuto, kPaged, kMapped };
   Weights weights = Weights::kAuto;
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
-  bool llama_sums = false;     // attention in llama.cpp's summation orders (ModelOptions::llama_attention_sums)
+  // llama.cpp's summation orders (ModelOptions::llama_attention_sums; an f16 cache):
+  // kAuto (the default) takes them when the context is at most kLlamaSumsAutoCtx tokens,
+  // where their cost is small, and the faster orders for longer ones (docs/cli.md).
+  enum class LlamaSums { kAuto, kOn, kOff };
+  LlamaSums llama_sums = LlamaSums::kAuto;
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; the same logits for any value)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
@@ -112,7 +122,7 @@ struct RunReport {
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
-  bool llama_sums = false;  // attention summed in llama.cpp's orders (--llama-sums with an f16 cache)
+  bool llama_sums = false;  // llama.cpp's summation orders taken (RunOptions::llama_sums resolved)
   bool paged_weights = false;  // what --weights (auto) chose
   std::string chat;            // the chat format used ("" without --chat)
   std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"

@@ -39,7 +39,7 @@ struct RunFlags {
   bool chat = false, continue_chat = false, interactive = false;
   std::string system_prompt, chat_template;
   double sim_gbps = 0;
-  bool no_warmup = false, json = false, no_prefetch = false, llama_sums = false;
+  bool no_warmup = false, json = false, no_prefetch = false, llama_sums = false, no_llama_sums = false;
   std::string weights = "auto";
   int kv_batch = 0;
   int batch = 64;
@@ -163,7 +163,12 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   m.sim_gbps = f.sim_gbps;
   m.warmup = !f.no_warmup;
   o.prefetch = !f.no_prefetch;
-  o.llama_sums = f.llama_sums;
+  if (f.llama_sums && f.no_llama_sums) {
+    return Status::InvalidArgument("give --llama-sums or --no-llama-sums, not both");
+  }
+  o.llama_sums = f.llama_sums      ? RunOptions::LlamaSums::kOn
+                 : f.no_llama_sums ? RunOptions::LlamaSums::kOff
+                                   : RunOptions::LlamaSums::kAuto;
   if (f.weights == "auto") {
     o.weights = RunOptions::Weights::kAuto;
   } else if (f.weights == "paged") {
@@ -316,7 +321,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
   run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
   run->add_flag("--llama-sums", f->llama_sums,
-                "f16 KV: sum attention in llama.cpp's orders (its logits bit for bit; slower attention)");
+                "f16 KV: llama.cpp's summation orders, its logits bit for bit (slower attention; the default "
+                "up to an 8192-token context)");
+  run->add_flag("--no-llama-sums", f->no_llama_sums, "f16 KV: the faster summation orders at any context");
   run->add_option("--weights", f->weights,
                   "paged (pages under the budgets), mapped (read in place) or auto (default: paged with a device tier "
                   "or when they take at most half the host budget)");

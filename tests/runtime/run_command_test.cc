@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kvcache/session_file.h"
+#include "runtime/run.h"
 
 namespace tierkv {
 namespace {
@@ -333,13 +334,32 @@ TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
   EXPECT_EQ(j["kv"]["llama_sums"], false);
 }
 
-// --llama-sums reaches the model (with the default f16 cache) and the report says so.
+// --llama-sums reaches the model (with the default f16 cache) and the report says so;
+// by default a short context takes llama.cpp's orders and a long one (past
+// kLlamaSumsAutoCtx) the faster ones; --no-llama-sums turns them off; both flags at once
+// are refused.
 TEST(RunCommandTest, LlamaSumsFlagIsReported) {
-  const CliResult r = RunCli(Quick({"--llama-sums", "--json"}));
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const nlohmann::json j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["kv"]["type"], "f16");
-  EXPECT_EQ(j["kv"]["llama_sums"], true);
+  struct Case {
+    std::vector<std::string> args;
+    bool want;
+  };
+  const Case cases[] = {{{"--llama-sums"}, true},
+                        {{}, true},
+                        {{"-c", std::to_string(kLlamaSumsAutoCtx + 64)}, false},
+                        {{"--llama-sums", "-c", std::to_string(kLlamaSumsAutoCtx + 64)}, true},
+                        {{"--no-llama-sums"}, false}};
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.push_back("--json");
+    const CliResult r = RunCli(Quick(args));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["kv"]["type"], "f16");
+    EXPECT_EQ(j["kv"]["llama_sums"], c.want) << testing::PrintToString(c.args);
+  }
+  const CliResult both = RunCli(Quick({"--llama-sums", "--no-llama-sums"}));
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("not both"), std::string::npos) << both.err;
 }
 
 // llama.cpp's RoPE flags reach the model (the report names the settings used), and a

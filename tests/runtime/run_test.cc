@@ -333,7 +333,7 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
       const double tol = llama_sums ? 0.0 : ref["tolerance"]["logit_abs"].get<double>();
       const double lse_tol = ref["tolerance"]["logsumexp_abs"];
       RunOptions o = Options(name);
-      o.llama_sums = llama_sums;
+      o.llama_sums = llama_sums ? RunOptions::LlamaSums::kOn : RunOptions::LlamaSums::kOff;
       o.prompt = c["prompt"];
       o.n_predict = 4;
       o.dump_logits = 8;

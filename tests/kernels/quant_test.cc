@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -678,41 +679,25 @@ float GgmlQ5KOrder(const std::vector<uint8_t>& row, const std::vector<uint8_t>& 
   return ((p0 + p2) + (p1 + p3)) + mins;
 }
 
-TEST(QuantTest, Q5KDotsSumAsGgmlVecDot) {
-  std::mt19937 rng(62);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t n : {256, 512, 2048}) {
-    for (int rep = 0; rep < 30; ++rep) {
-      const std::vector<uint8_t> row = RandomRow(WeightType::kQ5_K, n, rng);
-      std::vector<float> x(static_cast<size_t>(n));
-      for (float& v : x) v = normal(rng) * (rep % 3 == 0 ? 20.0f : 1.0f);
-      std::vector<uint8_t> act(RowBytes(WeightType::kQ8_K, n));
-      QuantizeActivation(WeightType::kQ8_K, x.data(), act.data(), n);
-      const float want = GgmlQ5KOrder(row, act, n);
-      for (SimdLevel level : Levels()) {
-        SCOPED_TRACE(std::string(SimdLevelName(level)) + " n=" + std::to_string(n));
-        const float got = GetDotFn(WeightType::kQ5_K, level)(row.data(), act.data(), n);
-        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
-      }
-    }
-  }
-}
-
-TEST(QuantTest, Q6KDotsSumAsGgmlVecDot) {
+TEST(QuantTest, Q5KAndQ6KDotsSumAsGgmlVecDot) {
+  using Order = float (*)(const std::vector<uint8_t>&, const std::vector<uint8_t>&, int64_t);
+  const std::pair<WeightType, Order> kinds[] = {{WeightType::kQ5_K, GgmlQ5KOrder}, {WeightType::kQ6_K, GgmlQ6KOrder}};
   std::mt19937 rng(61);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t n : {256, 512, 2048}) {
-    for (int rep = 0; rep < 30; ++rep) {
-      const std::vector<uint8_t> row = RandomRow(WeightType::kQ6_K, n, rng);
-      std::vector<float> x(static_cast<size_t>(n));
-      for (float& v : x) v = normal(rng) * (rep % 3 == 0 ? 20.0f : 1.0f);
-      std::vector<uint8_t> act(RowBytes(WeightType::kQ8_K, n));
-      QuantizeActivation(WeightType::kQ8_K, x.data(), act.data(), n);
-      const float want = GgmlQ6KOrder(row, act, n);
-      for (SimdLevel level : Levels()) {
-        SCOPED_TRACE(std::string(SimdLevelName(level)) + " n=" + std::to_string(n));
-        const float got = GetDotFn(WeightType::kQ6_K, level)(row.data(), act.data(), n);
-        ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
+  for (const auto& [type, order] : kinds) {
+    for (int64_t n : {256, 512, 2048}) {
+      for (int rep = 0; rep < 30; ++rep) {
+        const std::vector<uint8_t> row = RandomRow(type, n, rng);
+        std::vector<float> x(static_cast<size_t>(n));
+        for (float& v : x) v = normal(rng) * (rep % 3 == 0 ? 20.0f : 1.0f);
+        std::vector<uint8_t> act(RowBytes(WeightType::kQ8_K, n));
+        QuantizeActivation(WeightType::kQ8_K, x.data(), act.data(), n);
+        const float want = order(row, act, n);
+        for (SimdLevel level : Levels()) {
+          SCOPED_TRACE(std::string(WeightTypeName(type)) + " " + SimdLevelName(level) + " n=" + std::to_string(n));
+          const float got = GetDotFn(type, level)(row.data(), act.data(), n);
+          ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
+        }
       }
     }
   }

@@ -708,20 +708,6 @@ struct Chains8 {
 TIERKV_VNNI_FN inline __m256 Result8(const Chain8& c) { return c.s; }
 TIERKV_VNNI_FN inline __m256 Result8(const Chains8& c) { return _mm256_sub_ps(c.a, c.m); }
 
-// Q4_K (two chains) and Q5_K (one) for 8 rows: the one-token and several-token kernels'
-// float step.
-template <bool kFive>
-using K45State = std::conditional_t<kFive, Chain8, Chains8>;
-template <bool kFive>
-TIERKV_VNNI_FN inline void StepK45(K45State<kFive>* st, float d_x, const uint16_t* d_w, const uint16_t* dmin_w,
-                                   size_t stride, __m256i isum, const int32_t* summs) {
-  if constexpr (kFive) {
-    st->s = AddScaledLessMins8(st->s, d_x, d_w, dmin_w, stride, isum, summs);
-  } else {
-    AddSplit8(&st->a, &st->m, d_x, d_w, dmin_w, stride, isum, summs);
-  }
-}
-
 TIERKV_VNNI_FN inline float AddScaledLessMins1(float sum1, float d_x, uint16_t d_w, uint16_t dmin_w, int isum,
                                                int summ) {
   const float d = d_x * HalfV(d_w);
@@ -1276,12 +1262,14 @@ float OneRow(const void* row, const void* act, int64_t n) {
 // activation's 64-byte vector k, sc[k] their scales as words, and the row's scales or
 // mins for the bsums terms) for the T tokens; per token the integer sums and the float
 // step are the one-token 8-row kernel's (Family::Start, the integer start and the mins
-// term; Family::Step, the float step on a Family::State), so each (row, token) has its
-// bits.
+// term; Family::Step, the float step on a Family::State, or Family::StepRows, given the
+// rows' 16-lane sums, for the orders that keep ggml's 8 lanes per row), so each
+// (row, token) has its bits.
+// Q4_K and Q5_K: the unpacking and the integer start (the mins through the bsums pair
+// sums) they share.
 template <bool kFive>
-struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, StepK45
+struct K45Base {
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
-  using State = K45State<kFive>;
   TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
     return _mm256_castsi128_si256(UnpackK4Row<kFive>(b, u, sc));
   }
@@ -1290,11 +1278,23 @@ struct K45Family {  // Q4_K, Q5_K: mins through the bsums pair sums, StepK45
     *summ = MinsTimesSums(_mm256_castsi256_si128(mins), _mm256_castsi256_si128(bs));
     return _mm512_setzero_si512();
   }
+};
+struct Q4KFamily : K45Base<false> {  // two chains, a - m (AddSplit8)
+  using State = Chains8;
   TIERKV_VNNI_FN static void Step(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes, __m256i isum,
                                   const int32_t* summs) {
-    StepK45<kFive>(st, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
+    AddSplit8(&st->a, &st->m, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
   }
 };
+// AddLanes8 for the 8 rows of a group (row r's block at w0 + r * row_bytes).
+template <typename Block>
+TIERKV_VNNI_FN inline void AddLanesRows8(__m256 lanes[8], float d_x, const Block* w0, size_t row_bytes,
+                                         const __m512i accs[8]) {
+  for (int r = 0; r < 8; ++r) {
+    const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
+    lanes[r] = AddLanes8(lanes[r], d_x, w->d, accs[r]);
+  }
+}
 // ggml's lanes per row (DotQ6_KRowsVnniT).
 struct Lanes8Rows8 {
   __m256 r[8];
@@ -1314,10 +1314,7 @@ struct Q6KFamily {  // the -32 offset folded into the integer start
   }
   TIERKV_VNNI_FN static void StepRows(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes,
                                       const __m512i accs[8], const int32_t*) {
-    for (int r = 0; r < 8; ++r) {
-      const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
-      st->r[r] = AddLanes8(st->r[r], x.d, w->d, accs[r]);
-    }
+    AddLanesRows8(st->r, x.d, w0, row_bytes, accs);
   }
 };
 struct Q5Rows8 {  // Q5_K: ggml's lanes per row and the rows' mins chains (row r in lane r)
@@ -1330,23 +1327,11 @@ TIERKV_VNNI_FN inline __m256 Result8(const Q5Rows8& c) {
   for (int r = 0; r < 8; ++r) out[r] = FinishLanes8(c.r[r]) + m[r];
   return _mm256_load_ps(out);
 }
-struct Q5KFamily {  // Q5_K in ggml's vec_dot order (DotK4RowsVnniT)
-  using Block = BlockQ5_K;
+struct Q5KFamily : K45Base<true> {  // Q5_K in ggml's vec_dot order (DotK4RowsVnniT)
   using State = Q5Rows8;
-  TIERKV_VNNI_FN static __m256i Unpack(const Block& b, __m512i u[4], __m512i sc[4]) {
-    return _mm256_castsi128_si256(UnpackK4Row<true>(b, u, sc));
-  }
-  TIERKV_VNNI_FN static __m256i Bsums(const BlockQ8_K& x) { return _mm256_castsi128_si256(BsumPairs(x)); }
-  TIERKV_VNNI_FN static __m512i Start(__m256i mins, __m256i bs, int32_t* summ) {
-    *summ = MinsTimesSums(_mm256_castsi256_si128(mins), _mm256_castsi256_si128(bs));
-    return _mm512_setzero_si512();
-  }
   TIERKV_VNNI_FN static void StepRows(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes,
                                       const __m512i accs[8], const int32_t* summs) {
-    for (int r = 0; r < 8; ++r) {
-      const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
-      st->r[r] = AddLanes8(st->r[r], x.d, w->d, accs[r]);
-    }
+    AddLanesRows8(st->r, x.d, w0, row_bytes, accs);
     st->m = AddMins8<8>(st->m, x.d, &w0->dmin, row_bytes, summs);
   }
 };
@@ -1410,7 +1395,7 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
 
 // Q4_K, 8 rows x 4 tokens in the order of llama.cpp's repacked gemm
 // (ggml_gemm_q4_K_8x8_q8_K, which takes the tokens of a batch four at a time): the two
-// chains of the one-token order (K45Family<false>), but stepped once per 64-value part
+// chains of the one-token order (Q4KFamily), but stepped once per 64-value part
 // of a super-block (sub-blocks 2k and 2k + 1: zmm k here) instead of once per
 // super-block: a = fma(isum_k, d_w * d_x, a), m = fma(m_2k bsum_2k + m_2k+1 bsum_2k+1,
 // dmin_w * d_x, m); a - m at the end. Served by GetLlamaGemmRowsTokensFn.
@@ -1667,8 +1652,8 @@ constexpr DotRowsTokensFn DotKRowsTokensVnni =
 // Q4_K as llama.cpp's repacked mul_mat: whole groups of four tokens in its gemm order,
 // the 1 - 3 tokens left in its gemv order (the one-token kernels' order).
 constexpr DotRowsTokensFn DotQ4KLlamaGemmVnni =
-    DotRowsTokensGroups<DotQ4KGemmRows8Tokens4, DotKRows8Tokens<K45Family<false>, 3>,
-                        DotKRows8Tokens<K45Family<false>, 2>, DotKRows8Tokens<K45Family<false>, 1>,
+    DotRowsTokensGroups<DotQ4KGemmRows8Tokens4, DotKRows8Tokens<Q4KFamily, 3>,
+                        DotKRows8Tokens<Q4KFamily, 2>, DotKRows8Tokens<Q4KFamily, 1>,
                         DotK4RowsVnni<false>, kQkK, 8>;
 
 // F32, F16, BF16 several tokens, in tinyBLAS's order where n is a multiple of its step,
@@ -1752,7 +1737,7 @@ DotRowsTokensFn Avx512DotRowsTokens(WeightType weight) {
     case WeightType::kQ5_0: return DotQ5xRowsTokensVnni<WeightType::kQ5_0>;
     case WeightType::kQ4_1: return DotQ5xRowsTokensVnni<WeightType::kQ4_1>;
     case WeightType::kQ5_1: return DotQ5xRowsTokensVnni<WeightType::kQ5_1>;
-    case WeightType::kQ4_K: return DotKRowsTokensVnni<K45Family<false>, DotK4RowsVnni<false>>;
+    case WeightType::kQ4_K: return DotKRowsTokensVnni<Q4KFamily, DotK4RowsVnni<false>>;
     case WeightType::kQ5_K: return DotKRowsTokensVnni<Q5KFamily, DotK4RowsVnni<true>>;
     case WeightType::kQ6_K: return DotKRowsTokensVnni<Q6KFamily, DotQ6_KRowsVnni>;
     case WeightType::kQ2_K: return DotKRowsTokensVnni<Q23KFamily<false>, DotQ23_KRowsVnni<false>>;

@@ -49,6 +49,10 @@ struct MulChunk {
   int64_t begin, end;
 };
 
+// Whether llama.cpp would multiply this job's matrix through its repacked gemm
+// (MatMulJob::llama_gemm: Q4_K with a multiple of 8 rows).
+bool LlamaRepacked(const MatMulJob& j) { return j.llama_gemm && j.w->type == WeightType::kQ4_K && j.w->rows % 8 == 0; }
+
 void RunMulChunk(const MulChunk& c) {
   const MatrixView& w = *c.job->w;
   if (c.dot_tokens != nullptr) {
@@ -110,7 +114,7 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
   std::vector<const void*> acts;
   acts.reserve(n_acts);
   for (const MatMulJob& j : jobs) {
-    const int grouped = j.llama_gemm && j.w->type == WeightType::kQ4_K && j.w->rows % 8 == 0 ? j.n - j.n % 4 : 0;
+    const int grouped = LlamaRepacked(j) ? j.n - j.n % 4 : 0;
     for (int t = 0; t < j.n; ++t) {
       assert(j.x[t]->size() == j.w->cols);
       acts.push_back(j.x[t]->For(j.w->type, /*q8k_ties_away=*/t < grouped));
@@ -126,7 +130,7 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
     if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type)) dot_rows = nullptr;
     const bool batched = j.sums == TokenSums::kBatched && BatchedSumsDiffer(j.w->type, level);
     DotRowsTokensFn dot_tokens = j.n > 1 || batched ? GetDotRowsTokensFn(j.w->type, level, j.sums) : nullptr;
-    if (j.llama_gemm && j.n >= 4 && j.w->rows % 8 == 0) {
+    if (LlamaRepacked(j) && j.n >= 4) {
       if (DotRowsTokensFn g = GetLlamaGemmRowsTokensFn(j.w->type, level)) dot_tokens = g;
     }
     int64_t step = std::max<int64_t>(1, task_macs / std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1));

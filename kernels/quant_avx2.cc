@@ -273,9 +273,7 @@ struct K45Avx2 {
   using Acc = std::conditional_t<kFive, AccQ5, AccQ4>;
   TIERKV_AVX2_FN static float Finish(Acc acc) {
     if constexpr (kFive) {
-      alignas(32) float a[8];
-      _mm256_store_ps(a, acc.lanes);
-      return HsumLanes8(a) + acc.m;
+      return simd::HsumLanes8(acc.lanes) + acc.m;
     } else {
       return acc.a - acc.m;
     }
@@ -371,11 +369,7 @@ struct Q6KAvx2 {
   struct Acc {
     __m256 lanes;  // zero by value-initialisation (Acc{})
   };
-  TIERKV_AVX2_FN static float Finish(Acc acc) {
-    alignas(32) float a[8];
-    _mm256_store_ps(a, acc.lanes);
-    return HsumLanes8(a);
-  }
+  TIERKV_AVX2_FN static float Finish(Acc acc) { return simd::HsumLanes8(acc.lanes); }
   TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     const __m256i m2 = _mm256_set1_epi8(3);

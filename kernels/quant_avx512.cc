@@ -781,11 +781,7 @@ TIERKV_VNNI_FN inline __m256 AddMins8(__m256 m8, float d_x, const uint16_t* dmin
     return _mm256_fmadd_ps(dmin8, summ, m8);
   }
 }
-TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) {
-  alignas(32) float a[8];
-  _mm256_store_ps(a, lanes);
-  return HsumLanes8(a);
-}
+TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) { return simd::HsumLanes8(lanes); }
 
 // One Q4_K (kFive = false) or Q5_K super-block of a row, unpacked for vpmaddubsw +
 // vpdpwssd against the activation's four 64-byte vectors: u[c] holds the codes of

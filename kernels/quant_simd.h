@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/quant.h"
+
 namespace tierkv::kernels::simd {
 
 // The 16 signed group scales of a Q3_K super-block (6-bit code - 32), as int16 in group
@@ -27,6 +29,14 @@ __attribute__((target("avx2"))) inline __m256i ScalesQ3K(const uint8_t* scales) 
   const __m128i shifted = _mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(h32)), _mm_setr_epi32(0, 2, 4, 6));
   const __m128i hi = _mm_and_si128(shifted, _mm_set1_epi8(3));
   return _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm256_set1_epi16(32));
+}
+
+// The 8 float lanes of a Q5_K / Q6_K dot product summed as ggml's hsum_float_8 sums them
+// (kernels::HsumLanes8, from a register).
+__attribute__((target("avx2"))) inline float HsumLanes8(__m256 v) {
+  alignas(32) float a[8];
+  _mm256_store_ps(a, v);
+  return kernels::HsumLanes8(a);
 }
 
 }  // namespace tierkv::kernels::simd

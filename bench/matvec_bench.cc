@@ -14,8 +14,11 @@
 // (BM_MatMulTokens below): a prefill chunk's product through the several-token kernel
 // against the one-token kernel once per token (matmul-avx2/...: the same at the AVX2
 // level). Commands and results: docs/benchmarks.md.
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <memory>
 #include <random>
 #include <string>
@@ -23,6 +26,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "bench/stream_sum.h"
 #include "kernels/cpu_features.h"
 #include "kernels/fp16.h"
 #include "kernels/matvec.h"
@@ -97,6 +101,54 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
   kernels::ForceSimdLevel(before);
   const double bytes = static_cast<double>(w.size()) * static_cast<double>(state.iterations());
   state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
+}
+
+// The output projection of the small reference models (vocab x n_embd: short rows, many
+// of them), on two threads, against a streaming read of the same bytes on the same pool,
+// alternated in each iteration (outproj/<type>/<rows>x<cols>). Counters: the matvec's
+// GB/s, the read's, and their ratio (the part of decode_bench's roofline these matrices
+// are).
+void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, int64_t cols) {
+  const size_t rb = kernels::RowBytes(t, cols);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+  {
+    // Random codes with the scales RandomRows gives 4096-wide rows (its layout per block).
+    const std::vector<uint8_t> one = RandomRows(t, 1);
+    const size_t block = static_cast<size_t>(kernels::GetWeightTypeInfo(t).block_bytes);
+    for (size_t off = 0; off < w.size(); off += block) std::memcpy(w.data() + off, one.data() + off % one.size(), block);
+  }
+  std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kernels::ActivationRow act;
+  act.Set(x.data(), cols);
+  const kernels::MatrixView view{t, w.data(), cols, rows, rb};
+  kernels::ThreadPool pool(2);
+  std::vector<uint64_t> buf((w.size() + 7) / 8, 1);
+  const size_t chunks = 8, step = (buf.size() / chunks + 7) / 8 * 8;
+  std::vector<uint64_t> sums(chunks);
+  double mv_s = 0, read_s = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    pool.ParallelFor(static_cast<int64_t>(chunks), [&](int64_t c) {
+      const size_t b = std::min(buf.size(), static_cast<size_t>(c) * step);
+      const size_t e = c + 1 == static_cast<int64_t>(chunks) ? buf.size() : std::min(buf.size(), b + step);
+      sums[static_cast<size_t>(c)] = bench::SumWords(buf.data() + b, e - b);
+    });
+    auto t1 = std::chrono::steady_clock::now();
+    kernels::MatVec(view, act, y.data(), &pool);
+    auto t2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(sums.data());
+    benchmark::DoNotOptimize(y.data());
+    read_s += std::chrono::duration<double>(t1 - t0).count();
+    mv_s += std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(std::chrono::duration<double>(t2 - t1).count());
+  }
+  const double bytes = static_cast<double>(w.size()) * static_cast<double>(state.iterations());
+  state.counters["GBps"] = bytes / mv_s / 1e9;
+  state.counters["read_GBps"] = bytes / read_s / 1e9;
+  state.counters["ratio"] = read_s / mv_s;
 }
 
 // A prefill chunk's product, kernel level, one thread: R rows x 4096 against N tokens,
@@ -177,6 +229,17 @@ void Register() {
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
+    }
+  }
+  // The reference models' output projections: ref-llama 32000 x 256, ref-qwen3moe 151936 x 64.
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ6_K, WeightType::kF16}) {
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{32000, 256}, {151936, 64}}) {
+      if (cols % kernels::GetWeightTypeInfo(t).block_size != 0) continue;
+      const std::string name = std::string("outproj/") + kernels::WeightTypeName(t) + "/" + std::to_string(rows) + "x" +
+                               std::to_string(cols);
+      benchmark::RegisterBenchmark(name.c_str(), BM_OutputProjection, t, rows, cols)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseManualTime();
     }
   }
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,

@@ -782,6 +782,37 @@ TIERKV_VNNI_FN inline __m256 AddMins8(__m256 m8, float d_x, const uint16_t* dmin
   }
 }
 TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) { return simd::HsumLanes8(lanes); }
+// FinishLanes8 of 8 rows at once, row r's sum in lane r: the same adds (HsumLanes8's
+// (L, L + 4), then (0, 2) and (1, 3), then the two), as a transpose. A short row (one
+// super-block: a 256-wide output projection) spent as long on eight scalar sums, each
+// through a store and eight reloads, as on its super-block.
+TIERKV_VNNI_FN inline __m256 RowPairLanes4(__m256 x, __m256 y) {  // [x | y]: lanes L + (L + 4)
+  return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+}
+TIERKV_VNNI_FN inline __m256 FinishLanesRows8(const __m256 lanes[8]) {
+  // Element by element, so that an unrolled caller's lanes[] need not live in memory.
+  __m256 b[4] = {RowPairLanes4(lanes[0], lanes[1]), RowPairLanes4(lanes[2], lanes[3]),
+                 RowPairLanes4(lanes[4], lanes[5]), RowPairLanes4(lanes[6], lanes[7])};
+  __m256 c[2];
+  for (int i = 0; i < 2; ++i) {  // per 128-bit lane [row p: b0 + b2, b1 + b3, row p + 2: ...]
+    const __m256 x = b[2 * i], y = b[2 * i + 1];
+    c[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // [rows 0 2 4 6 | 1 3 5 7], then in row order.
+  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+// AddLanes8 for the 8 rows of a group (row r's block at w0 + r * row_bytes), the rows'
+// d_x * d_w formed in one vector (the same f32 multiply per row).
+template <typename Block>
+TIERKV_VNNI_FN inline void AddLanesRows8(__m256 lanes[8], float d_x, const Block* w0, size_t row_bytes,
+                                         const __m512i accs[8]) {
+  for (int r = 0; r < 8; ++r) {
+    const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
+    lanes[r] = AddLanes8(lanes[r], d_x, w->d, accs[r]);
+  }
+}
 
 // One Q4_K (kFive = false) or Q5_K super-block of a row, unpacked for vpmaddubsw +
 // vpdpwssd against the activation's four 64-byte vectors: u[c] holds the codes of
@@ -829,12 +860,13 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
                                          float* out) {
   static_assert(R == 1 || R == 8);
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
-  const Block* w[R];
-  for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  // Row pointers as offsets of row 0 and the row loops unrolled (as DotQ6_KRowsVnniT).
+  const auto* base = static_cast<const uint8_t*>(rows);
   float sum1 = 0.0f, mins1 = 0.0f;  // Q4_K, R == 1
   Chains8 st8{};                     // Q4_K, R == 8: one row per lane
   __m256 lanes[R];                   // Q5_K: per row, ggml's 8 float lanes
   __m256 mins8 = _mm256_setzero_ps();  // Q5_K: the rows' mins chains, one per lane
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) lanes[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
@@ -842,31 +874,44 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
     const __m128i bpair = BsumPairs(x[i]);
     __m512i accs[R];
     alignas(32) int32_t summs[R];
+    const Block* w0 = reinterpret_cast<const Block*>(base) + i;
+    auto row = [&](int r) {
+      return reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + static_cast<size_t>(r) * row_bytes);
+    };
     if (R > 1 && row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) PrefetchAhead(row(r), sizeof(Block));
     }
-    for (int r = 0; r < R; ++r) {
+    auto one_row = [&](int r) TIERKV_VNNI_FN {
       __m512i u[4], sc[4];
-      const __m128i mn16 = UnpackK4Row<kFive>(w[r][i], u, sc);
+      const __m128i mn16 = UnpackK4Row<kFive>(*row(r), u, sc);
       summs[r] = MinsTimesSums(mn16, bpair);
       __m512i acc = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[c], xq[c]), sc[c]);
       accs[r] = acc;
+    };
+    if constexpr (kFive) {
+      // Rolled: unrolled, GCC 12 spilled Q5_K's eight lane vectors (8192 x 4096 on two
+      // threads 6 - 8% slower), while Q4_K's one vector per row gained.
+      for (int r = 0; r < R; ++r) one_row(r);
+      for (int r = 0; r < R; ++r) lanes[r] = AddLanes8(lanes[r], x[i].d, row(r)->d, accs[r]);
+    } else {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) one_row(r);
     }
     if constexpr (kFive) {
-      for (int r = 0; r < R; ++r) lanes[r] = AddLanes8(lanes[r], x[i].d, w[r][i].d, accs[r]);
-      mins8 = AddMins8<R>(mins8, x[i].d, &w[0][i].dmin, row_bytes, summs);
+      mins8 = AddMins8<R>(mins8, x[i].d, &w0->dmin, row_bytes, summs);
     } else if constexpr (R == 8) {
-      AddSplit8(&st8.a, &st8.m, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
+      AddSplit8(&st8.a, &st8.m, x[i].d, &w0->d, &w0->dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
     } else {
-      sum1 = __builtin_fmaf(static_cast<float>(ReduceEpi32x16(accs[0])), x[i].d * HalfV(w[0][i].d), sum1);
-      mins1 = __builtin_fmaf(static_cast<float>(summs[0]), x[i].d * HalfV(w[0][i].dmin), mins1);
+      sum1 = __builtin_fmaf(static_cast<float>(ReduceEpi32x16(accs[0])), x[i].d * HalfV(w0->d), sum1);
+      mins1 = __builtin_fmaf(static_cast<float>(summs[0]), x[i].d * HalfV(w0->dmin), mins1);
     }
   }
-  if constexpr (kFive) {
-    alignas(32) float m[8];
-    _mm256_store_ps(m, mins8);
-    for (int r = 0; r < R; ++r) out[r] = FinishLanes8(lanes[r]) + m[r];
+  if constexpr (kFive && R == 8) {
+    _mm256_storeu_ps(out, _mm256_add_ps(FinishLanesRows8(lanes), mins8));
+  } else if constexpr (kFive) {
+    out[0] = FinishLanes8(lanes[0]) + _mm256_cvtss_f32(mins8);
   } else if constexpr (R == 8) {
     _mm256_storeu_ps(out, Result8(st8));
   } else {
@@ -934,20 +979,29 @@ template <int R>
 TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                            float* out) {
   static_assert(R == 1 || R == 8);
-  const BlockQ6_K* w[R];
-  for (int r = 0; r < R; ++r) w[r] = RowBlocks<BlockQ6_K>(rows, row_bytes, r);
+  // The row loops unrolled, so each row's lanes stay in a register (rolled, GCC 12 kept
+  // lanes[] on the stack and formed the row pointers with 64-bit vector multiplies).
+  const auto* base = static_cast<const uint8_t*>(rows);
   __m256 lanes[R];  // per row, ggml's 8 float lanes
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) lanes[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
     const __m256i bs = Load256(x[i].bsums);
+    const auto* w0 = reinterpret_cast<const BlockQ6_K*>(base) + i;
+    auto row = [&](int r) {
+      return reinterpret_cast<const BlockQ6_K*>(reinterpret_cast<const uint8_t*>(w0) + static_cast<size_t>(r) * row_bytes);
+    };
     if (R > 1 && row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(BlockQ6_K));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) PrefetchAhead(row(r), sizeof(BlockQ6_K));
     }
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
+      const BlockQ6_K& b = *row(r);
       __m512i u[4], sc[4];
-      const __m256i sc16 = UnpackQ6KRow(w[r][i], u, sc);
+      const __m256i sc16 = UnpackQ6KRow(b, u, sc);
       // Two integer chains (exact in any order) and the offset last: the row's
       // dependency chain is what bounds this loop, not its width.
       __m512i acc_a = _mm512_setzero_si512(), acc_b = _mm512_setzero_si512();
@@ -955,11 +1009,14 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
         acc_a = _mm512_dpwssd_epi32(acc_a, _mm512_maddubs_epi16(u[2 * h], xq[2 * h]), sc[2 * h]);
         acc_b = _mm512_dpwssd_epi32(acc_b, _mm512_maddubs_epi16(u[2 * h + 1], xq[2 * h + 1]), sc[2 * h + 1]);
       }
-      lanes[r] = AddLanes8(lanes[r], x[i].d, w[r][i].d,
-                           _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, bs)));
+      lanes[r] = AddLanes8(lanes[r], x[i].d, b.d, _mm512_sub_epi32(_mm512_add_epi32(acc_a, acc_b), Q6KOffset(sc16, bs)));
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = FinishLanes8(lanes[r]);
+  if constexpr (R == 8) {
+    _mm256_storeu_ps(out, FinishLanesRows8(lanes));
+  } else {
+    out[0] = FinishLanes8(lanes[0]);
+  }
 }
 
 constexpr DotRowsFn DotQ6_KRowsVnni = DotRowsK<DotQ6_KRowsVnniT<kRowsK>, DotQ6_KRowsVnniT<1>>;
@@ -1282,24 +1339,11 @@ struct Q4KFamily : K45Base<false> {  // two chains, a - m (AddSplit8)
     AddSplit8(&st->a, &st->m, x.d, &w0->d, &w0->dmin, row_bytes, isum, summs);
   }
 };
-// AddLanes8 for the 8 rows of a group (row r's block at w0 + r * row_bytes).
-template <typename Block>
-TIERKV_VNNI_FN inline void AddLanesRows8(__m256 lanes[8], float d_x, const Block* w0, size_t row_bytes,
-                                         const __m512i accs[8]) {
-  for (int r = 0; r < 8; ++r) {
-    const Block* w = reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + r * row_bytes);
-    lanes[r] = AddLanes8(lanes[r], d_x, w->d, accs[r]);
-  }
-}
 // ggml's lanes per row (DotQ6_KRowsVnniT).
 struct Lanes8Rows8 {
   __m256 r[8];
 };
-TIERKV_VNNI_FN inline __m256 Result8(const Lanes8Rows8& c) {
-  alignas(32) float out[8];
-  for (int r = 0; r < 8; ++r) out[r] = FinishLanes8(c.r[r]);
-  return _mm256_load_ps(out);
-}
+TIERKV_VNNI_FN inline __m256 Result8(const Lanes8Rows8& c) { return FinishLanesRows8(c.r); }
 struct Q6KFamily {  // the -32 offset folded into the integer start
   using Block = BlockQ6_K;
   using State = Lanes8Rows8;
@@ -1317,12 +1361,7 @@ struct Q5Rows8 {  // Q5_K: ggml's lanes per row and the rows' mins chains (row r
   __m256 r[8];
   __m256 m;
 };
-TIERKV_VNNI_FN inline __m256 Result8(const Q5Rows8& c) {
-  alignas(32) float out[8], m[8];
-  _mm256_store_ps(m, c.m);
-  for (int r = 0; r < 8; ++r) out[r] = FinishLanes8(c.r[r]) + m[r];
-  return _mm256_load_ps(out);
-}
+TIERKV_VNNI_FN inline __m256 Result8(const Q5Rows8& c) { return _mm256_add_ps(FinishLanesRows8(c.r), c.m); }
 struct Q5KFamily : K45Base<true> {  // Q5_K in ggml's vec_dot order (DotK4RowsVnniT)
   using State = Q5Rows8;
   TIERKV_VNNI_FN static void StepRows(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes,

@@ -1112,34 +1112,39 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
                                             float* out) {
   static_assert(R == 1 || R == 8);
   using Block = std::conditional_t<kThree, BlockQ3_K, BlockQ2_K>;
-  const Block* w[R];
-  for (int r = 0; r < R; ++r) w[r] = RowBlocks<Block>(rows, row_bytes, r);
+  const auto* base = static_cast<const uint8_t*>(rows);  // rows as offsets of row 0 (DotQ6_KRowsVnniT)
   float sum1 = 0.0f;                  // R == 1
   __m256 sum8 = _mm256_setzero_ps();  // R == 8: the eight rows' sums, one per lane
   for (int64_t i = 0; i < nb; ++i) {
     __m512i xq[4];
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
     const __m256i bs = Q23KBsums<kThree>(x[i]);
+    const Block* w0 = reinterpret_cast<const Block*>(base) + i;
+    auto row = [&](int r) {
+      return reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + static_cast<size_t>(r) * row_bytes);
+    };
     if (R > 1 && row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < R; ++r) PrefetchAhead(&w[r][i], sizeof(Block));
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) PrefetchAhead(row(r), sizeof(Block));
     }
     __m512i accs[R];
     alignas(32) int32_t summs[R];
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       __m512i u[4], sc[4];
-      const __m256i s16 = UnpackQ23KRow<kThree>(w[r][i], u, sc);
+      const __m256i s16 = UnpackQ23KRow<kThree>(*row(r), u, sc);
       __m512i acc = Q23KStart<kThree>(s16, bs, &summs[r]);
       for (int k = 0; k < 4; ++k) acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u[k], xq[k]), sc[k]);
       accs[r] = acc;
     }
     if constexpr (kThree && R == 8) {  // sum += d_x * d_w * isum, as Q6_K
-      sum8 = AddScaled8(sum8, x[i].d, &w[0][i].d, row_bytes, ReduceEpi32x16Rows8(accs));
+      sum8 = AddScaled8(sum8, x[i].d, &w0->d, row_bytes, ReduceEpi32x16Rows8(accs));
     } else if constexpr (kThree) {
-      sum1 += x[i].d * HalfV(w[0][i].d) * static_cast<float>(ReduceEpi32x16(accs[0]));
+      sum1 += x[i].d * HalfV(w0->d) * static_cast<float>(ReduceEpi32x16(accs[0]));
     } else if constexpr (R == 8) {
-      sum8 = AddScaledLessMins8(sum8, x[i].d, &w[0][i].d, &w[0][i].dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
+      sum8 = AddScaledLessMins8(sum8, x[i].d, &w0->d, &w0->dmin, row_bytes, ReduceEpi32x16Rows8(accs), summs);
     } else {
-      sum1 = AddScaledLessMins1(sum1, x[i].d, w[0][i].d, w[0][i].dmin, ReduceEpi32x16(accs[0]), summs[0]);
+      sum1 = AddScaledLessMins1(sum1, x[i].d, w0->d, w0->dmin, ReduceEpi32x16(accs[0]), summs[0]);
     }
   }
   if constexpr (R == 8) {

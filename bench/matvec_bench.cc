@@ -18,10 +18,10 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -77,13 +77,20 @@ std::vector<uint8_t> RandomRows(WeightType t, int64_t rows) {
   return m;
 }
 
-void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, int threads) {
-  const std::vector<uint8_t> w = RandomRows(t, rows);
-  const size_t rb = kernels::RowBytes(t, kCols);
-  std::vector<float> x(kCols), y(static_cast<size_t>(rows));
+// n values N(0, 1), seed 2: the activation row of the matrix-vector benchmarks.
+std::vector<float> NormalVector(int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& v : x) v = normal(rng);
+  return x;
+}
+
+void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, int threads) {
+  const std::vector<uint8_t> w = RandomRows(t, rows);
+  const size_t rb = kernels::RowBytes(t, kCols);
+  const std::vector<float> x = NormalVector(kCols);
+  std::vector<float> y(static_cast<size_t>(rows));
   kernels::ActivationRow act;
   act.Set(x.data(), kCols);
   const kernels::MatrixView view{t, w.data(), kCols, rows, rb};
@@ -117,10 +124,8 @@ void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, in
     const size_t block = static_cast<size_t>(kernels::GetWeightTypeInfo(t).block_bytes);
     for (size_t off = 0; off < w.size(); off += block) std::memcpy(w.data() + off, one.data() + off % one.size(), block);
   }
-  std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
-  std::mt19937 rng(2);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : x) v = normal(rng);
+  const std::vector<float> x = NormalVector(cols);
+  std::vector<float> y(static_cast<size_t>(rows));
   kernels::ActivationRow act;
   act.Set(x.data(), cols);
   const kernels::MatrixView view{t, w.data(), cols, rows, rb};

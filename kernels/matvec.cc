@@ -137,11 +137,11 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
     }
     const int64_t row_macs = std::max<int64_t>(j.w->cols * std::max(j.n, 1), 1);
     // Guided: a chunk takes 1 / (2 * threads) of the work not yet in a chunk, down to a
-    // quarter of task_macs (and ~16K multiply-adds), so the first chunks are large and the last ones small and the
-    // threads end within a small chunk of each other (with equal chunks, the thread that
-    // finished first waited on average half a chunk: on the 32000-row output projection
-    // of a decode step that was 10 - 20% of its time). Chunks are whole groups of 16 rows
-    // (the multi-row kernels' groups). Which rows share a chunk never changes their bits.
+    // quarter of task_macs (and ~16K multiply-adds), so the first chunks are large, the
+    // last ones small, and the threads end within a small chunk of each other (with equal
+    // chunks the thread that finished first waited half a chunk on average: 10 - 20% of
+    // the 32000-row output projection of a decode step). Chunks are whole groups of 16
+    // rows (the multi-row kernels' groups). Which rows share a chunk never changes a bit.
     for (int64_t b = 0; b < j.w->rows;) {
       const int64_t want = std::max({int64_t{1} << 14, task_macs / 4, left / (2 * threads)});
       int64_t step = std::max<int64_t>(1, want / row_macs);

@@ -803,8 +803,7 @@ TIERKV_VNNI_FN inline __m256 FinishLanesRows8(const __m256 lanes[8]) {
                                  _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-// AddLanes8 for the 8 rows of a group (row r's block at w0 + r * row_bytes), the rows'
-// d_x * d_w formed in one vector (the same f32 multiply per row).
+// AddLanes8 for the 8 rows of a group (row r's block at w0 + r * row_bytes).
 template <typename Block>
 TIERKV_VNNI_FN inline void AddLanesRows8(__m256 lanes[8], float d_x, const Block* w0, size_t row_bytes,
                                          const __m512i accs[8]) {
@@ -875,9 +874,7 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
     __m512i accs[R];
     alignas(32) int32_t summs[R];
     const Block* w0 = reinterpret_cast<const Block*>(base) + i;
-    auto row = [&](int r) {
-      return reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + static_cast<size_t>(r) * row_bytes);
-    };
+    auto row = [&](int r) { return RowBlocks<Block>(w0, row_bytes, r); };
     if (R > 1 && row_bytes >= kShortRowBytes) {
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) PrefetchAhead(row(r), sizeof(Block));
@@ -990,9 +987,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
     const __m256i bs = Load256(x[i].bsums);
     const auto* w0 = reinterpret_cast<const BlockQ6_K*>(base) + i;
-    auto row = [&](int r) {
-      return reinterpret_cast<const BlockQ6_K*>(reinterpret_cast<const uint8_t*>(w0) + static_cast<size_t>(r) * row_bytes);
-    };
+    auto row = [&](int r) { return RowBlocks<BlockQ6_K>(w0, row_bytes, r); };
     if (R > 1 && row_bytes >= kShortRowBytes) {
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) PrefetchAhead(row(r), sizeof(BlockQ6_K));
@@ -1120,9 +1115,7 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
     for (int k = 0; k < 4; ++k) xq[k] = Load512(x[i].qs + 64 * k);
     const __m256i bs = Q23KBsums<kThree>(x[i]);
     const Block* w0 = reinterpret_cast<const Block*>(base) + i;
-    auto row = [&](int r) {
-      return reinterpret_cast<const Block*>(reinterpret_cast<const uint8_t*>(w0) + static_cast<size_t>(r) * row_bytes);
-    };
+    auto row = [&](int r) { return RowBlocks<Block>(w0, row_bytes, r); };
     if (R > 1 && row_bytes >= kShortRowBytes) {
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) PrefetchAhead(row(r), sizeof(Block));

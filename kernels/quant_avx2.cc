@@ -393,9 +393,8 @@ struct Q6KAvx2 {
     const int8_t* sc = u.sc;
     // Lane L: values 4L .. 4L + 3 of every 32-value chunk (ScaledDotU8's lanes), less
     // 32 * (sc[2L] bsums[2L] + sc[2L + 1] bsums[2L + 1]), the -32 offset.
-    const __m256i offset = _mm256_slli_epi32(
-        _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), LoadU256(x.bsums)),
-        5);
+    const __m256i offset = simd::Q6KOffsetLanes(
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), LoadU256(x.bsums));
     __m256i acc = _mm256_setzero_si256();
     for (int h = 0; h < 2; ++h) {
       for (int k = 0; k < 4; ++k) {

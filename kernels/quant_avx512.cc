@@ -212,7 +212,7 @@ TIERKV_AVX512_FN void VecDotRowsAvx512(const void* rows, size_t row_bytes, int64
     // 16-value conversion a cycle on the Zen 5 this was measured on, and a row converted
     // as many activation values as weights).
     constexpr WeightType kAct = kType == WeightType::kF16 ? WeightType::kF32 : kType;
-    alignas(64) float widened[kShortRowBytes / 2];
+    alignas(64) float widened[kType == WeightType::kF16 ? kShortRowBytes / 2 : 1];
     const void* x = act;
     if constexpr (kType == WeightType::kF16) {
       for (int64_t i = 0; i < n; i += 16) _mm512_store_ps(widened + i, Load16<kType>(At<kType>(act, i)));
@@ -980,7 +980,7 @@ TIERKV_VNNI_FN inline __m256i UnpackQ6KRow(const BlockQ6_K& b, __m512i u[4], __m
 
 // -32 * sum_g sc_g * bsums_g: Q6_K's offset, folded into the integer sum.
 TIERKV_VNNI_FN inline __m512i Q6KOffset(__m256i sc16, __m256i bsums) {
-  return _mm512_zextsi256_si512(_mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5));
+  return _mm512_zextsi256_si512(simd::Q6KOffsetLanes(sc16, bsums));
 }
 
 template <int R>

@@ -31,6 +31,13 @@ __attribute__((target("avx2"))) inline __m256i ScalesQ3K(const uint8_t* scales) 
   return _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4))), _mm256_set1_epi16(32));
 }
 
+// Q6_K's -32 offset per ggml lane L (values 4L .. 4L + 3 of every 32-value chunk):
+// 32 * (sc[2L] bsums[2L] + sc[2L + 1] bsums[2L + 1]), from the 16 group scales as int16
+// and the activation's 16 group sums.
+__attribute__((target("avx2"))) inline __m256i Q6KOffsetLanes(__m256i sc16, __m256i bsums) {
+  return _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5);
+}
+
 // The 8 float lanes of a Q5_K / Q6_K dot product summed as ggml's hsum_float_8 sums them
 // (kernels::HsumLanes8, from a register).
 __attribute__((target("avx2"))) inline float HsumLanes8(__m256 v) {

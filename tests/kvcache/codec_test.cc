@@ -583,22 +583,27 @@ void CheckRunsAgainstSingle(KvCodec codec, int d) {
   }
 }
 
+// Every kernel level: 0 generic, 1 AVX2 (also on a CPU with AVX-512), 2 as detected.
 TEST(CodecGroupTest, RunsMatchSingleVectorCalls) {
-  for (bool generic : {false, true}) {
-    ForceGenericKernels(generic);
+  for (int level = 0; level < 3; ++level) {
+    ForceGenericKernels(level == 0);
+    codec_internal::ForceNoAvx512Kernels(level == 1);
     for (int d : {16, 32, 64, 128}) CheckRunsAgainstSingle(KvCodec::kF16, d);
     for (const CodecDim& cd : kAllCodecDims) CheckRunsAgainstSingle(cd.codec, cd.head_dim);
   }
   ForceGenericKernels(false);
+  codec_internal::ForceNoAvx512Kernels(false);
 }
 
 TEST(CodecGroupTest, GroupedAndBatchedFormsMatchSingleVectorCalls) {
-  for (bool generic : {false, true}) {
-    ForceGenericKernels(generic);
-    for (int d : {8, 16, 32, 40, 48, 64, 128, 144, 256}) CheckGroupedAgainstSingle(KvCodec::kF16, d);
+  for (int level = 0; level < 3; ++level) {
+    ForceGenericKernels(level == 0);
+    codec_internal::ForceNoAvx512Kernels(level == 1);
+    for (int d : {8, 16, 24, 32, 40, 48, 64, 72, 128, 144, 256}) CheckGroupedAgainstSingle(KvCodec::kF16, d);
     for (const CodecDim& cd : kAllCodecDims) CheckGroupedAgainstSingle(cd.codec, cd.head_dim);
   }
   ForceGenericKernels(false);
+  codec_internal::ForceNoAvx512Kernels(false);
 }
 
 // The f16 AVX-512 forms give the AVX2 ones' bits (the single-vector calls are AVX2 in

@@ -565,7 +565,12 @@ DotFn GetDotFn(WeightType weight, SimdLevel level) {
 bool DotRowsFnStreams(WeightType weight) { return weight != WeightType::kQ8_0; }
 
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
-  if (level >= SimdLevel::kAvx512) return quant_internal::Avx512DotRows(weight);
+  if (level >= SimdLevel::kAvx512) {
+    if (DotRowsFn f = quant_internal::Avx512DotRows(weight)) return f;
+    // Its one-row kernel is an AVX-512 one: no multi-row kernel has its bits.
+    if (quant_internal::Avx512Dot(weight) != nullptr) return nullptr;
+  }
+  if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight) != nullptr) return quant_internal::Avx2DotRows(weight);
   return nullptr;
 }
 

@@ -37,6 +37,38 @@ TIERKV_AVX2_FN inline int HsumEpi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// HsumPs of 8 rows' lane sums at once (out[r] = HsumPs(acc[r]), bit for bit: the same
+// adds of the same lanes, across registers instead of within one).
+//   level 1: per row, lanes i + (i + 4)          -> 2 rows per vector, a row per 128-bit lane
+//   level 2: per row, (s0 + s2) and (s1 + s3)    -> 4 rows per vector
+//   level 3: per row, the two                    -> 8 rows; a permutation puts them in order
+TIERKV_AVX2_FN inline void HsumRows8(const __m256* acc, float* out) {
+  __m256 p[4], q[2];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 x = acc[2 * i], y = acc[2 * i + 1];
+    p[i] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const __m256 x = p[2 * i], y = p[2 * i + 1];
+    q[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // 128-bit lane 0 holds rows 0, 2, 4, 6; lane 1 rows 1, 3, 5, 7.
+  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// Rows of at least kLongRowBytes are prefetched row by row, kRowAheadBytes ahead (the
+// multi-row kernels read 8 interleaved streams, which the hardware prefetchers follow
+// poorly); groups of short rows are prefetched kGroupAheadBytes ahead as a whole.
+constexpr size_t kRowAheadBytes = 1024;
+constexpr size_t kGroupAheadBytes = 4096;
+
+TIERKV_AVX2_FN inline void PrefetchBytes(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+
 // Sum of w[i] * x[i] over 32 int8 pairs, as 8 int32 lanes.
 TIERKV_AVX2_FN inline __m256i DotI8x32(__m256i w, __m256i x) {
   const __m256i aw = _mm256_sign_epi8(w, w);
@@ -114,6 +146,38 @@ TIERKV_AVX2_FN float DotQ8_0Avx2(const void* row, const void* act, int64_t n) {
     acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
   }
   return HsumPs(acc);
+}
+
+// Eight rows of DotQ8_0Avx2 side by side: the activation block loaded once for the
+// eight, each row's lanes doing exactly what the one-row kernel's do, block by block,
+// and the eight horizontal sums as one (HsumRows8). Same bits per row.
+TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                           float* out) {
+  const bool long_rows = row_bytes >= kLongRowBytes;
+  if (!long_rows) PrefetchBytes(rows + kGroupAheadBytes, 8 * row_bytes);
+  __m256 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i xq = LoadU256(x[i].qs);
+    const float dx = Half(x[i].d);
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
+    for (int r = 0; r < 8; ++r) {
+      const auto* w = reinterpret_cast<const BlockQ8_0*>(col + static_cast<size_t>(r) * row_bytes);
+      if (long_rows && i % 4 == 0) PrefetchBytes(reinterpret_cast<const uint8_t*>(w) + kRowAheadBytes, 4 * sizeof(BlockQ8_0));
+      const __m256i p = DotI8x32(LoadU256(w->qs), xq);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(Half(w->d) * dx), _mm256_cvtepi32_ps(p), acc[r]);
+    }
+  }
+  HsumRows8(acc, out);
+}
+
+TIERKV_AVX2_FN void DotQ8_0RowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                   float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) DotQ8_0Rows8Avx2(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk0, out + r);
+  for (; r < n_rows; ++r) out[r] = DotQ8_0Avx2(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 
 // The 32 nibbles of a 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), 0..15, in
@@ -434,6 +498,40 @@ TIERKV_AVX2_FN float DotKAvx2(const void* row, const void* act, int64_t n) {
   return out;
 }
 
+// Eight rows of DotKAvx2<F> (F's Acc is 8 float lanes: Q6_K) side by side, row by
+// row in registers, and their horizontal sums as one (HsumRows8's adds are
+// HsumLanes8's): same bits per row, without a call and a horizontal sum per row (the
+// 32000 x 256 Q6_K output projection is one super-block a row).
+template <typename F>
+TIERKV_AVX2_FN inline void DotKRows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
+                                        float* out) {
+  const bool long_rows = row_bytes >= kLongRowBytes;
+  if (!long_rows) PrefetchBytes(rows + kGroupAheadBytes, 8 * row_bytes);
+  __m256 acc[8];
+  typename F::Unpacked u;
+  for (int r = 0; r < 8; ++r) {
+    const auto* w = reinterpret_cast<const typename F::Block*>(rows + static_cast<size_t>(r) * row_bytes);
+    typename F::Acc sum{};
+    for (int64_t i = 0; i < nb; ++i) {
+      if (long_rows) PrefetchBytes(reinterpret_cast<const uint8_t*>(&w[i]) + kRowAheadBytes, sizeof(w[i]));
+      F::Unpack(w[i], &u);
+      sum = F::Step(sum, u, x[i]);
+    }
+    acc[r] = sum.lanes;
+  }
+  HsumRows8(acc, out);
+}
+
+template <typename F>
+TIERKV_AVX2_FN void DotKRowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const auto* x = static_cast<const BlockQ8_K*>(act);
+  int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) DotKRows8Avx2<F>(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQkK, out + r);
+  for (; r < n_rows; ++r) out[r] = DotKAvx2<F>(base + static_cast<size_t>(r) * row_bytes, act, n);
+}
+
 // The several-token kernel: each row against the tokens four at a time (then the 1 - 3
 // left); a row (a few KiB) stays in L1 while they pass.
 template <typename F>
@@ -507,6 +605,14 @@ DotFn Avx2Dot(WeightType weight) {
   return nullptr;
 }
 
+DotRowsFn Avx2DotRows(WeightType weight) {
+  switch (weight) {
+    case WeightType::kQ8_0: return DotQ8_0RowsAvx2;
+    case WeightType::kQ6_K: return DotKRowsAvx2<Q6KAvx2>;
+    default: return nullptr;
+  }
+}
+
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight) {
   switch (weight) {
     case WeightType::kQ4_K: return DotKRowsTokensAvx2<K45Avx2<false>>;
@@ -524,6 +630,7 @@ DotRowsTokensFn Avx2DotRowsTokens(WeightType weight) {
 
 namespace tierkv::kernels::quant_internal {
 DotFn Avx2Dot(WeightType) { return nullptr; }
+DotRowsFn Avx2DotRows(WeightType) { return nullptr; }
 DotRowsTokensFn Avx2DotRowsTokens(WeightType) { return nullptr; }
 }  // namespace tierkv::kernels::quant_internal
 

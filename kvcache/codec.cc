@@ -220,12 +220,15 @@ constexpr int kTile = VectorCodec::kKeyTileTokens;
 constexpr int kTileGroup = 4;
 
 // l[h] = a0[j] + a1[j] of head h for the 8 keys at `keys` (a tile, or its second half).
-template <int kG>
-TIERKV_AVX2 __attribute__((always_inline)) inline void TileLaneSums8(const float* q, size_t hd, const uint8_t* keys,
-                                                                     size_t j, __m256* l) {
+// kHd > 0: head_dim known at compile time (the loops unroll), else hd.
+template <int kG, int kHd>
+TIERKV_AVX2 __attribute__((always_inline)) inline void TileLaneSums8(const float* q, size_t hd_arg,
+                                                                     const uint8_t* keys, size_t j, __m256* l) {
+  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
   __m256 a0[kG], a1[kG];
   for (int h = 0; h < kG; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
   size_t i = 0;
+#pragma GCC unroll 16
   for (; i + 16 <= hd; i += 16) {
     const __m256 k0 = LoadHalf8(keys + 2 * kTile * (i + j));
     const __m256 k1 = LoadHalf8(keys + 2 * kTile * (i + 8 + j));
@@ -241,25 +244,26 @@ TIERKV_AVX2 __attribute__((always_inline)) inline void TileLaneSums8(const float
   for (int h = 0; h < kG; ++h) l[h] = _mm256_add_ps(a0[h], a1[h]);
 }
 
-template <int kG>
-TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd, const uint8_t* k, size_t n, float* scores,
+template <int kG, int kHd>
+TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd_arg, const uint8_t* k, size_t n, float* scores,
                                       size_t stride) {
+  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
   const size_t tile_bytes = 2 * kTile * hd;
   for (size_t t0 = 0; t0 < n; t0 += 8) {
     const uint8_t* keys = k + t0 / kTile * tile_bytes + 2 * (t0 % kTile);
     if (t0 % kTile == 0) PrefetchLines(keys + kPrefetchBytes, tile_bytes);
     __m256 x[kG], y[kG], u02[kG], u13[kG];
-    TileLaneSums8<kG>(q, hd, keys, 0, x);
-    TileLaneSums8<kG>(q, hd, keys, 4, y);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 0, x);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 4, y);
     for (int h = 0; h < kG; ++h) u02[h] = _mm256_add_ps(x[h], y[h]);
-    TileLaneSums8<kG>(q, hd, keys, 2, x);
-    TileLaneSums8<kG>(q, hd, keys, 6, y);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 2, x);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 6, y);
     for (int h = 0; h < kG; ++h) u02[h] = _mm256_add_ps(u02[h], _mm256_add_ps(x[h], y[h]));
-    TileLaneSums8<kG>(q, hd, keys, 1, x);
-    TileLaneSums8<kG>(q, hd, keys, 5, y);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 1, x);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 5, y);
     for (int h = 0; h < kG; ++h) u13[h] = _mm256_add_ps(x[h], y[h]);
-    TileLaneSums8<kG>(q, hd, keys, 3, x);
-    TileLaneSums8<kG>(q, hd, keys, 7, y);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 3, x);
+    TileLaneSums8<kG, kHd>(q, hd, keys, 7, y);
     const size_t tn = std::min<size_t>(8, n - t0);
     for (int h = 0; h < kG; ++h) {
       const __m256 r = _mm256_add_ps(u02[h], _mm256_add_ps(u13[h], _mm256_add_ps(x[h], y[h])));
@@ -293,8 +297,15 @@ void ForTileHeadGroups(const float* q, int heads, size_t hd, float* scores, size
 
 void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
                      size_t stride) {
+  // The usual head_dims with their loops unrolled; the rest with hd at run time.
   ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
-    DotF16TiledAvx2Heads<decltype(group)::value>(qh, hd, k, n, sh, stride);
+    constexpr int kG = decltype(group)::value;
+    switch (hd) {
+      case 32: return DotF16TiledAvx2Heads<kG, 32>(qh, hd, k, n, sh, stride);
+      case 64: return DotF16TiledAvx2Heads<kG, 64>(qh, hd, k, n, sh, stride);
+      case 128: return DotF16TiledAvx2Heads<kG, 128>(qh, hd, k, n, sh, stride);
+      default: return DotF16TiledAvx2Heads<kG, 0>(qh, hd, k, n, sh, stride);
+    }
   });
 }
 

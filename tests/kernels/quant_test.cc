@@ -570,6 +570,46 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   }
 }
 
+// The AVX2 multi-row kernels (Q8_0, Q6_K: 8 rows at a time, one horizontal sum for the
+// 8) against the AVX2 one-row kernels, bit for bit: short rows (a 64-wide output
+// projection) and long ones (prefetched row by row), row counts around the 8-row groups.
+TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ6_K}) {
+    const DotRowsFn many = quant_internal::Avx2DotRows(t);
+    const DotFn one = quant_internal::Avx2Dot(t);
+    ASSERT_NE(many, nullptr) << WeightTypeName(t);
+    EXPECT_EQ(GetDotRowsFn(t, SimdLevel::kAvx2), many);
+    for (int64_t n : {64, 256, 512, 4096}) {
+      if (n % GetWeightTypeInfo(t).block_size != 0) continue;
+      for (int64_t n_rows : {1, 7, 8, 9, 16, 23}) {
+        SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
+        std::vector<uint8_t> rows;
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const std::vector<uint8_t> row = RandomRow(t, n, rng);
+          rows.insert(rows.end(), row.begin(), row.end());
+        }
+        std::vector<float> x(n);
+        for (float& v : x) v = normal(rng);
+        x[5] = 11.0f;  // an outlier
+        const WeightType at = ActivationType(t);
+        std::vector<uint8_t> act(RowBytes(at, n));
+        QuantizeActivation(at, x.data(), act.data(), n);
+        const size_t rb = RowBytes(t, n);
+        std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
+        many(rows.data(), rb, n_rows, act.data(), n, out.data());
+        EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const float want = one(rows.data() + static_cast<size_t>(r) * rb, act.data(), n);
+          EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want)) << "row " << r;
+        }
+      }
+    }
+  }
+}
+
 // The multi-row F32 / F16 / BF16 kernels (short F32 and F16 rows 16 at a time) against
 // the AVX-512 one-row dot, bit for bit: widths with and without a tail past the 64-value
 // steps (which send the rows one at a time), row counts around the 16-row groups.

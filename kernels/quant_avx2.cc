@@ -436,19 +436,20 @@ struct Q6KAvx2 {
   TIERKV_AVX2_FN static float Finish(Acc acc) { return simd::HsumLanes8(acc.lanes); }
   TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i m2 = _mm256_set1_epi8(3);
+    // The two high bits of chunk k sit at bits 2k, 2k + 1 of each qh byte; shifted (as
+    // 16-bit lanes) to bits 4 and 5 and masked there, so bits that cross into the
+    // neighbouring byte are masked off.
+    const __m256i m30 = _mm256_set1_epi8(0x30);
     for (int h = 0; h < 2; ++h) {
       const __m256i ql0 = LoadU256(b.ql + 64 * h);
       const __m256i ql1 = LoadU256(b.ql + 64 * h + 32);
       const __m256i qh = LoadU256(b.qh + 32 * h);
       __m256i* q = u->q + 4 * h;
-      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m2), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m2), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m2), 4));
+      q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30));
+      q[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m30));
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m2), 4));
+                             _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30));
     }
     u->sc = b.scales;
     u->d = Half(b.d);
@@ -457,15 +458,17 @@ struct Q6KAvx2 {
     const int8_t* sc = u.sc;
     // Lane L: values 4L .. 4L + 3 of every 32-value chunk (ScaledDotU8's lanes), less
     // 32 * (sc[2L] bsums[2L] + sc[2L + 1] bsums[2L + 1]), the -32 offset.
-    const __m256i offset = simd::Q6KOffsetLanes(
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))), LoadU256(x.bsums));
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+    const __m256i offset = simd::Q6KOffsetLanes(_mm256_cvtepi8_epi16(sc8), LoadU256(x.bsums));
+    // Chunk p = 4h + k's two 16-value groups have scales sc[2p] (its low 16 values: the
+    // low 128-bit lane) and sc[2p + 1]. Even scales widened into the low lane and odd
+    // ones into the high lane, word p of each lane broadcast over it is that pair.
+    const __m256i pairs = _mm256_cvtepi8_epi16(
+        _mm_shuffle_epi8(sc8, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15)));
     __m256i acc = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      for (int k = 0; k < 4; ++k) {
-        const int g = 8 * h + 2 * k;  // the two 16-value groups of this 32-value chunk
-        const __m256i s16 = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
-        acc = _mm256_add_epi32(acc, ScaledDotU8(u.q[4 * h + k], LoadU256(x.qs + 128 * h + 32 * k), s16));
-      }
+    for (int p = 0; p < 8; ++p) {
+      const __m256i s16 = _mm256_shuffle_epi8(pairs, _mm256_set1_epi16(static_cast<short>(0x0101 * (2 * p) + 0x0100)));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(u.q[p], LoadU256(x.qs + 32 * p), s16));
     }
     acc = _mm256_sub_epi32(acc, offset);
     return {_mm256_fmadd_ps(_mm256_set1_ps(x.d * u.d), _mm256_cvtepi32_ps(acc), sum.lanes)};

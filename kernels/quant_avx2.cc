@@ -11,6 +11,7 @@
 #include "kernels/fp16.h"
 #include "kernels/quant.h"
 #include "kernels/quant_simd.h"
+#include "memory/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -50,7 +51,8 @@ TIERKV_AVX2_FN inline void HsumRows8(const __m256* acc, float* out) {
   }
   for (int i = 0; i < 2; ++i) {
     const __m256 x = p[2 * i], y = p[2 * i + 1];
-    q[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+    q[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
   }
   // 128-bit lane 0 holds rows 0, 2, 4, 6; lane 1 rows 1, 3, 5, 7.
   const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
@@ -63,11 +65,6 @@ TIERKV_AVX2_FN inline void HsumRows8(const __m256* acc, float* out) {
 // poorly); groups of short rows are prefetched kGroupAheadBytes ahead as a whole.
 constexpr size_t kRowAheadBytes = 1024;
 constexpr size_t kGroupAheadBytes = 4096;
-
-TIERKV_AVX2_FN inline void PrefetchBytes(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
-}
 
 // Sum of w[i] * x[i] over 32 int8 pairs, as 8 int32 lanes.
 TIERKV_AVX2_FN inline __m256i DotI8x32(__m256i w, __m256i x) {
@@ -154,7 +151,7 @@ TIERKV_AVX2_FN float DotQ8_0Avx2(const void* row, const void* act, int64_t n) {
 TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                            float* out) {
   const bool long_rows = row_bytes >= kLongRowBytes;
-  if (!long_rows) PrefetchBytes(rows + kGroupAheadBytes, 8 * row_bytes);
+  if (!long_rows) PrefetchLines(rows + kGroupAheadBytes, 8 * row_bytes);
   __m256 acc[8];
   for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
@@ -163,7 +160,9 @@ TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_byte
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
     for (int r = 0; r < 8; ++r) {
       const auto* w = reinterpret_cast<const BlockQ8_0*>(col + static_cast<size_t>(r) * row_bytes);
-      if (long_rows && i % 4 == 0) PrefetchBytes(reinterpret_cast<const uint8_t*>(w) + kRowAheadBytes, 4 * sizeof(BlockQ8_0));
+      if (long_rows && i % 4 == 0) {
+        PrefetchLines(reinterpret_cast<const uint8_t*>(w) + kRowAheadBytes, 4 * sizeof(BlockQ8_0));
+      }
       const __m256i p = DotI8x32(LoadU256(w->qs), xq);
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(Half(w->d) * dx), _mm256_cvtepi32_ps(p), acc[r]);
     }
@@ -176,7 +175,9 @@ TIERKV_AVX2_FN void DotQ8_0RowsAvx2(const void* rows, size_t row_bytes, int64_t 
   const auto* base = static_cast<const uint8_t*>(rows);
   const auto* x = static_cast<const BlockQ8_0*>(act);
   int64_t r = 0;
-  for (; r + 8 <= n_rows; r += 8) DotQ8_0Rows8Avx2(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk0, out + r);
+  for (; r + 8 <= n_rows; r += 8) {
+    DotQ8_0Rows8Avx2(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk0, out + r);
+  }
   for (; r < n_rows; ++r) out[r] = DotQ8_0Avx2(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 
@@ -509,14 +510,14 @@ template <typename F>
 TIERKV_AVX2_FN inline void DotKRows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_K* x, int64_t nb,
                                         float* out) {
   const bool long_rows = row_bytes >= kLongRowBytes;
-  if (!long_rows) PrefetchBytes(rows + kGroupAheadBytes, 8 * row_bytes);
+  if (!long_rows) PrefetchLines(rows + kGroupAheadBytes, 8 * row_bytes);
   __m256 acc[8];
   typename F::Unpacked u;
   for (int r = 0; r < 8; ++r) {
     const auto* w = reinterpret_cast<const typename F::Block*>(rows + static_cast<size_t>(r) * row_bytes);
     typename F::Acc sum{};
     for (int64_t i = 0; i < nb; ++i) {
-      if (long_rows) PrefetchBytes(reinterpret_cast<const uint8_t*>(&w[i]) + kRowAheadBytes, sizeof(w[i]));
+      if (long_rows) PrefetchLines(reinterpret_cast<const uint8_t*>(&w[i]) + kRowAheadBytes, sizeof(w[i]));
       F::Unpack(w[i], &u);
       sum = F::Step(sum, u, x[i]);
     }
@@ -531,7 +532,9 @@ TIERKV_AVX2_FN void DotKRowsAvx2(const void* rows, size_t row_bytes, int64_t n_r
   const auto* base = static_cast<const uint8_t*>(rows);
   const auto* x = static_cast<const BlockQ8_K*>(act);
   int64_t r = 0;
-  for (; r + 8 <= n_rows; r += 8) DotKRows8Avx2<F>(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQkK, out + r);
+  for (; r + 8 <= n_rows; r += 8) {
+    DotKRows8Avx2<F>(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQkK, out + r);
+  }
   for (; r < n_rows; ++r) out[r] = DotKAvx2<F>(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 

@@ -1,7 +1,8 @@
 // memory/prefetch.h
 //
 // Software prefetch of a byte range into the L1 cache: one prefetcht0 per 64-byte line
-// from p to p + bytes. Used by kernels that stream memory in patterns the hardware
+// from p to p + bytes (PrefetchLinesL2: prefetcht1, into L2, for a second, farther
+// distance). Used by kernels that stream memory in patterns the hardware
 // prefetchers follow poorly (KV blocks run by run, rows of a matrix side by side). The
 // range may run past the end of an allocation: a prefetch never faults.
 //
@@ -20,6 +21,16 @@ inline void PrefetchLines(const void* p, size_t bytes) {
 #if defined(__x86_64__) || defined(__i386__)
   const char* c = static_cast<const char*>(p);
   for (size_t o = 0; o < bytes; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(c + o)));
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+inline void PrefetchLinesL2(const void* p, size_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  const char* c = static_cast<const char*>(p);
+  for (size_t o = 0; o < bytes; o += 64) asm volatile("prefetcht1 %0" : : "m"(*(c + o)));
 #else
   (void)p;
   (void)bytes;

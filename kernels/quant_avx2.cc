@@ -6,6 +6,7 @@
 // order of f32 additions. Every function carries the target attribute; no std templates
 // are instantiated here, so no AVX2 code can leak into shared inline functions.
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/fp16.h"
@@ -299,24 +300,38 @@ struct K45Avx2 {
   using Block = std::conditional_t<kFive, BlockQ5_K, BlockQ4_K>;
   struct Unpacked {
     __m256i lo[4], hi[4];  // chunk c's low and high 32 values (0..15, Q5_K 0..31)
-    uint8_t sc[8], mn[8];
+    __m256i scales;        // the 8 sub-block scales as int16, in both 128-bit lanes
+    __m256i mins;          // the 8 mins as int16, min j at words 2j and 2j + 1 (against bsums)
     float d, dmin;
   };
   TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int j = 0; j < 8; ++j) ScaleMinK4(j, b.scales, &u->sc[j], &u->mn[j]);
+    // ScaleMinK4's 6-bit codes, four at a time in 32-bit words (w0..w2: bytes 0-3, 4-7,
+    // 8-11 of b.scales): scales 0-3 = w0 & 63 per byte, mins 0-3 = w1 & 63, scales 4-7 =
+    // low nibbles of w2 | top two bits of w0 << 4, mins 4-7 = high nibbles of w2 | top
+    // two bits of w1 << 4. The shifts move bits across bytes; the masks drop them.
+    uint32_t w[3];
+    std::memcpy(w, b.scales, sizeof(w));
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    const __m128i codes = _mm_setr_epi32(
+        static_cast<int>(w[0] & m6), static_cast<int>((w[2] & m4) | (((w[0] >> 6) & m2) << 4)),
+        static_cast<int>(w[1] & m6), static_cast<int>(((w[2] >> 4) & m4) | (((w[1] >> 6) & m2) << 4)));
+    const __m256i sm = _mm256_cvtepu8_epi16(codes);  // words 0-7 scales, 8-15 mins
+    u->scales = _mm256_permute4x64_epi64(sm, 0x44);
+    u->mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(codes, codes));
+    const __m256i nib = _mm256_set1_epi8(0x0f);
     [[maybe_unused]] __m256i qh;
     if constexpr (kFive) qh = LoadU256(b.qh);
     for (int c = 0; c < 4; ++c) {
       const __m256i q = LoadU256(b.qs + 32 * c);
-      u->lo[c] = _mm256_and_si256(q, m4);
-      u->hi[c] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      u->lo[c] = _mm256_and_si256(q, nib);
+      u->hi[c] = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
       if constexpr (kFive) {
         // Bit 0 of each byte of qh is the 5th bit of the low nibbles, bit 1 of the high
         // ones; shifting 16-bit lanes right moves only same-byte bits into bit 0 and 1.
         const __m256i one = _mm256_set1_epi8(1);
         u->lo[c] = _mm256_or_si256(u->lo[c], _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-        u->hi[c] = _mm256_or_si256(u->hi[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+        u->hi[c] =
+            _mm256_or_si256(u->hi[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
         qh = _mm256_srli_epi16(qh, 2);
       }
     }
@@ -344,18 +359,22 @@ struct K45Avx2 {
     }
   }
   TIERKV_AVX2_FN static Acc Step(Acc sum, const Unpacked& u, const BlockQ8_K& x) {
-    int summ = 0;
-    for (int j = 0; j < 8; ++j) summ += u.mn[j] * (x.bsums[2 * j] + x.bsums[2 * j + 1]);
+    // sum_j m_j (bsums[2j] + bsums[2j + 1]) and the scaled chunk sums: exact integers,
+    // whatever the order. Sub-block j's scale broadcast over a vector: word j of each lane.
+    const int summ = HsumEpi32(_mm256_madd_epi16(LoadU256(x.bsums), u.mins));
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
-      acc = _mm256_add_epi32(acc, ScaledDotU8(u.lo[c], LoadU256(x.qs + 64 * c), _mm256_set1_epi16(u.sc[2 * c])));
-      acc = _mm256_add_epi32(acc, ScaledDotU8(u.hi[c], LoadU256(x.qs + 64 * c + 32), _mm256_set1_epi16(u.sc[2 * c + 1])));
+      const __m256i s0 = _mm256_shuffle_epi8(u.scales, _mm256_set1_epi16(static_cast<short>(0x0404 * c + 0x0100)));
+      const __m256i s1 = _mm256_shuffle_epi8(u.scales, _mm256_set1_epi16(static_cast<short>(0x0404 * c + 0x0302)));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(u.lo[c], LoadU256(x.qs + 64 * c), s0));
+      acc = _mm256_add_epi32(acc, ScaledDotU8(u.hi[c], LoadU256(x.qs + 64 * c + 32), s1));
     }
     const float d = x.d * u.d;
     const float dmin = x.d * u.dmin;
     const float fsumm = static_cast<float>(summ);
     if constexpr (kFive) {
-      return {_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), sum.lanes), __builtin_fmaf(-dmin, fsumm, sum.m)};
+      return {_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), sum.lanes),
+              __builtin_fmaf(-dmin, fsumm, sum.m)};
     } else {
       const float isum = static_cast<float>(HsumEpi32(acc));
       return {__builtin_fmaf(isum, d, sum.a), __builtin_fmaf(fsumm, dmin, sum.m)};

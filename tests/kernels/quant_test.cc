@@ -570,6 +570,37 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   }
 }
 
+// The AVX2 K-quant kernels sum in the scalar kernels' float order (their integer sums
+// are exact however they are formed: Q4_K / Q5_K unpack the 6-bit scales and mins four
+// at a time and take the mins' sum with one madd), so the bits are the scalar ones:
+// random rows, and rows whose scale bytes are all 0xff (every 6-bit code 63, the high
+// bits of the packed codes set) or all 0x00.
+TEST(QuantTest, Avx2KQuantDotsBitIdenticalToScalar) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (WeightType t : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
+    for (int64_t n : {256, 1024}) {
+      for (int fill : {-1, 0x00, 0xff}) {
+        SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " fill=" + std::to_string(fill));
+        std::vector<uint8_t> row = RandomRow(t, n, rng);
+        if (fill >= 0 && t != WeightType::kQ6_K) {
+          const size_t bb = GetWeightTypeInfo(t).block_bytes;
+          for (int64_t b = 0; b < n / 256; ++b) std::memset(row.data() + b * bb + 4, fill, 12);  // after d, dmin
+        }
+        std::vector<float> x(n);
+        for (float& v : x) v = normal(rng);
+        x[9] = -13.0f;  // an outlier
+        std::vector<uint8_t> act(RowBytes(WeightType::kQ8_K, n));
+        QuantizeActivation(WeightType::kQ8_K, x.data(), act.data(), n);
+        const float want = quant_internal::ScalarDot(t)(row.data(), act.data(), n);
+        const float got = quant_internal::Avx2Dot(t)(row.data(), act.data(), n);
+        EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
+      }
+    }
+  }
+}
+
 // The AVX2 multi-row kernels (Q8_0, Q6_K: 8 rows at a time, one horizontal sum for the
 // 8) against the AVX2 one-row kernels, bit for bit: short rows (a 64-wide output
 // projection) and long ones (prefetched row by row), row counts around the 8-row groups.

@@ -269,7 +269,7 @@ using DotRowsFn = void (*)(const void* rows, size_t row_bytes, int64_t n_rows, c
                            float* out);
 // The multi-row kernel for `weight` at `level`, or nullptr where there is none (call the
 // DotFn per row). Today: the quantized types at the AVX-512 level when the CPU also has
-// AVX512-VNNI; Q8_0 and Q6_K at the AVX2 level (and at the AVX-512 level without
+// AVX512-VNNI; Q8_0, Q4_0 and Q6_K at the AVX2 level (and at the AVX-512 level without
 // VNNI, where the AVX2 one-row kernels serve).
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level);
 // Dots of n_rows consecutive rows with each of n_tokens activation rows (a prefill
@@ -324,7 +324,7 @@ DotRowsFn Avx512DotRows(WeightType weight);
 DotRowsTokensFn Avx512DotRowsTokens(WeightType weight);
 DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType weight);  // F32, F16, BF16 (kBatched)
 DotRowsTokensFn Avx512LlamaGemmRowsTokens(WeightType weight);  // Q4_K (GetLlamaGemmRowsTokensFn)
-DotRowsFn Avx2DotRows(WeightType weight);  // Q8_0, Q6_K
+DotRowsFn Avx2DotRows(WeightType weight);  // Q8_0, Q4_0, Q6_K
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.

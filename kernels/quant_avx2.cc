@@ -286,6 +286,52 @@ TIERKV_AVX2_FN float DotQ4_0Avx2(const void* row, const void* act, int64_t n) {
   return acc;
 }
 
+// Eight rows of DotQ4_0Avx2 side by side: per block, each row's integer sum as the
+// one-row kernel forms it (exact, so its eight lane sums may be added in any order:
+// here all eight rows' at once), then the eight rows' running sums in one vector, lane
+// r = fma((float)isum_r, d_w,r * d_x, lane r): the one-row kernel's chain, eight chains
+// in flight instead of one (a block's horizontal sum and its fma were a latency chain).
+TIERKV_AVX2_FN inline void DotQ4_0Rows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
+                                           float* out) {
+  const bool long_rows = row_bytes >= kLongRowBytes;
+  if (!long_rows) PrefetchLines(rows + kGroupAheadBytes, 8 * row_bytes);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i xq = LoadU256(x[i].qs);
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ4_0);
+    const BlockQ4_0* w[8];
+    __m256i p[8];
+    for (int r = 0; r < 8; ++r) {
+      w[r] = reinterpret_cast<const BlockQ4_0*>(col + static_cast<size_t>(r) * row_bytes);
+      if (long_rows && i % 4 == 0) PrefetchLines(reinterpret_cast<const uint8_t*>(w[r]) + kRowAheadBytes, 128);
+      p[r] = DotI8x32(UnpackQ4_0(w[r]->qs), xq);
+    }
+    // Lane sums of rows 0-7 -> one int32 each, in row order.
+    const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    const __m256i isum = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+    const __m128i dh = _mm_setr_epi16(static_cast<short>(w[0]->d), static_cast<short>(w[1]->d),
+                                      static_cast<short>(w[2]->d), static_cast<short>(w[3]->d),
+                                      static_cast<short>(w[4]->d), static_cast<short>(w[5]->d),
+                                      static_cast<short>(w[6]->d), static_cast<short>(w[7]->d));
+    const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_set1_ps(Half(x[i].d)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+TIERKV_AVX2_FN void DotQ4_0RowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                   float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) {
+    DotQ4_0Rows8Avx2(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk0, out + r);
+  }
+  for (; r < n_rows; ++r) out[r] = DotQ4_0Avx2(base + static_cast<size_t>(r) * row_bytes, act, n);
+}
+
 // Sum over 32 pairs of unsigned u (< 64) times signed a, weighted by `scale`, as 8 int32.
 TIERKV_AVX2_FN inline __m256i ScaledDotU8(__m256i u, __m256i a, __m256i scale16) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), scale16);
@@ -633,6 +679,7 @@ DotFn Avx2Dot(WeightType weight) {
 DotRowsFn Avx2DotRows(WeightType weight) {
   switch (weight) {
     case WeightType::kQ8_0: return DotQ8_0RowsAvx2;
+    case WeightType::kQ4_0: return DotQ4_0RowsAvx2;
     case WeightType::kQ6_K: return DotKRowsAvx2<Q6KAvx2>;
     default: return nullptr;
   }

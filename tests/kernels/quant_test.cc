@@ -601,14 +601,14 @@ TEST(QuantTest, Avx2KQuantDotsBitIdenticalToScalar) {
   }
 }
 
-// The AVX2 multi-row kernels (Q8_0, Q6_K: 8 rows at a time, one horizontal sum for the
-// 8) against the AVX2 one-row kernels, bit for bit: short rows (a 64-wide output
+// The AVX2 multi-row kernels (Q8_0, Q4_0, Q6_K: 8 rows at a time, one horizontal sum
+// for the 8) against the AVX2 one-row kernels, bit for bit: short rows (a 64-wide output
 // projection) and long ones (prefetched row by row), row counts around the 8-row groups.
 TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
   if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(31);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ6_K}) {
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ6_K}) {
     const DotRowsFn many = quant_internal::Avx2DotRows(t);
     const DotFn one = quant_internal::Avx2Dot(t);
     ASSERT_NE(many, nullptr) << WeightTypeName(t);

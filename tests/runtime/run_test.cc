@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu_features.h"
+
 namespace tierkv {
 namespace {
 
@@ -321,16 +323,21 @@ TEST(RunTest, InteractiveTurnsExtendOneContext) {
 }
 
 // With --llama-sums (RunOptions::llama_sums) these two files give llama.cpp's float logits
-// exactly (docs/kernels.md), so there the tolerance is 0.
+// exactly (docs/kernels.md), so there the tolerance is 0, on a CPU with AVX-512: the
+// vectors come from llama.cpp's AVX-512 build, and the F16 products of ref-qwen3moe-f16
+// sum in that build's order only at tierkv's AVX-512 level (at the AVX2 level they sum
+// as llama.cpp's AVX2 build would, last bits apart). Elsewhere the file's tolerance.
 TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
   if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  const bool avx512 = kernels::DetectedSimdLevel() >= kernels::SimdLevel::kAvx512;
   for (const bool llama_sums : {false, true}) {
     for (const char* name : {"ref-llama-q8_0", "ref-qwen3moe-f16"}) {
       SCOPED_TRACE(std::string(name) + (llama_sums ? " --llama-sums" : ""));
       std::ifstream in(kRef + "/vectors/" + name + ".json");
       const auto ref = nlohmann::json::parse(in);
       const auto& c = ref["cases"][0];  // P1
-      const double tol = llama_sums ? 0.0 : ref["tolerance"]["logit_abs"].get<double>();
+      const bool exact = llama_sums && avx512;
+      const double tol = exact ? 0.0 : ref["tolerance"]["logit_abs"].get<double>();
       const double lse_tol = ref["tolerance"]["logsumexp_abs"];
       RunOptions o = Options(name);
       o.llama_sums = llama_sums ? RunOptions::LlamaSums::kOn : RunOptions::LlamaSums::kOff;
@@ -353,7 +360,7 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
           for (const auto& [gid, gl] : got.top) {
             if (gid != id) continue;
             found = true;
-            if (llama_sums) {
+            if (exact) {
               EXPECT_EQ(static_cast<float>(gl), static_cast<float>(logit)) << "pos " << got.pos << " id " << id;
             } else {
               EXPECT_NEAR(gl, logit, tol) << "pos " << got.pos << " id " << id;

@@ -2,6 +2,7 @@
 #include "kernels/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -13,10 +14,15 @@
 namespace tierkv::kernels {
 namespace {
 
-// Pauses a worker spins for the next job before it sleeps (tens of microseconds: enough
-// to bridge the gaps between the jobs of one decode step, not enough to burn a shared
-// core between steps).
-constexpr int kWorkerSpin = 1 << 11;
+// How long a worker spins for the next job before it sleeps: enough to bridge the gaps
+// between the jobs of one decode step (the serial stretches between two layers'
+// attentions reach ~80 us on a 2-core Zen 4 VM), not enough to burn a shared core between
+// steps. By the clock, not a count of pauses: a pause is 18 ns on the Zen 5 this was
+// first tuned on and 32 ns on that Zen 4, where 2048 of them (65 us) let the worker fall
+// asleep inside a step and the futex wake-up cost the step 10 - 30% (ref-llama-q8_0 at
+// 64K: the step's matvecs 183 -> 123 us with a longer spin).
+constexpr auto kWorkerSpinTime = std::chrono::microseconds(250);
+constexpr int kPausesPerClockRead = 32;
 // Pauses the caller spins for running tasks before it starts yielding its core.
 constexpr int kCallerSpin = 1 << 10;
 
@@ -102,9 +108,13 @@ void ThreadPool::WorkerLoop() {
   uint32_t seen = generation_.load();
   for (;;) {
     uint32_t g = generation_.load();
-    for (int s = 0; g == seen && s < kWorkerSpin; ++s) {
-      TIERKV_PAUSE();
-      g = generation_.load();
+    if (g == seen) {
+      const auto until = std::chrono::steady_clock::now() + kWorkerSpinTime;
+      for (int s = 1; g == seen; ++s) {
+        TIERKV_PAUSE();
+        g = generation_.load();
+        if (s % kPausesPerClockRead == 0 && std::chrono::steady_clock::now() >= until) break;
+      }
     }
     if (g == seen) {
       std::unique_lock<std::mutex> lock(mu_);

@@ -171,15 +171,16 @@ TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_byte
   HsumRows8(acc, out);
 }
 
-TIERKV_AVX2_FN void DotQ8_0RowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                   float* out) {
+// A DotRowsFn from an 8-row kernel (kRows8: rows, row_bytes, activation blocks, blocks
+// per row, out) and the one-row kernel for the last n_rows % 8 rows; kQk values a block.
+template <typename Act, int64_t kQk, auto kRows8, auto kOne>
+TIERKV_AVX2_FN void DotRowsBy8Avx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
+                                  float* out) {
   const auto* base = static_cast<const uint8_t*>(rows);
-  const auto* x = static_cast<const BlockQ8_0*>(act);
+  const auto* x = static_cast<const Act*>(act);
   int64_t r = 0;
-  for (; r + 8 <= n_rows; r += 8) {
-    DotQ8_0Rows8Avx2(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk0, out + r);
-  }
-  for (; r < n_rows; ++r) out[r] = DotQ8_0Avx2(base + static_cast<size_t>(r) * row_bytes, act, n);
+  for (; r + 8 <= n_rows; r += 8) kRows8(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk, out + r);
+  for (; r < n_rows; ++r) out[r] = kOne(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 
 // The 32 nibbles of a 32-value block (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), 0..15, in
@@ -319,17 +320,6 @@ TIERKV_AVX2_FN inline void DotQ4_0Rows8Avx2(const uint8_t* rows, size_t row_byte
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
   }
   _mm256_storeu_ps(out, acc);
-}
-
-TIERKV_AVX2_FN void DotQ4_0RowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                   float* out) {
-  const auto* base = static_cast<const uint8_t*>(rows);
-  const auto* x = static_cast<const BlockQ8_0*>(act);
-  int64_t r = 0;
-  for (; r + 8 <= n_rows; r += 8) {
-    DotQ4_0Rows8Avx2(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk0, out + r);
-  }
-  for (; r < n_rows; ++r) out[r] = DotQ4_0Avx2(base + static_cast<size_t>(r) * row_bytes, act, n);
 }
 
 // Sum over 32 pairs of unsigned u (< 64) times signed a, weighted by `scale`, as 8 int32.
@@ -591,18 +581,6 @@ TIERKV_AVX2_FN inline void DotKRows8Avx2(const uint8_t* rows, size_t row_bytes, 
   HsumRows8(acc, out);
 }
 
-template <typename F>
-TIERKV_AVX2_FN void DotKRowsAvx2(const void* rows, size_t row_bytes, int64_t n_rows, const void* act, int64_t n,
-                                float* out) {
-  const auto* base = static_cast<const uint8_t*>(rows);
-  const auto* x = static_cast<const BlockQ8_K*>(act);
-  int64_t r = 0;
-  for (; r + 8 <= n_rows; r += 8) {
-    DotKRows8Avx2<F>(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQkK, out + r);
-  }
-  for (; r < n_rows; ++r) out[r] = DotKAvx2<F>(base + static_cast<size_t>(r) * row_bytes, act, n);
-}
-
 // The several-token kernel: each row against the tokens four at a time (then the 1 - 3
 // left); a row (a few KiB) stays in L1 while they pass.
 template <typename F>
@@ -678,9 +656,9 @@ DotFn Avx2Dot(WeightType weight) {
 
 DotRowsFn Avx2DotRows(WeightType weight) {
   switch (weight) {
-    case WeightType::kQ8_0: return DotQ8_0RowsAvx2;
-    case WeightType::kQ4_0: return DotQ4_0RowsAvx2;
-    case WeightType::kQ6_K: return DotKRowsAvx2<Q6KAvx2>;
+    case WeightType::kQ8_0: return DotRowsBy8Avx2<BlockQ8_0, kQk0, DotQ8_0Rows8Avx2, DotQ8_0Avx2>;
+    case WeightType::kQ4_0: return DotRowsBy8Avx2<BlockQ8_0, kQk0, DotQ4_0Rows8Avx2, DotQ4_0Avx2>;
+    case WeightType::kQ6_K: return DotRowsBy8Avx2<BlockQ8_K, kQkK, DotKRows8Avx2<Q6KAvx2>, DotKAvx2<Q6KAvx2>>;
     default: return nullptr;
   }
 }

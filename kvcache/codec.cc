@@ -317,6 +317,22 @@ void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size
   });
 }
 
+// fn(std::integral_constant<int, k>{}) for k in 1..8 (more as 8): the value-sum kernels'
+// vectors per accumulator as a compile-time count.
+template <typename F>
+void WithVectorCount(int k, F&& fn) {
+  switch (k) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
+
 // ---- f16 value sums, AVX2 ---------------------------------------------------------------
 // acc[h][8i ..] += w[h * w_stride + t] * v_t for kH heads over dims [0, 8 kV) of v and
 // acc (the caller offsets both), tokens in order, the kH x kV accumulators in registers
@@ -383,16 +399,9 @@ void AccumulateF16GroupAvx2(const float* w, size_t w_stride, int heads, const ui
   for (int d0 = 0; d0 < nv; d0 += chunk) {
     const uint8_t* vc = v + 16 * static_cast<size_t>(d0);
     float* ac = acc + 8 * static_cast<size_t>(d0);
-    switch (std::min(chunk, nv - d0)) {
-      case 1: AccumulateF16ChunkAvx2<1>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 2: AccumulateF16ChunkAvx2<2>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 3: AccumulateF16ChunkAvx2<3>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 4: AccumulateF16ChunkAvx2<4>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 5: AccumulateF16ChunkAvx2<5>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 6: AccumulateF16ChunkAvx2<6>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 7: AccumulateF16ChunkAvx2<7>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      default: AccumulateF16ChunkAvx2<8>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-    }
+    WithVectorCount(std::min(chunk, nv - d0), [&](auto k) {
+      AccumulateF16ChunkAvx2<decltype(k)::value>(w, w_stride, heads, vc, n, vb, ac, hd);
+    });
   }
 }
 
@@ -688,16 +697,9 @@ void AccumulateF16GroupAvx512(const float* w, size_t w_stride, int heads, const 
   for (int d0 = 0; d0 < nv; d0 += 8) {
     const uint8_t* vc = v + 32 * static_cast<size_t>(d0);
     float* ac = acc + 16 * static_cast<size_t>(d0);
-    switch (std::min(8, nv - d0)) {
-      case 1: AccumulateF16ChunkAvx512<1>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 2: AccumulateF16ChunkAvx512<2>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 3: AccumulateF16ChunkAvx512<3>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 4: AccumulateF16ChunkAvx512<4>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 5: AccumulateF16ChunkAvx512<5>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 6: AccumulateF16ChunkAvx512<6>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      case 7: AccumulateF16ChunkAvx512<7>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-      default: AccumulateF16ChunkAvx512<8>(w, w_stride, heads, vc, n, vb, ac, hd); break;
-    }
+    WithVectorCount(std::min(8, nv - d0), [&](auto k) {
+      AccumulateF16ChunkAvx512<decltype(k)::value>(w, w_stride, heads, vc, n, vb, ac, hd);
+    });
   }
 }
 // The tiled kernels with 16-key vectors: one tile per step (TileLaneSums8's arithmetic).

@@ -17,24 +17,26 @@
 
 namespace tierkv {
 
-inline void PrefetchLines(const void* p, size_t bytes) {
+namespace prefetch_internal {
+template <bool kL2>
+inline void Lines(const void* p, size_t bytes) {
 #if defined(__x86_64__) || defined(__i386__)
   const char* c = static_cast<const char*>(p);
-  for (size_t o = 0; o < bytes; o += 64) asm volatile("prefetcht0 %0" : : "m"(*(c + o)));
+  for (size_t o = 0; o < bytes; o += 64) {
+    if constexpr (kL2) {
+      asm volatile("prefetcht1 %0" : : "m"(*(c + o)));
+    } else {
+      asm volatile("prefetcht0 %0" : : "m"(*(c + o)));
+    }
+  }
 #else
   (void)p;
   (void)bytes;
 #endif
 }
+}  // namespace prefetch_internal
 
-inline void PrefetchLinesL2(const void* p, size_t bytes) {
-#if defined(__x86_64__) || defined(__i386__)
-  const char* c = static_cast<const char*>(p);
-  for (size_t o = 0; o < bytes; o += 64) asm volatile("prefetcht1 %0" : : "m"(*(c + o)));
-#else
-  (void)p;
-  (void)bytes;
-#endif
-}
+inline void PrefetchLines(const void* p, size_t bytes) { prefetch_internal::Lines<false>(p, bytes); }
+inline void PrefetchLinesL2(const void* p, size_t bytes) { prefetch_internal::Lines<true>(p, bytes); }
 
 }  // namespace tierkv

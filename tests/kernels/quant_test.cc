@@ -521,6 +521,29 @@ constexpr WeightType kQuantTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, Weig
                                       WeightType::kQ6_K, WeightType::kIQ4_XS, WeightType::kIQ4_NL, WeightType::kQ5_0,
                                       WeightType::kQ4_1, WeightType::kQ5_1, WeightType::kQ2_K, WeightType::kQ3_K};
 
+// n_rows random rows of type t, back to back.
+std::vector<uint8_t> RandomRows(WeightType t, int64_t n, int64_t n_rows, std::mt19937& rng) {
+  std::vector<uint8_t> rows;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const std::vector<uint8_t> row = RandomRow(t, n, rng);
+    rows.insert(rows.end(), row.begin(), row.end());
+  }
+  return rows;
+}
+
+// An N(0, 1) activation row with x[at] = outlier (as real activations have), converted to
+// t's activation type.
+std::vector<uint8_t> RandomActivation(WeightType t, int64_t n, std::mt19937& rng, int64_t at, float outlier) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = normal(rng);
+  x[at] = outlier;
+  const WeightType type = ActivationType(t);
+  std::vector<uint8_t> act(RowBytes(type, n));
+  QuantizeActivation(type, x.data(), act.data(), n);
+  return act;
+}
+
 void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows, int64_t n_rows, int64_t n,
                                   const std::vector<uint8_t>& act) {
   const size_t rb = RowBytes(t, n);
@@ -545,7 +568,6 @@ void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows
 TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
   std::mt19937 rng(23);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (WeightType t : kQuantTypes) {
     // 960 and 1792: the widest short rows (under 1 KiB) of Q8_0 and Q4_0, whose 16-row
     // kernels keep every block's scales of a group on the stack.
@@ -553,17 +575,8 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
       if (n % GetWeightTypeInfo(t).block_size != 0) continue;
       for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 21, 35}) {
         SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
-        std::vector<uint8_t> rows;
-        for (int64_t r = 0; r < n_rows; ++r) {
-          const std::vector<uint8_t> row = RandomRow(t, n, rng);
-          rows.insert(rows.end(), row.begin(), row.end());
-        }
-        std::vector<float> x(n);
-        for (float& v : x) v = normal(rng);
-        x[3] = -9.0f;  // an outlier
-        const WeightType at = ActivationType(t);
-        std::vector<uint8_t> act(RowBytes(at, n));
-        QuantizeActivation(at, x.data(), act.data(), n);
+        const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
+        const std::vector<uint8_t> act = RandomActivation(t, n, rng, 3, -9.0f);
         ExpectRowsBitIdenticalToAvx2(t, rows, n_rows, n, act);
       }
     }
@@ -578,7 +591,6 @@ TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
 TEST(QuantTest, Avx2KQuantDotsBitIdenticalToScalar) {
   if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(37);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (WeightType t : {WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K}) {
     for (int64_t n : {256, 1024}) {
       for (int fill : {-1, 0x00, 0xff}) {
@@ -588,11 +600,7 @@ TEST(QuantTest, Avx2KQuantDotsBitIdenticalToScalar) {
           const size_t bb = GetWeightTypeInfo(t).block_bytes;
           for (int64_t b = 0; b < n / 256; ++b) std::memset(row.data() + b * bb + 4, fill, 12);  // after d, dmin
         }
-        std::vector<float> x(n);
-        for (float& v : x) v = normal(rng);
-        x[9] = -13.0f;  // an outlier
-        std::vector<uint8_t> act(RowBytes(WeightType::kQ8_K, n));
-        QuantizeActivation(WeightType::kQ8_K, x.data(), act.data(), n);
+        const std::vector<uint8_t> act = RandomActivation(t, n, rng, 9, -13.0f);
         const float want = quant_internal::ScalarDot(t)(row.data(), act.data(), n);
         const float got = quant_internal::Avx2Dot(t)(row.data(), act.data(), n);
         EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << got << " vs " << want;
@@ -607,7 +615,6 @@ TEST(QuantTest, Avx2KQuantDotsBitIdenticalToScalar) {
 TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
   if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(31);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ6_K}) {
     const DotRowsFn many = quant_internal::Avx2DotRows(t);
     const DotFn one = quant_internal::Avx2Dot(t);
@@ -617,17 +624,8 @@ TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
       if (n % GetWeightTypeInfo(t).block_size != 0) continue;
       for (int64_t n_rows : {1, 7, 8, 9, 16, 23}) {
         SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
-        std::vector<uint8_t> rows;
-        for (int64_t r = 0; r < n_rows; ++r) {
-          const std::vector<uint8_t> row = RandomRow(t, n, rng);
-          rows.insert(rows.end(), row.begin(), row.end());
-        }
-        std::vector<float> x(n);
-        for (float& v : x) v = normal(rng);
-        x[5] = 11.0f;  // an outlier
-        const WeightType at = ActivationType(t);
-        std::vector<uint8_t> act(RowBytes(at, n));
-        QuantizeActivation(at, x.data(), act.data(), n);
+        const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
+        const std::vector<uint8_t> act = RandomActivation(t, n, rng, 5, 11.0f);
         const size_t rb = RowBytes(t, n);
         std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
         many(rows.data(), rb, n_rows, act.data(), n, out.data());
@@ -654,11 +652,7 @@ TEST(QuantTest, FloatRowsBitIdenticalToOneRow) {
     for (int64_t n : {16, 48, 64, 72, 192, 256, 496, 512, 1024}) {
       for (int64_t n_rows : {1, 15, 16, 17, 33, 40}) {
         SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
-        std::vector<uint8_t> rows;
-        for (int64_t r = 0; r < n_rows; ++r) {
-          const std::vector<uint8_t> row = RandomRow(t, n, rng);
-          rows.insert(rows.end(), row.begin(), row.end());
-        }
+        const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
         const std::vector<uint8_t> x = RandomRow(t, n, rng);
         const size_t rb = RowBytes(t, n);
         std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);

@@ -570,7 +570,9 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
     // Its one-row kernel is an AVX-512 one: no multi-row kernel has its bits.
     if (quant_internal::Avx512Dot(weight) != nullptr) return nullptr;
   }
-  if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight) != nullptr) return quant_internal::Avx2DotRows(weight);
+  if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight) != nullptr) {
+    return quant_internal::Avx2DotRows(weight);
+  }
   return nullptr;
 }
 

@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kernels/cpu_features.h"
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
 #include "memory/meminfo.h"
@@ -22,6 +23,11 @@
 #include "runtime/tokenizer.h"
 
 namespace tierkv {
+
+bool LlamaSumsByDefault(int n_ctx) {
+  return n_ctx <= kLlamaSumsAutoCtx && kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx512;
+}
+
 namespace {
 
 double Since(std::chrono::steady_clock::time_point t0) {
@@ -352,7 +358,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   mo.prefetch = o.prefetch;
   const bool llama_sums = o.kv_type == KvCodec::kF16 &&
                           (o.llama_sums == RunOptions::LlamaSums::kOn ||
-                           (o.llama_sums == RunOptions::LlamaSums::kAuto && n_ctx <= kLlamaSumsAutoCtx));
+                           (o.llama_sums == RunOptions::LlamaSums::kAuto && LlamaSumsByDefault(n_ctx)));
   mo.llama_attention_sums = llama_sums;
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.rope = o.rope;

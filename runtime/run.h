@@ -28,10 +28,18 @@
 namespace tierkv {
 
 // Contexts up to this many tokens take llama.cpp's summation orders by default
-// (RunOptions::LlamaSums::kAuto): there its logits are reproduced bit for bit wherever
-// the kernels can (docs/kernels.md), and the attention they slow down is a small part
-// of a step. Past it, decode attention would take 3 - 4x as long (docs/benchmarks.md).
+// (RunOptions::LlamaSums::kAuto) on a CPU with AVX-512: there its logits are reproduced
+// bit for bit wherever the kernels can (docs/kernels.md), and the attention they slow
+// down is a small part of a step. Past it, decode attention would take 3 - 4x as long
+// (docs/benchmarks.md).
 inline constexpr int kLlamaSumsAutoCtx = 8192;
+
+// Whether kAuto takes llama.cpp's orders for a context of n_ctx tokens: at most
+// kLlamaSumsAutoCtx, and the kernels at the AVX-512 level. Below it they do not give
+// the reference build's bits for F16 weights or Q4_K batches anyway (docs/kernels.md,
+// "Reference results"), and their attention sums are not vectorized: a 2.4K-token
+// prompt of ref-llama-f16 took 13x as long to prefill on a Zen 4 without AVX-512.
+bool LlamaSumsByDefault(int n_ctx);
 
 struct RunOptions {
   std::string model;           // path to a .gguf
@@ -69,8 +77,9 @@ struct RunOptions {
   Weights weights = Weights::kAuto;
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
   // llama.cpp's summation orders (ModelOptions::llama_attention_sums; an f16 cache):
-  // kAuto (the default) takes them when the context is at most kLlamaSumsAutoCtx tokens,
-  // where their cost is small, and the faster orders for longer ones (docs/cli.md).
+  // kAuto (the default) takes them when LlamaSumsByDefault says so (a context of at most
+  // kLlamaSumsAutoCtx tokens on a CPU with AVX-512), the faster orders otherwise
+  // (docs/cli.md).
   enum class LlamaSums { kAuto, kOn, kOff };
   LlamaSums llama_sums = LlamaSums::kAuto;
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)

@@ -20,6 +20,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "kernels/cpu_features.h"
 #include "kvcache/session_file.h"
 #include "runtime/run.h"
 
@@ -335,16 +336,19 @@ TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
 }
 
 // --llama-sums reaches the model (with the default f16 cache) and the report says so;
-// by default a short context takes llama.cpp's orders and a long one (past
-// kLlamaSumsAutoCtx) the faster ones; --no-llama-sums turns them off; both flags at once
-// are refused.
+// by default a short context takes llama.cpp's orders on a CPU with AVX-512
+// (LlamaSumsByDefault) and a long one (past kLlamaSumsAutoCtx) the faster ones;
+// --no-llama-sums turns them off; both flags at once are refused.
 TEST(RunCommandTest, LlamaSumsFlagIsReported) {
   struct Case {
     std::vector<std::string> args;
     bool want;
   };
+  const bool avx512 = kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx512;
+  EXPECT_EQ(LlamaSumsByDefault(kLlamaSumsAutoCtx), avx512);
+  EXPECT_FALSE(LlamaSumsByDefault(kLlamaSumsAutoCtx + 1));
   const Case cases[] = {{{"--llama-sums"}, true},
-                        {{}, true},
+                        {{}, avx512},
                         {{"-c", std::to_string(kLlamaSumsAutoCtx + 64)}, false},
                         {{"--llama-sums", "-c", std::to_string(kLlamaSumsAutoCtx + 64)}, true},
                         {{"--no-llama-sums"}, false}};

@@ -39,28 +39,6 @@ TIERKV_AVX2_FN inline int HsumEpi32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-// HsumPs of 8 rows' lane sums at once (out[r] = HsumPs(acc[r]), bit for bit: the same
-// adds of the same lanes, across registers instead of within one).
-//   level 1: per row, lanes i + (i + 4)          -> 2 rows per vector, a row per 128-bit lane
-//   level 2: per row, (s0 + s2) and (s1 + s3)    -> 4 rows per vector
-//   level 3: per row, the two                    -> 8 rows; a permutation puts them in order
-TIERKV_AVX2_FN inline void HsumRows8(const __m256* acc, float* out) {
-  __m256 p[4], q[2];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 x = acc[2 * i], y = acc[2 * i + 1];
-    p[i] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
-  }
-  for (int i = 0; i < 2; ++i) {
-    const __m256 x = p[2 * i], y = p[2 * i + 1];
-    q[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  // 128-bit lane 0 holds rows 0, 2, 4, 6; lane 1 rows 1, 3, 5, 7.
-  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm256_shuffle_ps(q[0], q[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  _mm256_storeu_ps(out, _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-
 // Rows of at least kLongRowBytes are prefetched row by row, kRowAheadBytes ahead (the
 // multi-row kernels read 8 interleaved streams, which the hardware prefetchers follow
 // poorly); groups of short rows are prefetched kGroupAheadBytes ahead as a whole.
@@ -148,7 +126,8 @@ TIERKV_AVX2_FN float DotQ8_0Avx2(const void* row, const void* act, int64_t n) {
 
 // Eight rows of DotQ8_0Avx2 side by side: the activation block loaded once for the
 // eight, each row's lanes doing exactly what the one-row kernel's do, block by block,
-// and the eight horizontal sums as one (HsumRows8). Same bits per row.
+// and the eight horizontal sums as one (simd::HsumLanesRows8: HsumPs's adds). Same bits
+// per row.
 TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                            float* out) {
   const bool long_rows = row_bytes >= kLongRowBytes;
@@ -168,7 +147,7 @@ TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_byte
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(Half(w->d) * dx), _mm256_cvtepi32_ps(p), acc[r]);
     }
   }
-  HsumRows8(acc, out);
+  _mm256_storeu_ps(out, simd::HsumLanesRows8(acc));
 }
 
 // A DotRowsFn from an 8-row kernel (kRows8: rows, row_bytes, activation blocks, blocks
@@ -558,7 +537,7 @@ TIERKV_AVX2_FN float DotKAvx2(const void* row, const void* act, int64_t n) {
 }
 
 // Eight rows of DotKAvx2<F> (F's Acc is 8 float lanes: Q6_K) side by side, row by
-// row in registers, and their horizontal sums as one (HsumRows8's adds are
+// row in registers, and their horizontal sums as one (simd::HsumLanesRows8's adds are
 // HsumLanes8's): same bits per row, without a call and a horizontal sum per row (the
 // 32000 x 256 Q6_K output projection is one super-block a row).
 template <typename F>
@@ -578,7 +557,7 @@ TIERKV_AVX2_FN inline void DotKRows8Avx2(const uint8_t* rows, size_t row_bytes, 
     }
     acc[r] = sum.lanes;
   }
-  HsumRows8(acc, out);
+  _mm256_storeu_ps(out, simd::HsumLanesRows8(acc));
 }
 
 // The several-token kernel: each row against the tokens four at a time (then the 1 - 3

@@ -793,27 +793,6 @@ TIERKV_VNNI_FN inline __m256 AddMins8(__m256 m8, float d_x, const uint16_t* dmin
   }
 }
 TIERKV_VNNI_FN inline float FinishLanes8(__m256 lanes) { return simd::HsumLanes8(lanes); }
-// FinishLanes8 of 8 rows at once, row r's sum in lane r: the same adds (HsumLanes8's
-// (L, L + 4), then (0, 2) and (1, 3), then the two), as a transpose. A short row (one
-// super-block: a 256-wide output projection) spent as long on eight scalar sums, each
-// through a store and eight reloads, as on its super-block.
-TIERKV_VNNI_FN inline __m256 RowPairLanes4(__m256 x, __m256 y) {  // [x | y]: lanes L + (L + 4)
-  return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
-}
-TIERKV_VNNI_FN inline __m256 FinishLanesRows8(const __m256 lanes[8]) {
-  // Element by element, so that an unrolled caller's lanes[] need not live in memory.
-  __m256 b[4] = {RowPairLanes4(lanes[0], lanes[1]), RowPairLanes4(lanes[2], lanes[3]),
-                 RowPairLanes4(lanes[4], lanes[5]), RowPairLanes4(lanes[6], lanes[7])};
-  __m256 c[2];
-  for (int i = 0; i < 2; ++i) {  // per 128-bit lane [row p: b0 + b2, b1 + b3, row p + 2: ...]
-    const __m256 x = b[2 * i], y = b[2 * i + 1];
-    c[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
-  }
-  // [rows 0 2 4 6 | 1 3 5 7], then in row order.
-  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
 // AddLanes8 for the 8 rows of a group (row r's block at w0 + r * row_bytes).
 template <typename Block>
 TIERKV_VNNI_FN inline void AddLanesRows8(__m256 lanes[8], float d_x, const Block* w0, size_t row_bytes,
@@ -917,7 +896,7 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
     }
   }
   if constexpr (kFive && R == 8) {
-    _mm256_storeu_ps(out, _mm256_add_ps(FinishLanesRows8(lanes), mins8));
+    _mm256_storeu_ps(out, _mm256_add_ps(simd::HsumLanesRows8(lanes), mins8));
   } else if constexpr (kFive) {
     out[0] = FinishLanes8(lanes[0]) + _mm256_cvtss_f32(mins8);
   } else if constexpr (R == 8) {
@@ -1019,7 +998,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
     }
   }
   if constexpr (R == 8) {
-    _mm256_storeu_ps(out, FinishLanesRows8(lanes));
+    _mm256_storeu_ps(out, simd::HsumLanesRows8(lanes));
   } else {
     out[0] = FinishLanes8(lanes[0]);
   }
@@ -1352,7 +1331,7 @@ struct Q4KFamily : K45Base<false> {  // two chains, a - m (AddSplit8)
 struct Lanes8Rows8 {
   __m256 r[8];
 };
-TIERKV_VNNI_FN inline __m256 Result8(const Lanes8Rows8& c) { return FinishLanesRows8(c.r); }
+TIERKV_VNNI_FN inline __m256 Result8(const Lanes8Rows8& c) { return simd::HsumLanesRows8(c.r); }
 struct Q6KFamily {  // the -32 offset folded into the integer start
   using Block = BlockQ6_K;
   using State = Lanes8Rows8;
@@ -1370,7 +1349,7 @@ struct Q5Rows8 {  // Q5_K: ggml's lanes per row and the rows' mins chains (row r
   __m256 r[8];
   __m256 m;
 };
-TIERKV_VNNI_FN inline __m256 Result8(const Q5Rows8& c) { return _mm256_add_ps(FinishLanesRows8(c.r), c.m); }
+TIERKV_VNNI_FN inline __m256 Result8(const Q5Rows8& c) { return _mm256_add_ps(simd::HsumLanesRows8(c.r), c.m); }
 struct Q5KFamily : K45Base<true> {  // Q5_K in ggml's vec_dot order (DotK4RowsVnniT)
   using State = Q5Rows8;
   TIERKV_VNNI_FN static void StepRows(State* st, const BlockQ8_K& x, const Block* w0, size_t row_bytes,

@@ -46,6 +46,29 @@ __attribute__((target("avx2"))) inline float HsumLanes8(__m256 v) {
   return kernels::HsumLanes8(a);
 }
 
+// HsumLanes8 of 8 rows at once, row r's sum in lane r: the same adds ((L, L + 4), then
+// (0, 2) and (1, 3), then the two), as a transpose across the rows' registers instead of
+// a store and reloads per row. The multi-row kernels' horizontal sums (a short row, such
+// as a 256-wide output projection's, spent as long on them as on its blocks).
+__attribute__((target("avx2"))) inline __m256 RowPairLanes4(__m256 x, __m256 y) {  // [x | y]: lanes L + (L + 4)
+  return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+}
+__attribute__((target("avx2"))) inline __m256 HsumLanesRows8(const __m256 lanes[8]) {
+  // Element by element, so that an unrolled caller's lanes[] need not live in memory.
+  const __m256 b[4] = {RowPairLanes4(lanes[0], lanes[1]), RowPairLanes4(lanes[2], lanes[3]),
+                       RowPairLanes4(lanes[4], lanes[5]), RowPairLanes4(lanes[6], lanes[7])};
+  __m256 c[2];
+  for (int i = 0; i < 2; ++i) {  // per 128-bit lane [row p: b0 + b2, b1 + b3, row p + 2: ...]
+    const __m256 x = b[2 * i], y = b[2 * i + 1];
+    c[i] = _mm256_add_ps(_mm256_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // [rows 0 2 4 6 | 1 3 5 7], then in row order.
+  const __m256 s = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 }  // namespace tierkv::kernels::simd
 
 #endif

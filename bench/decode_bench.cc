@@ -72,8 +72,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 
 // ---- streaming read ----------------------------------------------------------------
 
-using bench::SumWords;
-
 // A buffer of `bytes` (rounded up to 64-byte lines) with deterministic contents, read
 // by `pool` in about 4 contiguous chunks per thread.
 class ReadBuffer {
@@ -88,26 +86,16 @@ class ReadBuffer {
 
   // One full read; returns its wall time in seconds.
   double Read(kernels::ThreadPool& pool) {
-    const int64_t chunks = static_cast<int64_t>(pool.size()) * 4;
-    const size_t n = words_.size();
-    const size_t step = (n / static_cast<size_t>(chunks) + 7) / 8 * 8;  // whole lines
-    sums_.assign(static_cast<size_t>(chunks), 0);
     const auto t0 = Clock::now();
-    pool.ParallelFor(chunks, [&](int64_t c) {
-      const size_t b = std::min(n, static_cast<size_t>(c) * step);
-      const size_t e = c + 1 == chunks ? n : std::min(n, b + step);
-      sums_[static_cast<size_t>(c)] = SumWords(words_.data() + b, e - b);
-    });
+    const int64_t chunks = static_cast<int64_t>(pool.size()) * 4;
+    const uint64_t s = bench::ParallelSumWords(pool, words_.data(), words_.size(), chunks);
     const auto t1 = Clock::now();
-    uint64_t s = 0;
-    for (uint64_t v : sums_) s += v;
     benchmark::DoNotOptimize(s);
     return Seconds(t0, t1);
   }
 
  private:
   std::vector<uint64_t> words_;
-  std::vector<uint64_t> sums_;
 };
 
 // A 1 GiB buffer, made once and kept for the whole run (filling 1 GiB is slow).

@@ -122,7 +122,9 @@ void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, in
     // Random codes with the scales RandomRows gives 4096-wide rows (its layout per block).
     const std::vector<uint8_t> one = RandomRows(t, 1);
     const size_t block = static_cast<size_t>(kernels::GetWeightTypeInfo(t).block_bytes);
-    for (size_t off = 0; off < w.size(); off += block) std::memcpy(w.data() + off, one.data() + off % one.size(), block);
+    for (size_t off = 0; off < w.size(); off += block) {
+      std::memcpy(w.data() + off, one.data() + off % one.size(), block);
+    }
   }
   const std::vector<float> x = NormalVector(cols);
   std::vector<float> y(static_cast<size_t>(rows));
@@ -131,20 +133,14 @@ void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, in
   const kernels::MatrixView view{t, w.data(), cols, rows, rb};
   kernels::ThreadPool pool(2);
   std::vector<uint64_t> buf((w.size() + 7) / 8, 1);
-  const size_t chunks = 8, step = (buf.size() / chunks + 7) / 8 * 8;
-  std::vector<uint64_t> sums(chunks);
   double mv_s = 0, read_s = 0;
   for (auto _ : state) {
     auto t0 = std::chrono::steady_clock::now();
-    pool.ParallelFor(static_cast<int64_t>(chunks), [&](int64_t c) {
-      const size_t b = std::min(buf.size(), static_cast<size_t>(c) * step);
-      const size_t e = c + 1 == static_cast<int64_t>(chunks) ? buf.size() : std::min(buf.size(), b + step);
-      sums[static_cast<size_t>(c)] = bench::SumWords(buf.data() + b, e - b);
-    });
+    const uint64_t sum = bench::ParallelSumWords(pool, buf.data(), buf.size(), 8);
     auto t1 = std::chrono::steady_clock::now();
     kernels::MatVec(view, act, y.data(), &pool);
     auto t2 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(sums.data());
+    benchmark::DoNotOptimize(sum);
     benchmark::DoNotOptimize(y.data());
     read_s += std::chrono::duration<double>(t1 - t0).count();
     mv_s += std::chrono::duration<double>(t2 - t1).count();

@@ -6,8 +6,12 @@
 // its own executable.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include "kernels/thread_pool.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -52,6 +56,22 @@ inline uint64_t SumWords(const uint64_t* p, size_t n) {
   if (avx2) return SumWordsAvx2(p, n);
 #endif
   return SumWordsScalar(p, n);
+}
+
+// SumWords over n words in `chunks` contiguous pieces of whole 64-byte lines, run on
+// `pool`: the same-size read the benches divide by, on the threads of the kernels they
+// compare (their cache effects alike).
+inline uint64_t ParallelSumWords(kernels::ThreadPool& pool, const uint64_t* p, size_t n, int64_t chunks) {
+  const size_t step = (n / static_cast<size_t>(chunks) + 7) / 8 * 8;
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks), 0);
+  pool.ParallelFor(chunks, [&](int64_t c) {
+    const size_t b = std::min(n, static_cast<size_t>(c) * step);
+    const size_t e = c + 1 == chunks ? n : std::min(n, b + step);
+    sums[static_cast<size_t>(c)] = SumWords(p + b, e - b);
+  });
+  uint64_t s = 0;
+  for (uint64_t v : sums) s += v;
+  return s;
 }
 
 }  // namespace tierkv::bench

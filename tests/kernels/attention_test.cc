@@ -437,7 +437,9 @@ TEST(AttentionTest, VectorSoftmaxRowIsScalarBitForBit) {
         const float mb = attention_internal::SoftmaxRowScalar(b.data(), n, round);
         const float mc = attention_internal::SoftmaxRowAvx2(c.data(), n, round);
         ASSERT_EQ(mc, mb) << n;
-        if (avx512) ASSERT_EQ(attention_internal::SoftmaxRowAvx512(a.data(), n, round), mb) << n;
+        if (avx512) {
+          ASSERT_EQ(attention_internal::SoftmaxRowAvx512(a.data(), n, round), mb) << n;
+        }
         for (int64_t j = 0; j < n; ++j) {
           if (avx512) {
             ASSERT_EQ(std::bit_cast<uint32_t>(a[j]), std::bit_cast<uint32_t>(b[j]))

@@ -6,9 +6,11 @@
 //   attention/<shape>/<phase>/tokens:N/threads:T
 //     shape   llama    8 query heads, 4 KV heads, head_dim 32 (ref-llama)
 //             qwen3moe 4 query heads, 2 KV heads, head_dim 32 (ref-qwen3moe)
+//             qwen3-30b 32 query heads, 4 KV heads, head_dim 128 (Qwen3-30B-A3B's layers)
 //             blocks of one frame, as kvcache sizes them: $TIERKV_BENCH_FRAME_KIB, default
-//             1024 as in decode_bench (2048-token blocks for llama, 4096 for qwen3moe;
-//             256 gives the tool's default frames: 512 and 1024 tokens)
+//             1024 as in decode_bench (2048-token blocks for llama, 4096 for qwen3moe,
+//             512 for qwen3-30b; 256 gives the tool's default frames: 512, 1024 and 128
+//             tokens)
 //     phase   scores   AttentionScores (pass 1, reads K)
 //             softmax  AttentionSoftmax (no KV read; GB/s is still per KV byte of the step)
 //             values   AttentionValues (pass 2, reads V)
@@ -57,7 +59,7 @@ struct Shape {
   const char* name;
   int n_heads, n_kv_heads, head_dim;
 };
-constexpr Shape kShapes[] = {{"llama", 8, 4, 32}, {"qwen3moe", 4, 2, 32}};
+constexpr Shape kShapes[] = {{"llama", 8, 4, 32}, {"qwen3moe", 4, 2, 32}, {"qwen3-30b", 32, 4, 128}};
 
 size_t FrameBytes() {
   const char* v = std::getenv("TIERKV_BENCH_FRAME_KIB");

@@ -295,7 +295,7 @@ TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd_arg, const uint8
 // (head, key), so the same bits. Per 16 keys and 16 dimensions: 4 conversions, 2 kG
 // broadcasts and 4 kG FMAs, where the 8-key form issues a broadcast per FMA; that form is
 // bound by its loads on a Zen 4 without AVX-512 (docs/benchmarks.md). With three or
-// more heads the chains would not fit the registers.
+// more heads the chains would not fit the registers; more heads go by pairs.
 template <int kG, int kHd>
 TIERKV_AVX2 void DotF16WholeTilesAvx2Heads(const float* q, size_t hd_arg, const uint8_t* k, size_t n,
                                            float* scores, size_t stride) {
@@ -353,20 +353,6 @@ TIERKV_AVX2 void DotF16WholeTilesAvx2Heads(const float* q, size_t hd_arg, const 
   }
 }
 
-// The scores of kG heads: whole tiles by DotF16WholeTilesAvx2Heads where kG <= 2, the
-// rest (and every key for more heads) by DotF16TiledAvx2Heads.
-template <int kG, int kHd>
-void DotF16TilesAvx2(const float* q, size_t hd, const uint8_t* k, size_t n, float* scores, size_t stride) {
-  size_t whole = 0;
-  if constexpr (kG <= 2) {
-    whole = n / kTile * kTile;
-    DotF16WholeTilesAvx2Heads<kG, kHd>(q, hd, k, whole, scores, stride);
-  }
-  if (whole < n) {
-    DotF16TiledAvx2Heads<kG, kHd>(q, hd, k + whole / kTile * (2 * kTile * hd), n - whole, scores + whole, stride);
-  }
-}
-
 // fn(group size as an integral_constant, its queries, its score rows) for the heads in
 // groups of up to kTileGroup.
 template <typename F>
@@ -383,17 +369,42 @@ void ForTileHeadGroups(const float* q, int heads, size_t hd, float* scores, size
   }
 }
 
+// fn(std::integral_constant<int, hd>{}) for the usual head_dims (their loops unroll), and
+// with 0 for the rest (hd at run time).
+template <typename F>
+void WithHeadDim(size_t hd, F&& fn) {
+  switch (hd) {
+    case 32: return fn(std::integral_constant<int, 32>{});
+    case 64: return fn(std::integral_constant<int, 64>{});
+    case 128: return fn(std::integral_constant<int, 128>{});
+    default: return fn(std::integral_constant<int, 0>{});
+  }
+}
+
+// Whole tiles with the heads in pairs (and a last one alone), the keys after them (a
+// tile's first 8 or fewer) in groups of up to kTileGroup heads. Pairs over whole tiles
+// took less time per head than groups of four over half tiles at head_dim 32, 64 and
+// 128 (0.99 / 1.75 / 3.38 against 1.23 / 2.10 / 3.92 ns a key and head, one thread,
+// keys in L2, a Zen 4 without AVX-512; docs/benchmarks.md).
 void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
                      size_t stride) {
-  // The usual head_dims with their loops unrolled; the rest with hd at run time.
-  ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
-    constexpr int kG = decltype(group)::value;
-    switch (hd) {
-      case 32: return DotF16TilesAvx2<kG, 32>(qh, hd, k, n, sh, stride);
-      case 64: return DotF16TilesAvx2<kG, 64>(qh, hd, k, n, sh, stride);
-      case 128: return DotF16TilesAvx2<kG, 128>(qh, hd, k, n, sh, stride);
-      default: return DotF16TilesAvx2<kG, 0>(qh, hd, k, n, sh, stride);
+  const size_t whole = n / kTile * kTile;
+  WithHeadDim(hd, [&](auto dim) {
+    constexpr int kHd = decltype(dim)::value;
+    for (int h = 0; whole > 0 && h < heads; h += 2) {
+      const float* qh = q + static_cast<size_t>(h) * hd;
+      float* sh = scores + static_cast<size_t>(h) * stride;
+      if (heads - h >= 2) {
+        DotF16WholeTilesAvx2Heads<2, kHd>(qh, hd, k, whole, sh, stride);
+      } else {
+        DotF16WholeTilesAvx2Heads<1, kHd>(qh, hd, k, whole, sh, stride);
+      }
     }
+    if (whole == n) return;
+    const uint8_t* rest = k + whole / kTile * (2 * kTile * hd);
+    ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
+      DotF16TiledAvx2Heads<decltype(group)::value, kHd>(qh, hd, rest, n - whole, sh + whole, stride);
+    });
   });
 }
 

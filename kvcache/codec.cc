@@ -381,8 +381,8 @@ void WithHeadDim(size_t hd, F&& fn) {
   }
 }
 
-// Whole tiles with the heads in pairs (and a last one alone), the keys after them (a
-// tile's first 8 or fewer) in groups of up to kTileGroup heads. Pairs over whole tiles
+// Whole tiles with the heads in pairs (and a last one alone), the keys after them (fewer
+// than a tile) in groups of up to kTileGroup heads. Pairs over whole tiles
 // took less time per head than groups of four over half tiles at head_dim 32, 64 and
 // 128 (0.99 / 1.75 / 3.38 against 1.23 / 2.10 / 3.92 ns a key and head, one thread,
 // keys in L2, a Zen 4 without AVX-512; docs/benchmarks.md).

@@ -287,68 +287,86 @@ TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd_arg, const uint8
   }
 }
 
-// One or two heads over whole tiles (n a multiple of kTile), each query broadcast
-// feeding both 8-key halves of a tile: per lane j, the chains a0 and a1 of both heads
-// and halves stay in registers over the head dimensions (with a step's four key
-// vectors and two broadcasts, 14 registers for two heads), and each lane's l = a0 + a1
-// goes through a stack scratch to DotF16TiledAvx2Heads's tree. The same operations per
-// (head, key), so the same bits. Per 16 keys and 16 dimensions: 4 conversions, 2 kG
-// broadcasts and 4 kG FMAs, where the 8-key form issues a broadcast per FMA; that form is
-// bound by its loads on a Zen 4 without AVX-512 (docs/benchmarks.md). With three or
-// more heads the chains would not fit the registers; more heads go by pairs.
+// The scores of one or two heads for the 16 keys of one tile, each query broadcast
+// feeding both 8-key halves: per lane j, the chains a0 and a1 of both heads and halves
+// stay in registers over the head dimensions (with a step's four key vectors and two
+// broadcasts, 14 registers for two heads), and each lane's l = a0 + a1 goes through a
+// stack scratch to DotF16TiledAvx2Heads's tree. The same operations per (head, key), so
+// the same bits. Per 16 keys and 16 dimensions: 4 conversions, 2 kG broadcasts and 4 kG
+// FMAs, where the 8-key form issues a broadcast per FMA; that form is bound by its loads
+// on a Zen 4 without AVX-512 (docs/benchmarks.md). With three or more heads the chains
+// would not fit the registers.
 template <int kG, int kHd>
-TIERKV_AVX2 void DotF16WholeTilesAvx2Heads(const float* q, size_t hd_arg, const uint8_t* k, size_t n,
-                                           float* scores, size_t stride) {
+TIERKV_AVX2 __attribute__((always_inline)) inline void TileScoresAvx2(const float* q, size_t hd_arg,
+                                                                      const uint8_t* keys, float* scores,
+                                                                      size_t stride) {
   static_assert(kG >= 1 && kG <= 2);
   const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
-  const size_t tile_bytes = 2 * kTile * hd;
   constexpr size_t kHalf = 2 * 8;  // from a dimension's first 8 keys to its last 8
   alignas(32) float l[kG][2][8][8];  // [head][half][lane j][key]
+  for (size_t j = 0; j < 8; ++j) {
+    __m256 a0[kG][2], a1[kG][2];
+    for (int h = 0; h < kG; ++h) a0[h][0] = a0[h][1] = a1[h][0] = a1[h][1] = _mm256_setzero_ps();
+    size_t i = 0;
+#pragma GCC unroll 8
+    for (; i + 16 <= hd; i += 16) {
+      const uint8_t* d0 = keys + 2 * kTile * (i + j);
+      const uint8_t* d1 = keys + 2 * kTile * (i + 8 + j);
+      const __m256 k00 = LoadHalf8(d0), k01 = LoadHalf8(d0 + kHalf);
+      const __m256 k10 = LoadHalf8(d1), k11 = LoadHalf8(d1 + kHalf);
+      for (int h = 0; h < kG; ++h) {
+        const __m256 qa = _mm256_set1_ps(q[h * hd + i + j]);
+        const __m256 qb = _mm256_set1_ps(q[h * hd + i + 8 + j]);
+        a0[h][0] = _mm256_fmadd_ps(qa, k00, a0[h][0]);
+        a0[h][1] = _mm256_fmadd_ps(qa, k01, a0[h][1]);
+        a1[h][0] = _mm256_fmadd_ps(qb, k10, a1[h][0]);
+        a1[h][1] = _mm256_fmadd_ps(qb, k11, a1[h][1]);
+      }
+    }
+    if (i < hd) {  // head_dim % 16 == 8: a last 8 into a0, as TileLaneSums8
+      const uint8_t* d0 = keys + 2 * kTile * (i + j);
+      const __m256 k00 = LoadHalf8(d0), k01 = LoadHalf8(d0 + kHalf);
+      for (int h = 0; h < kG; ++h) {
+        const __m256 qa = _mm256_set1_ps(q[h * hd + i + j]);
+        a0[h][0] = _mm256_fmadd_ps(qa, k00, a0[h][0]);
+        a0[h][1] = _mm256_fmadd_ps(qa, k01, a0[h][1]);
+      }
+    }
+    for (int h = 0; h < kG; ++h) {
+      for (int o = 0; o < 2; ++o) _mm256_store_ps(l[h][o][j], _mm256_add_ps(a0[h][o], a1[h][o]));
+    }
+  }
+  for (int h = 0; h < kG; ++h) {
+    for (int o = 0; o < 2; ++o) {
+      __m256 x[8];
+      for (int j = 0; j < 8; ++j) x[j] = _mm256_load_ps(l[h][o][j]);
+      const __m256 u02 = _mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[2], x[6]));
+      const __m256 u13 = _mm256_add_ps(_mm256_add_ps(x[1], x[5]), _mm256_add_ps(x[3], x[7]));
+      _mm256_storeu_ps(scores + static_cast<size_t>(h) * stride + 8 * static_cast<size_t>(o), _mm256_add_ps(u02, u13));
+    }
+  }
+}
+
+// All heads over whole tiles (n a multiple of kTile), tile by tile: the heads in pairs
+// (and a last one alone) while the tile is in L1, so the keys are read from memory once
+// whatever the head count.
+template <int kHd>
+TIERKV_AVX2 void DotF16WholeTilesAvx2(const float* q, int heads, size_t hd_arg, const uint8_t* k, size_t n,
+                                      float* scores, size_t stride) {
+  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
+  const size_t tile_bytes = 2 * kTile * hd;
   for (size_t t0 = 0; t0 < n; t0 += kTile) {
     const uint8_t* keys = k + t0 / kTile * tile_bytes;
     PrefetchLines(keys + kPrefetchBytes, tile_bytes);
     PrefetchLinesL2(keys + kL2PrefetchBytes, tile_bytes);
-    for (size_t j = 0; j < 8; ++j) {
-      __m256 a0[kG][2], a1[kG][2];
-      for (int h = 0; h < kG; ++h) a0[h][0] = a0[h][1] = a1[h][0] = a1[h][1] = _mm256_setzero_ps();
-      size_t i = 0;
-#pragma GCC unroll 8
-      for (; i + 16 <= hd; i += 16) {
-        const uint8_t* d0 = keys + 2 * kTile * (i + j);
-        const uint8_t* d1 = keys + 2 * kTile * (i + 8 + j);
-        const __m256 k00 = LoadHalf8(d0), k01 = LoadHalf8(d0 + kHalf);
-        const __m256 k10 = LoadHalf8(d1), k11 = LoadHalf8(d1 + kHalf);
-        for (int h = 0; h < kG; ++h) {
-          const __m256 qa = _mm256_set1_ps(q[h * hd + i + j]);
-          const __m256 qb = _mm256_set1_ps(q[h * hd + i + 8 + j]);
-          a0[h][0] = _mm256_fmadd_ps(qa, k00, a0[h][0]);
-          a0[h][1] = _mm256_fmadd_ps(qa, k01, a0[h][1]);
-          a1[h][0] = _mm256_fmadd_ps(qb, k10, a1[h][0]);
-          a1[h][1] = _mm256_fmadd_ps(qb, k11, a1[h][1]);
-        }
-      }
-      if (i < hd) {  // head_dim % 16 == 8: a last 8 into a0, as TileLaneSums8
-        const uint8_t* d0 = keys + 2 * kTile * (i + j);
-        const __m256 k00 = LoadHalf8(d0), k01 = LoadHalf8(d0 + kHalf);
-        for (int h = 0; h < kG; ++h) {
-          const __m256 qa = _mm256_set1_ps(q[h * hd + i + j]);
-          a0[h][0] = _mm256_fmadd_ps(qa, k00, a0[h][0]);
-          a0[h][1] = _mm256_fmadd_ps(qa, k01, a0[h][1]);
-        }
-      }
-      for (int h = 0; h < kG; ++h) {
-        for (int o = 0; o < 2; ++o) _mm256_store_ps(l[h][o][j], _mm256_add_ps(a0[h][o], a1[h][o]));
-      }
+    int h = 0;
+    for (; h + 2 <= heads; h += 2) {
+      TileScoresAvx2<2, kHd>(q + static_cast<size_t>(h) * hd, hd, keys, scores + static_cast<size_t>(h) * stride + t0,
+                             stride);
     }
-    for (int h = 0; h < kG; ++h) {
-      for (int o = 0; o < 2; ++o) {
-        __m256 x[8];
-        for (int j = 0; j < 8; ++j) x[j] = _mm256_load_ps(l[h][o][j]);
-        const __m256 u02 = _mm256_add_ps(_mm256_add_ps(x[0], x[4]), _mm256_add_ps(x[2], x[6]));
-        const __m256 u13 = _mm256_add_ps(_mm256_add_ps(x[1], x[5]), _mm256_add_ps(x[3], x[7]));
-        _mm256_storeu_ps(scores + static_cast<size_t>(h) * stride + t0 + 8 * static_cast<size_t>(o),
-                         _mm256_add_ps(u02, u13));
-      }
+    if (h < heads) {
+      TileScoresAvx2<1, kHd>(q + static_cast<size_t>(h) * hd, hd, keys, scores + static_cast<size_t>(h) * stride + t0,
+                             stride);
     }
   }
 }
@@ -381,7 +399,7 @@ void WithHeadDim(size_t hd, F&& fn) {
   }
 }
 
-// Whole tiles with the heads in pairs (and a last one alone), the keys after them (fewer
+// Whole tiles with the heads in pairs (DotF16WholeTilesAvx2), the keys after them (fewer
 // than a tile) in groups of up to kTileGroup heads. Pairs over whole tiles
 // took less time per head than groups of four over half tiles at head_dim 32, 64 and
 // 128 (0.99 / 1.75 / 3.38 against 1.23 / 2.10 / 3.92 ns a key and head, one thread,
@@ -391,15 +409,7 @@ void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size
   const size_t whole = n / kTile * kTile;
   WithHeadDim(hd, [&](auto dim) {
     constexpr int kHd = decltype(dim)::value;
-    for (int h = 0; whole > 0 && h < heads; h += 2) {
-      const float* qh = q + static_cast<size_t>(h) * hd;
-      float* sh = scores + static_cast<size_t>(h) * stride;
-      if (heads - h >= 2) {
-        DotF16WholeTilesAvx2Heads<2, kHd>(qh, hd, k, whole, sh, stride);
-      } else {
-        DotF16WholeTilesAvx2Heads<1, kHd>(qh, hd, k, whole, sh, stride);
-      }
-    }
+    DotF16WholeTilesAvx2<kHd>(q, heads, hd, k, whole, scores, stride);
     if (whole == n) return;
     const uint8_t* rest = k + whole / kTile * (2 * kTile * hd);
     ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {

@@ -505,7 +505,7 @@ void CheckGroupedAgainstSingle(KvCodec codec, int d) {
   std::vector<uint8_t> enc(kMaxTokens * vb + 1);
   uint8_t* base = enc.data() + 1;  // unaligned
   c->EncodeMany(kv.data(), kMaxTokens, base);
-  for (int heads : {1, 2, 3, 5, 8, 9}) {
+  for (int heads : {1, 2, 3, 4, 5, 8, 9}) {
     const std::vector<float> q = RandomRows(heads, d, 61 + heads, false);
     std::vector<float> qp(q.size());
     for (int h = 0; h < heads; ++h) c->PrepareQuery(&q[h * d], &qp[h * d]);

@@ -865,12 +865,9 @@ void DotF16TiledAvx512Dim(const float* q, int heads, const uint8_t* k, size_t n,
 
 void DotF16TiledAvx512(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
                        size_t stride) {
-  switch (hd) {
-    case 32: return DotF16TiledAvx512Dim<32>(q, heads, k, n, hd, scores, stride);
-    case 64: return DotF16TiledAvx512Dim<64>(q, heads, k, n, hd, scores, stride);
-    case 128: return DotF16TiledAvx512Dim<128>(q, heads, k, n, hd, scores, stride);
-    default: return DotF16TiledAvx512Dim<0>(q, heads, k, n, hd, scores, stride);
-  }
+  WithHeadDim(hd, [&](auto dim) {
+    DotF16TiledAvx512Dim<decltype(dim)::value>(q, heads, k, n, hd, scores, stride);
+  });
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

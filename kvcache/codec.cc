@@ -221,81 +221,19 @@ constexpr size_t kL2PrefetchBytes = 4 * kPrefetchBytes;
 
 constexpr int kTile = VectorCodec::kKeyTileTokens;
 
-// A tiled kernel's heads, at most kTileGroup at a time (their chains stay in registers).
+// A tiled AVX-512 kernel's heads, at most kTileGroup at a time (their chains stay in
+// registers).
 constexpr int kTileGroup = 4;
-
-// l[h] = a0[j] + a1[j] of head h for the 8 keys at `keys` (a tile, or its second half).
-// kHd > 0: head_dim known at compile time (the loops unroll), else hd.
-template <int kG, int kHd>
-TIERKV_AVX2 __attribute__((always_inline)) inline void TileLaneSums8(const float* q, size_t hd_arg,
-                                                                     const uint8_t* keys, size_t j, __m256* l) {
-  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
-  __m256 a0[kG], a1[kG];
-  for (int h = 0; h < kG; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
-  size_t i = 0;
-#pragma GCC unroll 16
-  for (; i + 16 <= hd; i += 16) {
-    const __m256 k0 = LoadHalf8(keys + 2 * kTile * (i + j));
-    const __m256 k1 = LoadHalf8(keys + 2 * kTile * (i + 8 + j));
-    for (int h = 0; h < kG; ++h) {
-      a0[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + j]), k0, a0[h]);
-      a1[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + 8 + j]), k1, a1[h]);
-    }
-  }
-  if (i < hd) {
-    const __m256 k0 = LoadHalf8(keys + 2 * kTile * (i + j));
-    for (int h = 0; h < kG; ++h) a0[h] = _mm256_fmadd_ps(_mm256_set1_ps(q[h * hd + i + j]), k0, a0[h]);
-  }
-  for (int h = 0; h < kG; ++h) l[h] = _mm256_add_ps(a0[h], a1[h]);
-}
-
-template <int kG, int kHd>
-TIERKV_AVX2 void DotF16TiledAvx2Heads(const float* q, size_t hd_arg, const uint8_t* k, size_t n, float* scores,
-                                      size_t stride) {
-  const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
-  const size_t tile_bytes = 2 * kTile * hd;
-  for (size_t t0 = 0; t0 < n; t0 += 8) {
-    const uint8_t* keys = k + t0 / kTile * tile_bytes + 2 * (t0 % kTile);
-    if (t0 % kTile == 0) {
-      PrefetchLines(keys + kPrefetchBytes, tile_bytes);
-      PrefetchLinesL2(keys + kL2PrefetchBytes, tile_bytes);
-    }
-    __m256 x[kG], y[kG], u02[kG], u13[kG];
-    TileLaneSums8<kG, kHd>(q, hd, keys, 0, x);
-    TileLaneSums8<kG, kHd>(q, hd, keys, 4, y);
-    for (int h = 0; h < kG; ++h) u02[h] = _mm256_add_ps(x[h], y[h]);
-    TileLaneSums8<kG, kHd>(q, hd, keys, 2, x);
-    TileLaneSums8<kG, kHd>(q, hd, keys, 6, y);
-    for (int h = 0; h < kG; ++h) u02[h] = _mm256_add_ps(u02[h], _mm256_add_ps(x[h], y[h]));
-    TileLaneSums8<kG, kHd>(q, hd, keys, 1, x);
-    TileLaneSums8<kG, kHd>(q, hd, keys, 5, y);
-    for (int h = 0; h < kG; ++h) u13[h] = _mm256_add_ps(x[h], y[h]);
-    TileLaneSums8<kG, kHd>(q, hd, keys, 3, x);
-    TileLaneSums8<kG, kHd>(q, hd, keys, 7, y);
-    const size_t tn = std::min<size_t>(8, n - t0);
-    for (int h = 0; h < kG; ++h) {
-      const __m256 r = _mm256_add_ps(u02[h], _mm256_add_ps(u13[h], _mm256_add_ps(x[h], y[h])));
-      float* out = scores + static_cast<size_t>(h) * stride + t0;
-      if (tn == 8) {
-        _mm256_storeu_ps(out, r);
-      } else {
-        alignas(32) float tmp[8];
-        _mm256_store_ps(tmp, r);
-        std::memcpy(out, tmp, sizeof(float) * tn);
-      }
-    }
-  }
-}
 
 // The scores of one or two heads for the 16 keys of one tile, each query broadcast
 // feeding both 8-key halves: per lane j, the chains a0 and a1 of both heads and halves
 // stay in registers over the head dimensions (with a step's four key vectors and two
 // broadcasts, 14 registers for two heads), and each lane's l = a0 + a1 goes through a
-// stack scratch to DotF16TiledAvx2Heads's tree. The same operations per (head, key), so
-// the same bits. Per 16 keys and 16 dimensions: 4 conversions, 2 kG broadcasts and 4 kG
-// FMAs, where the 8-key form issues a broadcast per FMA; that form is bound by its loads
-// on a Zen 4 without AVX-512 (docs/benchmarks.md). With three or more heads the chains
-// would not fit the registers.
+// stack scratch to the tree above. The same operations per (head, key), so the same
+// bits. Per 16 keys and 16 dimensions: 4 conversions, 2 kG broadcasts and 4 kG FMAs; the
+// 8-key form this replaced issued a broadcast per FMA and was bound by its loads on a
+// Zen 4 without AVX-512 (docs/benchmarks.md). With three or more heads the chains would
+// not fit the registers. kHd > 0: head_dim known at compile time (the loops unroll).
 template <int kG, int kHd>
 TIERKV_AVX2 __attribute__((always_inline)) inline void TileScoresAvx2(const float* q, size_t hd_arg,
                                                                       const uint8_t* keys, float* scores,
@@ -323,7 +261,7 @@ TIERKV_AVX2 __attribute__((always_inline)) inline void TileScoresAvx2(const floa
         a1[h][1] = _mm256_fmadd_ps(qb, k11, a1[h][1]);
       }
     }
-    if (i < hd) {  // head_dim % 16 == 8: a last 8 into a0, as TileLaneSums8
+    if (i < hd) {  // head_dim % 16 == 8: a last 8 into a0
       const uint8_t* d0 = keys + 2 * kTile * (i + j);
       const __m256 k00 = LoadHalf8(d0), k01 = LoadHalf8(d0 + kHalf);
       for (int h = 0; h < kG; ++h) {
@@ -347,43 +285,56 @@ TIERKV_AVX2 __attribute__((always_inline)) inline void TileScoresAvx2(const floa
   }
 }
 
-// All heads over whole tiles (n a multiple of kTile), tile by tile: the heads in pairs
-// (and a last one alone) while the tile is in L1, so the keys are read from memory once
-// whatever the head count.
+// All heads over n keys, tile by tile: the heads in pairs (and a last one alone) while
+// the tile is in L1, so the keys are read from memory once whatever the head count. A
+// last, partly filled tile is scored whole (its other lanes are readable, DotManyGroupTiled)
+// into a scratch, and its n % kTile scores copied out.
 template <int kHd>
-TIERKV_AVX2 void DotF16WholeTilesAvx2(const float* q, int heads, size_t hd_arg, const uint8_t* k, size_t n,
-                                      float* scores, size_t stride) {
+TIERKV_AVX2 void DotF16TilesAvx2(const float* q, int heads, size_t hd_arg, const uint8_t* k, size_t n,
+                                 float* scores, size_t stride) {
   const size_t hd = kHd > 0 ? static_cast<size_t>(kHd) : hd_arg;
   const size_t tile_bytes = 2 * kTile * hd;
+  alignas(32) float part[2][kTile];
   for (size_t t0 = 0; t0 < n; t0 += kTile) {
     const uint8_t* keys = k + t0 / kTile * tile_bytes;
     PrefetchLines(keys + kPrefetchBytes, tile_bytes);
     PrefetchLinesL2(keys + kL2PrefetchBytes, tile_bytes);
-    int h = 0;
-    for (; h + 2 <= heads; h += 2) {
-      TileScoresAvx2<2, kHd>(q + static_cast<size_t>(h) * hd, hd, keys, scores + static_cast<size_t>(h) * stride + t0,
-                             stride);
-    }
-    if (h < heads) {
-      TileScoresAvx2<1, kHd>(q + static_cast<size_t>(h) * hd, hd, keys, scores + static_cast<size_t>(h) * stride + t0,
-                             stride);
+    const size_t keep = std::min<size_t>(kTile, n - t0);
+    for (int h = 0; h < heads; h += 2) {
+      const int g = std::min(2, heads - h);
+      const float* qh = q + static_cast<size_t>(h) * hd;
+      float* out = scores + static_cast<size_t>(h) * stride + t0;
+      float* dst = keep == kTile ? out : part[0];
+      const size_t dst_stride = keep == kTile ? stride : kTile;
+      if (g == 2) {
+        TileScoresAvx2<2, kHd>(qh, hd, keys, dst, dst_stride);
+      } else {
+        TileScoresAvx2<1, kHd>(qh, hd, keys, dst, dst_stride);
+      }
+      if (keep < kTile) {
+        for (int i = 0; i < g; ++i) std::memcpy(out + static_cast<size_t>(i) * stride, part[i], sizeof(float) * keep);
+      }
     }
   }
+}
+
+// fn(std::integral_constant<int, v>{}) where v is one of kCases, else with kDefault: a
+// run-time count or size as a compile-time constant, so the kernels' loops unroll.
+template <int kDefault, int... kCases, typename F>
+void WithConstant(int64_t v, F&& fn) {
+  const bool matched = ((v == kCases ? (fn(std::integral_constant<int, kCases>{}), true) : false) || ...);
+  if (!matched) fn(std::integral_constant<int, kDefault>{});
 }
 
 // fn(group size as an integral_constant, its queries, its score rows) for the heads in
 // groups of up to kTileGroup.
 template <typename F>
 void ForTileHeadGroups(const float* q, int heads, size_t hd, float* scores, size_t stride, F&& fn) {
+  static_assert(kTileGroup == 4);
   for (int h = 0; h < heads; h += kTileGroup) {
     const float* qh = q + static_cast<size_t>(h) * hd;
     float* sh = scores + static_cast<size_t>(h) * stride;
-    switch (std::min(kTileGroup, heads - h)) {
-      case 1: fn(std::integral_constant<int, 1>{}, qh, sh); break;
-      case 2: fn(std::integral_constant<int, 2>{}, qh, sh); break;
-      case 3: fn(std::integral_constant<int, 3>{}, qh, sh); break;
-      default: fn(std::integral_constant<int, 4>{}, qh, sh); break;
-    }
+    WithConstant<4, 1, 2, 3>(std::min(kTileGroup, heads - h), [&](auto group) { fn(group, qh, sh); });
   }
 }
 
@@ -391,47 +342,23 @@ void ForTileHeadGroups(const float* q, int heads, size_t hd, float* scores, size
 // with 0 for the rest (hd at run time).
 template <typename F>
 void WithHeadDim(size_t hd, F&& fn) {
-  switch (hd) {
-    case 32: return fn(std::integral_constant<int, 32>{});
-    case 64: return fn(std::integral_constant<int, 64>{});
-    case 128: return fn(std::integral_constant<int, 128>{});
-    default: return fn(std::integral_constant<int, 0>{});
-  }
+  WithConstant<0, 32, 64, 128>(static_cast<int64_t>(hd), fn);
 }
 
-// Whole tiles with the heads in pairs (DotF16WholeTilesAvx2), the keys after them (fewer
-// than a tile) in groups of up to kTileGroup heads. Pairs over whole tiles
-// took less time per head than groups of four over half tiles at head_dim 32, 64 and
-// 128 (0.99 / 1.75 / 3.38 against 1.23 / 2.10 / 3.92 ns a key and head, one thread,
-// keys in L2, a Zen 4 without AVX-512; docs/benchmarks.md).
+// Pairs over tiles took less time per head than the groups of four over half tiles
+// they replaced, at head_dim 32, 64 and 128 (0.99 / 1.75 / 3.38 against 1.23 / 2.10 /
+// 3.92 ns a key and head, one thread, keys in L2, a Zen 4 without AVX-512;
+// docs/benchmarks.md).
 void DotF16TiledAvx2(const float* q, int heads, const uint8_t* k, size_t n, size_t hd, float* scores,
                      size_t stride) {
-  const size_t whole = n / kTile * kTile;
-  WithHeadDim(hd, [&](auto dim) {
-    constexpr int kHd = decltype(dim)::value;
-    DotF16WholeTilesAvx2<kHd>(q, heads, hd, k, whole, scores, stride);
-    if (whole == n) return;
-    const uint8_t* rest = k + whole / kTile * (2 * kTile * hd);
-    ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
-      DotF16TiledAvx2Heads<decltype(group)::value, kHd>(qh, hd, rest, n - whole, sh + whole, stride);
-    });
-  });
+  WithHeadDim(hd, [&](auto dim) { DotF16TilesAvx2<decltype(dim)::value>(q, heads, hd, k, n, scores, stride); });
 }
 
 // fn(std::integral_constant<int, k>{}) for k in 1..8 (more as 8): the value-sum kernels'
 // vectors per accumulator as a compile-time count.
 template <typename F>
 void WithVectorCount(int k, F&& fn) {
-  switch (k) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    case 4: return fn(std::integral_constant<int, 4>{});
-    case 5: return fn(std::integral_constant<int, 5>{});
-    case 6: return fn(std::integral_constant<int, 6>{});
-    case 7: return fn(std::integral_constant<int, 7>{});
-    default: return fn(std::integral_constant<int, 8>{});
-  }
+  WithConstant<8, 1, 2, 3, 4, 5, 6, 7>(k, fn);
 }
 
 // ---- f16 value sums, AVX2 ---------------------------------------------------------------
@@ -803,7 +730,8 @@ void AccumulateF16GroupAvx512(const float* w, size_t w_stride, int heads, const 
     });
   }
 }
-// The tiled kernels with 16-key vectors: one tile per step (TileLaneSums8's arithmetic).
+// The tiled kernels with 16-key vectors: one tile per step (the arithmetic of the tree
+// above, a lane's two chains per head).
 // kHd > 0: head_dim known at compile time (the loops unroll), else hd.
 template <int kG, int kHd>
 TIERKV_AVX512_INLINE void TileLaneSums16(const float* q, size_t hd_arg, const uint8_t* tile, size_t j, __m512* l) {

@@ -112,10 +112,11 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
 
 // The output projection of the small reference models (vocab x n_embd: short rows, many
 // of them), on two threads, against a streaming read of the same bytes on the same pool,
-// alternated in each iteration (outproj/<type>/<rows>x<cols>). Counters: the matvec's
+// alternated in each iteration (outproj/<type>/<rows>x<cols>); with /threads:1, on one
+// thread (the kernel alone, without the other core's share of the host's noise). Counters: the matvec's
 // GB/s, the read's, and their ratio (the part of decode_bench's roofline these matrices
 // are).
-void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, int64_t cols) {
+void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, int64_t cols, int threads) {
   const size_t rb = kernels::RowBytes(t, cols);
   std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
   {
@@ -131,7 +132,7 @@ void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, in
   kernels::ActivationRow act;
   act.Set(x.data(), cols);
   const kernels::MatrixView view{t, w.data(), cols, rows, rb};
-  kernels::ThreadPool pool(2);
+  kernels::ThreadPool pool(threads);
   std::vector<uint64_t> buf((w.size() + 7) / 8, 1);
   double mv_s = 0, read_s = 0;
   for (auto _ : state) {
@@ -238,9 +239,12 @@ void Register() {
       if (cols % kernels::GetWeightTypeInfo(t).block_size != 0) continue;
       const std::string name = std::string("outproj/") + kernels::WeightTypeName(t) + "/" + std::to_string(rows) + "x" +
                                std::to_string(cols);
-      benchmark::RegisterBenchmark(name.c_str(), BM_OutputProjection, t, rows, cols)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseManualTime();
+      for (int threads : {2, 1}) {
+        benchmark::RegisterBenchmark((threads == 2 ? name : name + "/threads:1").c_str(), BM_OutputProjection, t, rows,
+                                     cols, threads)
+            ->Unit(benchmark::kMicrosecond)
+            ->UseManualTime();
+      }
     }
   }
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,

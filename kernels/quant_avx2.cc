@@ -5,6 +5,7 @@
 // |x| <= 127, pair sums <= 32512), so these agree with the scalar kernels up to the
 // order of f32 additions. Every function carries the target attribute; no std templates
 // are instantiated here, so no AVX2 code can leak into shared inline functions.
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -124,27 +125,60 @@ TIERKV_AVX2_FN float DotQ8_0Avx2(const void* row, const void* act, int64_t n) {
   return HsumPs(acc);
 }
 
-// Eight rows of DotQ8_0Avx2 side by side: the activation block loaded once for the
-// eight, each row's lanes doing exactly what the one-row kernel's do, block by block,
-// and the eight horizontal sums as one (simd::HsumLanesRows8: HsumPs's adds). Same bits
-// per row.
+// DotI8x32's eight lanes from the activation split by sign, xp = max(x, 0) and
+// xn = max(-x, 0) (both unsigned, <= 127): per pair xp * w - xn * w = x * w, and each
+// maddubs pair sum is at most 2 * 127 * 128 in magnitude, so nothing saturates and the
+// lanes are the same integers. Two multiplies and a subtract instead of two sign ops and
+// a multiply: the multiply pipes are this kernel's limit on AVX2 machines (vpsignb
+// issues on the same two pipes as vpmaddubsw and the FMA on Zen 4), and the split is
+// done once per activation block for eight rows.
+TIERKV_AVX2_FN inline __m256i DotI8x32Split(__m256i w, __m256i xp, __m256i xn) {
+  const __m256i d = _mm256_sub_epi16(_mm256_maddubs_epi16(xp, w), _mm256_maddubs_epi16(xn, w));
+  return _mm256_madd_epi16(d, _mm256_set1_epi16(1));
+}
+
+// The scales d_w * d_x of block i of eight rows (`col` points at row 0's block), row r in
+// lane r, each lane Half(d_w) * d_x as the one-row kernel forms it: the eight fp16 codes
+// gathered through two 64-bit registers, one conversion, one multiply.
+TIERKV_AVX2_FN inline __m256 RowScales8Q8_0(const uint8_t* col, size_t row_bytes, float dx) {
+  uint64_t h[2] = {0, 0};
+  for (int r = 0; r < 8; ++r) {
+    uint16_t d;
+    std::memcpy(&d, col + static_cast<size_t>(r) * row_bytes + offsetof(BlockQ8_0, d), sizeof(d));
+    h[r / 4] |= uint64_t{d} << (16 * (r % 4));
+  }
+  const __m128i codes = _mm_insert_epi64(_mm_cvtsi64_si128(static_cast<long long>(h[0])),
+                                         static_cast<long long>(h[1]), 1);
+  return _mm256_mul_ps(_mm256_cvtph_ps(codes), _mm256_set1_ps(dx));
+}
+
+// Eight rows of DotQ8_0Avx2 side by side: the activation block loaded (and split by
+// sign) once for the eight, each row's lanes doing exactly what the one-row kernel's do,
+// block by block (the same integers, DotI8x32Split; the same scale, taken from the
+// eight-row vector by vpermps; the same fma), and the eight horizontal sums as one
+// (simd::HsumLanesRows8: HsumPs's adds). Same bits per row. Against the sign ops and a
+// scale broadcast per row: 1.37 -> 1.26 ns a block-row (8192 rows of 64, one thread).
 TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x, int64_t nb,
                                            float* out) {
   const bool long_rows = row_bytes >= kLongRowBytes;
   if (!long_rows) PrefetchLines(rows + kGroupAheadBytes, 8 * row_bytes);
   __m256 acc[8];
   for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i zero = _mm256_setzero_si256();
   for (int64_t i = 0; i < nb; ++i) {
     const __m256i xq = LoadU256(x[i].qs);
-    const float dx = Half(x[i].d);
+    const __m256i xp = _mm256_max_epi8(xq, zero);
+    const __m256i xn = _mm256_abs_epi8(_mm256_min_epi8(xq, zero));
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
+    const __m256 scales = RowScales8Q8_0(col, row_bytes, Half(x[i].d));
     for (int r = 0; r < 8; ++r) {
       const auto* w = reinterpret_cast<const BlockQ8_0*>(col + static_cast<size_t>(r) * row_bytes);
       if (long_rows && i % 4 == 0) {
         PrefetchLines(reinterpret_cast<const uint8_t*>(w) + kRowAheadBytes, 4 * sizeof(BlockQ8_0));
       }
-      const __m256i p = DotI8x32(LoadU256(w->qs), xq);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(Half(w->d) * dx), _mm256_cvtepi32_ps(p), acc[r]);
+      const __m256i p = DotI8x32Split(LoadU256(w->qs), xp, xn);
+      const __m256 d = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
+      acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
     }
   }
   _mm256_storeu_ps(out, simd::HsumLanesRows8(acc));

@@ -394,6 +394,52 @@ TEST(MatVecTest, MatMulEqualsMatVecPerTokenAtAvx2) {
   ForceSimdLevel(before);
 }
 
+// Q8_0 at the extremes of its codes: weights -128 and 127 (-128 is no code llama.cpp's
+// quantizer writes, but a file may hold it), activations all +-127 (scale 1), so every
+// int16 pair sum of the maddubs-based kernels is at its largest (2 * 127 * 128) and the
+// f32 sums are exact integers in any order. Every level and row path (the 8-row AVX2
+// kernel, the one-row tails, rows long enough to be read one at a time) must give the
+// exact sum: a saturated pair would be off by thousands.
+TEST(MatVecTest, Q8_0ExtremeCodesSumExactly) {
+  const SimdLevel before = ActiveSimdLevel();
+  std::mt19937 rng(61);
+  for (int64_t cols : {64, 512, 1024}) {  // 1024: long rows; every partial sum < 2^24
+    SCOPED_TRACE("cols=" + std::to_string(cols));
+    const int64_t rows = 37, nb = cols / 32;
+    const size_t rb = RowBytes(WeightType::kQ8_0, cols);
+    std::vector<uint8_t> bytes(rb * rows);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (float& v : x) v = rng() % 2 ? 127.0f : -127.0f;
+    std::vector<int64_t> want(rows, 0);
+    const int8_t pool[] = {-128, 127, -127, -128, 0, 1, -1, 127};
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        BlockQ8_0 blk;
+        blk.d = F32ToF16(1.0f);
+        for (int j = 0; j < 32; ++j) {
+          // Mostly -128 and 127 against a same-sign / opposite-sign activation.
+          blk.qs[j] = pool[rng() % 8];
+          want[static_cast<size_t>(r)] += int64_t{blk.qs[j]} * static_cast<int64_t>(x[static_cast<size_t>(b * 32 + j)]);
+        }
+        std::memcpy(bytes.data() + r * rb + b * sizeof(BlockQ8_0), &blk, sizeof(blk));
+      }
+    }
+    const MatrixView view{WeightType::kQ8_0, bytes.data(), cols, rows, rb};
+    ThreadPool pool2(2);
+    for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+      if (level > DetectedSimdLevel()) continue;
+      ForceSimdLevel(level);
+      std::vector<float> y(rows);
+      MatVec(view, x.data(), y.data(), &pool2);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(y[static_cast<size_t>(r)], static_cast<float>(want[static_cast<size_t>(r)]))
+            << "level " << static_cast<int>(level) << " row " << r;
+      }
+    }
+  }
+  ForceSimdLevel(before);
+}
+
 TEST(MatVecTest, GetRowDequantizes) {
   const OwnedMatrix m = RandomMatrix(WeightType::kQ6_K, 4, 256, 9);
   std::vector<float> got(256), want(256);

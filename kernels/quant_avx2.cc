@@ -357,7 +357,7 @@ struct K45Avx2 {
     __m256i lo[4], hi[4];  // chunk c's low and high 32 values (0..15, Q5_K 0..31)
     __m256i scales;        // the 8 sub-block scales as int16, in both 128-bit lanes
     __m256i mins;          // the 8 mins as int16, min j at words 2j and 2j + 1 (against bsums)
-    float d, dmin;
+    __m128 d_dmin;         // [d, dmin, 0, 0]
   };
   TIERKV_AVX2_FN static void Unpack(const Block& b, Unpacked* u) {
     // ScaleMinK4's 6-bit codes, four at a time in 32-bit words (w0..w2: bytes 0-3, 4-7,
@@ -390,8 +390,10 @@ struct K45Avx2 {
         qh = _mm256_srli_epi16(qh, 2);
       }
     }
-    u->d = Half(b.d);
-    u->dmin = Half(b.dmin);
+    static_assert(offsetof(Block, dmin) == offsetof(Block, d) + 2);
+    uint32_t d_dmin;
+    std::memcpy(&d_dmin, &b.d, sizeof(d_dmin));
+    u->d_dmin = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin)));
   }
   // Q4_K: two chains, a = fma(isum, d, a) and m = fma(summ, dmin, m), a - m at the end
   // (ggml's repacked 8x8 gemv, which llama.cpp runs Q4_K matrices through). Q5_K (not
@@ -399,7 +401,7 @@ struct K45Avx2 {
   // 4L .. 4L + 3 of each 32-value chunk) lanes = fma(d, isum lanes, lanes), and a mins
   // chain m = fma(-dmin, summ, m); HsumLanes8(lanes) + m at the end.
   struct AccQ4 {
-    float a = 0.0f, m = 0.0f;
+    __m128 am;  // [a, m, 0, 0]; zero by value-initialisation (Acc{})
   };
   struct AccQ5 {
     __m256 lanes;  // zero by value-initialisation (Acc{})
@@ -410,13 +412,13 @@ struct K45Avx2 {
     if constexpr (kFive) {
       return simd::HsumLanes8(acc.lanes) + acc.m;
     } else {
-      return acc.a - acc.m;
+      return _mm_cvtss_f32(acc.am) - _mm_cvtss_f32(_mm_movehdup_ps(acc.am));
     }
   }
   TIERKV_AVX2_FN static Acc Step(Acc sum, const Unpacked& u, const BlockQ8_K& x) {
     // sum_j m_j (bsums[2j] + bsums[2j + 1]) and the scaled chunk sums: exact integers,
     // whatever the order. Sub-block j's scale broadcast over a vector: word j of each lane.
-    const int summ = HsumEpi32(_mm256_madd_epi16(LoadU256(x.bsums), u.mins));
+    const __m256i msum = _mm256_madd_epi16(LoadU256(x.bsums), u.mins);
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const __m256i s0 = _mm256_shuffle_epi8(u.scales, _mm256_set1_epi16(static_cast<short>(0x0404 * c + 0x0100)));
@@ -424,15 +426,19 @@ struct K45Avx2 {
       acc = _mm256_add_epi32(acc, ScaledDotU8(u.lo[c], LoadU256(x.qs + 64 * c), s0));
       acc = _mm256_add_epi32(acc, ScaledDotU8(u.hi[c], LoadU256(x.qs + 64 * c + 32), s1));
     }
-    const float d = x.d * u.d;
-    const float dmin = x.d * u.dmin;
-    const float fsumm = static_cast<float>(summ);
+    // [d, dmin] = x.d * [d_w, dmin_w], each as the f32 product.
+    const __m128 d_dmin = _mm_mul_ps(_mm_set1_ps(x.d), u.d_dmin);
     if constexpr (kFive) {
-      return {_mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(acc), sum.lanes),
-              __builtin_fmaf(-dmin, fsumm, sum.m)};
+      const float fsumm = static_cast<float>(HsumEpi32(msum));
+      return {_mm256_fmadd_ps(_mm256_broadcastss_ps(d_dmin), _mm256_cvtepi32_ps(acc), sum.lanes),
+              __builtin_fmaf(-_mm_cvtss_f32(_mm_movehdup_ps(d_dmin)), fsumm, sum.m)};
     } else {
-      const float isum = static_cast<float>(HsumEpi32(acc));
-      return {__builtin_fmaf(isum, d, sum.a), __builtin_fmaf(fsumm, dmin, sum.m)};
+      // Both horizontal sums at once, [isum, summ] in lanes 0 and 1, then both chains in
+      // one fma: lane by lane a = fma(isum, d, a) and m = fma(summ, dmin, m), as fmaf.
+      const __m256i lanes = _mm256_add_epi32(_mm256_unpacklo_epi32(acc, msum), _mm256_unpackhi_epi32(acc, msum));
+      const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
+      const __m128i sums = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+      return {_mm_fmadd_ps(_mm_cvtepi32_ps(sums), d_dmin, sum.am)};
     }
   }
 };

@@ -379,7 +379,16 @@ TIERKV_ATTENTION_AVX2 inline float SoftmaxRowAvx2(float* row, int64_t n, bool ro
   if (known_max != nullptr) {
     max = *known_max;
   } else {
-    for (int64_t j = 0; j < n; ++j) max = std::max(max, row[j]);
+    // As std::max(m, x) over the row: max(x, m) keeps m when x is NaN; a max does not
+    // depend on its order (a +0 / -0 tie can only change the sign of a zero max, and
+    // x - max, so every e_j, is the same either way).
+    __m256 vmax = _mm256_set1_ps(max);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(_mm256_loadu_ps(row + i), vmax);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    for (float v : lanes) max = std::max(max, v);
+    for (; i < n; ++i) max = std::max(max, row[i]);
   }
   const __m256 vm = _mm256_set1_ps(max);
   double sum = 0.0;

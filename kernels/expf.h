@@ -90,19 +90,21 @@ TIERKV_EXPF_AVX512 __m512 ExpGgml16(__m512 x) {
 }
 
 // ExpGgml on 8 lanes without vscalef: p * 2^n as one multiply by a power of two, which is
-// exact-then-rounded-once while 2^n is a float (n in [-149, 127]). Lanes with n below
-// -126 (x below about -87.3: a softmax's scores far under the row's max) take
-// (p * 2^(n + 96)) * 2^-96, whose first product is exact, so one rounding still (subnormal
-// results included), and 0 below -192; vectors with a NaN or an n above 127 go through
-// the scalar definition lane by lane.
+// exact-then-rounded-once while 2^n is a normal float (n in [-126, 127]). Lanes outside
+// (x below about -87.3: a softmax's scores far under the row's max; above about 88: a
+// SiLU of a large negative gate) take (p * 2^(n -+ 96)) * 2^(+-96), whose first product is
+// exact, so one rounding still (subnormal results and overflow to inf included), and 0
+// below -192, inf above 192; vectors with a NaN go through the scalar definition lane by
+// lane.
 TIERKV_EXPF_AVX2 __m256 ExpGgml8(__m256 x) {
   using namespace expf_internal;
   const __m256 shift = _mm256_set1_ps(kShift);
   const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), shift), shift);
-  const __m256 low = _mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
-  const __m256 high = _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_NLE_UQ);  // or NaN
-  const int low_mask = _mm256_movemask_ps(low);
-  if (_mm256_movemask_ps(high) != 0) {
+  // Outside [-126, 127], or NaN.
+  const __m256 outside = _mm256_or_ps(_mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_NGE_UQ),
+                                      _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_NLE_UQ));
+  const bool all_inside = _mm256_movemask_ps(outside) == 0;
+  if (!all_inside && _mm256_movemask_ps(_mm256_cmp_ps(n, n, _CMP_UNORD_Q)) != 0) {
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, x);
     for (float& v : lanes) v = ExpGgml(v);
@@ -114,20 +116,25 @@ TIERKV_EXPF_AVX2 __m256 ExpGgml8(__m256 x) {
   const __m256 hi = _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(kC5), b, _mm256_set1_ps(kC4)), u,
                                     _mm256_fmadd_ps(_mm256_set1_ps(kC3), b, _mm256_set1_ps(kC2)));
   const __m256 p = _mm256_fmadd_ps(hi, u, _mm256_fmadd_ps(_mm256_set1_ps(kC1), b, _mm256_set1_ps(1.0f)));
-  if (low_mask == 0) {
+  if (all_inside) {
     // 2^n: (n + 127) << 23, n an integer in [-126, 127].
     const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
   }
-  // Low lanes: n + 96 (>= -96 where n >= -192), then * 2^-96; n clamped at -192 first so
-  // that the exponent bits stay in range (those lanes are zeroed below).
-  const __m256 nc = _mm256_max_ps(n, _mm256_set1_ps(-kSpecial));
-  const __m256 k = _mm256_blendv_ps(nc, _mm256_add_ps(nc, _mm256_set1_ps(96.0f)), low);
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-  const __m256 scaled = _mm256_blendv_ps(e, _mm256_mul_ps(e, _mm256_set1_ps(0x1p-96f)), low);
+  const __m256 low = _mm256_cmp_ps(n, _mm256_set1_ps(-126.0f), _CMP_LT_OQ);
+  const __m256 high = _mm256_cmp_ps(n, _mm256_set1_ps(127.0f), _CMP_GT_OQ);
+  // n clamped to [-192, 192] (the lanes past it are set below), moved by +-96 into the
+  // normal range, then the product scaled back by 2^(-+96).
+  const __m256 nc = _mm256_min_ps(_mm256_max_ps(n, _mm256_set1_ps(-kSpecial)), _mm256_set1_ps(kSpecial));
+  const __m256 move = _mm256_or_ps(_mm256_and_ps(low, _mm256_set1_ps(96.0f)), _mm256_and_ps(high, _mm256_set1_ps(-96.0f)));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(_mm256_add_ps(nc, move)), _mm256_set1_epi32(127)), 23);
+  const __m256 back = _mm256_blendv_ps(_mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(0x1p-96f), low),
+                                       _mm256_set1_ps(0x1p96f), high);
+  const __m256 e = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), back);
   const __m256 zero = _mm256_cmp_ps(n, _mm256_set1_ps(-kSpecial), _CMP_LT_OQ);
-  return _mm256_andnot_ps(zero, scaled);
+  const __m256 inf = _mm256_cmp_ps(n, _mm256_set1_ps(kSpecial), _CMP_GT_OQ);
+  return _mm256_blendv_ps(_mm256_andnot_ps(zero, e), _mm256_set1_ps(std::numeric_limits<float>::infinity()), inf);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)

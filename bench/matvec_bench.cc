@@ -113,9 +113,9 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
 // The output projection of the small reference models (vocab x n_embd: short rows, many
 // of them), on two threads, against a streaming read of the same bytes on the same pool,
 // alternated in each iteration (outproj/<type>/<rows>x<cols>); with /threads:1, on one
-// thread (the kernel alone, without the other core's share of the host's noise). Counters: the matvec's
-// GB/s, the read's, and their ratio (the part of decode_bench's roofline these matrices
-// are).
+// thread (the kernel alone, without the other core's share of the host's noise).
+// Counters: the matvec's GB/s, the read's, and their ratio (the part of decode_bench's
+// roofline these matrices are).
 void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, int64_t cols, int threads) {
   const size_t rb = kernels::RowBytes(t, cols);
   std::vector<uint8_t> w(rb * static_cast<size_t>(rows));

@@ -296,6 +296,14 @@ TIERKV_ATTENTION_AVX512 inline float ScaleRowMaxAvx512(float* row, int64_t n, fl
   return _mm512_reduce_max_ps(vmax);
 }
 
+// std::max(m, lane) over the 8 lanes of v, in lane order (NaN lanes skipped).
+TIERKV_ATTENTION_AVX2 inline float MaxLanesAvx2(__m256 v, float m) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  for (float x : lanes) m = std::max(m, x);
+  return m;
+}
+
 TIERKV_ATTENTION_AVX2 inline float ScaleRowMaxAvx2(float* row, int64_t n, float scale) {
   const __m256 vs = _mm256_set1_ps(scale);
   __m256 vmax = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -305,10 +313,7 @@ TIERKV_ATTENTION_AVX2 inline float ScaleRowMaxAvx2(float* row, int64_t n, float 
     _mm256_storeu_ps(row + j, x);
     vmax = _mm256_max_ps(x, vmax);
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, vmax);
-  float max = lanes[0];
-  for (int i = 1; i < 8; ++i) max = std::max(max, lanes[i]);
+  float max = MaxLanesAvx2(vmax, -std::numeric_limits<float>::infinity());
   for (; j < n; ++j) {
     row[j] *= scale;
     max = std::max(max, row[j]);
@@ -385,9 +390,7 @@ TIERKV_ATTENTION_AVX2 inline float SoftmaxRowAvx2(float* row, int64_t n, bool ro
     __m256 vmax = _mm256_set1_ps(max);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) vmax = _mm256_max_ps(_mm256_loadu_ps(row + i), vmax);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmax);
-    for (float v : lanes) max = std::max(max, v);
+    max = MaxLanesAvx2(vmax, max);
     for (; i < n; ++i) max = std::max(max, row[i]);
   }
   const __m256 vm = _mm256_set1_ps(max);

@@ -10,6 +10,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -35,6 +36,15 @@ constexpr size_t kMaxDescription = 1024;
 constexpr uint64_t kWriteBatchBytes = 8 * kMiB;  // gather block records into writes this large
 
 uint64_t Hash(const void* p, size_t n) { return Checksum(p, n); }
+
+// fp's description for a refusal against `other`; with the fingerprint in hex when the
+// two descriptions read the same (same tensors and types, other weights).
+std::string Describe(const ModelFingerprint& fp, const ModelFingerprint& other) {
+  if (fp.description != other.description) return fp.description;
+  char hex[40];
+  std::snprintf(hex, sizeof(hex), " [fingerprint %016llx]", static_cast<unsigned long long>(fp.hash));
+  return fp.description + hex;
+}
 
 // Little-endian field access (the format is little-endian; so is every host we build for).
 template <typename T>
@@ -381,8 +391,8 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     header = loaded->header;
     if (header.model.hash != model.hash) {
       close(fd);
-      return Status::FailedPrecondition("wrong model: " + path + " holds a session of " + header.model.description +
-                                        ", not " + model.description + "; refusing to overwrite it");
+      return Status::FailedPrecondition("wrong model: " + path + " holds a session of " + Describe(header.model, model) +
+                                        ", not " + Describe(model, header.model) + "; refusing to overwrite it");
     }
     if (!(header.geometry == g)) {
       close(fd);
@@ -548,8 +558,8 @@ SessionFile::~SessionFile() { close(fd_); }
 
 Status SessionFile::CheckModel(const std::string& path, const ModelFingerprint& saved, const ModelFingerprint& model) {
   if (saved.hash == model.hash) return Status::Ok();
-  return Status::FailedPrecondition("wrong model: " + path + " was saved for " + saved.description +
-                                    ", this model is " + model.description);
+  return Status::FailedPrecondition("wrong model: " + path + " was saved for " + Describe(saved, model) +
+                                    ", this model is " + Describe(model, saved));
 }
 
 Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model) {

@@ -129,21 +129,43 @@ const std::string* ReversePromptEnding(const std::vector<std::string>& prompts, 
   return nullptr;
 }
 
+// Data bytes per tensor that enter a model's fingerprint: enough to tell two sets of
+// weights apart, few enough that a fingerprint of a file on a slow disk costs a read of
+// one page per tensor.
+constexpr uint64_t kFingerprintSampleBytes = 4096;
+
 ModelFingerprint FingerprintOf(const GgufFile& file) {
   std::string key = std::string(file.architecture()) + ";";
+  // Bytes of weights per type, for the description.
+  std::vector<std::pair<uint64_t, std::string>> by_type;
   for (const GgufTensor& t : file.tensors()) {
-    key += std::string(t.name) + ":" + std::to_string(static_cast<int>(t.type));
-    for (int64_t d : t.ne) key += "," + std::to_string(d);
-    key += ";";
+    key.append(t.name).append(":").append(std::to_string(static_cast<int>(t.type)));
+    for (int64_t d : t.ne) key.append(",").append(std::to_string(d));
+    // The first bytes of the data: two files of the same shapes and types (a fine-tune
+    // and its base) hold different weights, and a session of one is not the other's.
+    const size_t sample = static_cast<size_t>(std::min<uint64_t>(t.n_bytes, kFingerprintSampleBytes));
+    key.append("#").append(std::to_string(Checksum(t.data, sample))).append(";");
+    const std::string type = GgmlTypeName(t.type);
+    auto it = std::find_if(by_type.begin(), by_type.end(), [&](const auto& e) { return e.second == type; });
+    if (it == by_type.end()) {
+      by_type.emplace_back(t.n_bytes, type);
+    } else {
+      it->first += t.n_bytes;
+    }
   }
   const std::string arch(file.architecture());
   for (const char* k : {".rope.freq_base", ".rope.dimension_count", ".rope.scaling.type", ".rope.scaling.factor"}) {
     if (const GgufValue* v = file.Find(arch + k)) key += std::string(k) + "=" + FormatGgufValue(*v, {}) + ";";
   }
+  const uint64_t hash = Checksum(key.data(), key.size());
+  // Largest share first: "Q4_K + Q6_K + F32".
+  std::stable_sort(by_type.begin(), by_type.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::string types;
+  for (const auto& [bytes, name] : by_type) types.append(types.empty() ? "" : " + ").append(name);
   std::string desc = arch + ", " + std::to_string(file.tensors().size()) + " tensors, " +
-                     std::to_string(file.parameter_count()) + " parameters";
+                     std::to_string(file.parameter_count()) + " parameters, " + types;
   if (auto name = file.GetString("general.name"); name.ok()) desc = std::string(*name) + " (" + desc + ")";
-  return ModelFingerprint{Checksum(key.data(), key.size()), desc};
+  return ModelFingerprint{hash, desc};
 }
 
 nlohmann::json RunReport::ToJson() const {

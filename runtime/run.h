@@ -161,7 +161,9 @@ struct RunReport {
 const std::string* ReversePromptEnding(const std::vector<std::string>& prompts, std::string_view text, size_t added);
 
 // The model identity stored in session files: architecture, every tensor's name,
-// type and shape, and the RoPE parameters.
+// type and shape and the first 4 KiB of its data, and the RoPE parameters. The
+// description names the model and its weight types by share of bytes, so that a
+// refusal tells two quantizations of one model apart.
 ModelFingerprint FingerprintOf(const GgufFile& file);
 
 // --frame auto (docs/cli.md): 1 MiB frames, whose KV blocks attention streams faster,

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -22,6 +23,12 @@ using testing::TempDir;
 
 const ModelFingerprint kModel{0x1234abcd, "test-model (2 layers)"};
 const ModelFingerprint kOtherModel{0x9999, "other-model"};
+
+std::string Hex16(uint64_t v) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
+  return hex;
+}
 
 std::vector<int32_t> Tokens(int n, int salt = 0) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -396,6 +403,13 @@ TEST(SessionFileTest, RefusalsAreOneClearError) {
   EXPECT_NE(v.message().find("version 7"), std::string::npos) << v.message();
   Status m = restore_error(good, KvCodec::kF16, kOtherModel);
   EXPECT_NE(m.message().find("wrong model"), std::string::npos) << m.message();
+  EXPECT_EQ(m.message().find("[fingerprint"), std::string::npos) << m.message();  // the descriptions differ
+  // Same description, other weights: the two fingerprints are named.
+  const ModelFingerprint twin{kModel.hash + 1, kModel.description};
+  Status t = restore_error(good, KvCodec::kF16, twin);
+  EXPECT_NE(t.message().find("wrong model"), std::string::npos) << t.message();
+  EXPECT_NE(t.message().find("[fingerprint " + Hex16(kModel.hash) + "]"), std::string::npos) << t.message();
+  EXPECT_NE(t.message().find("[fingerprint " + Hex16(twin.hash) + "]"), std::string::npos) << t.message();
   Status c = restore_error(good, KvCodec::kQ8_0);
   EXPECT_NE(c.message().find("wrong codec"), std::string::npos) << c.message();
   auto bad_header = good;

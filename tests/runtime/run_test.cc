@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu_features.h"
+#include "runtime/gguf.h"
+#include "runtime/gguf_writer.h"
 
 namespace tierkv {
 namespace {
@@ -415,6 +417,42 @@ TEST(RunTest, PrefillBatchSizeDoesNotChangeTheResult) {
       EXPECT_EQ(reports[i].logits[k].logsumexp, reports[0].logits[k].logsumexp);
     }
   }
+}
+
+// The fingerprint tells weights apart, not only tensor lists: one byte of a tensor's
+// first 4 KiB changes it; bytes past them, and nothing at all, do not. Two
+// quantizations of one model differ in hash and in description.
+TEST(FingerprintTest, CoversTheWeightsAndNamesTheTypes) {
+  auto image = [](uint8_t first, uint8_t last) {
+    std::vector<uint8_t> data(8192 * 4, 0x11);  // 8192 F32 values: 32 KiB
+    data[0] = first;
+    data.back() = last;
+    return GgufWriter().String("general.architecture", "llama").Tensor("w", GgmlType::kF32, {8192}, data).Finish();
+  };
+  auto fp = [](std::vector<uint8_t> bytes) {
+    auto file = GgufFile::ParseOwned(std::move(bytes), "test");
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    return FingerprintOf(**file);
+  };
+  const ModelFingerprint a = fp(image(1, 9));
+  EXPECT_EQ(fp(image(1, 9)).hash, a.hash);
+  EXPECT_EQ(fp(image(1, 7)).hash, a.hash);  // past the sample
+  EXPECT_NE(fp(image(2, 9)).hash, a.hash);
+  EXPECT_NE(a.description.find("F32"), std::string::npos) << a.description;
+
+  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  auto open = [](const std::string& model) {
+    auto file = GgufFile::Open(kRef + "/models/" + model + ".gguf");
+    EXPECT_TRUE(file.ok()) << file.status().ToString();
+    return FingerprintOf(**file);
+  };
+  const ModelFingerprint q8 = open("ref-llama-q8_0");
+  const ModelFingerprint q4 = open("ref-llama-q4_0");
+  EXPECT_NE(q8.hash, q4.hash);
+  EXPECT_NE(q8.description, q4.description);
+  EXPECT_NE(q8.description.find("Q8_0 + F32"), std::string::npos) << q8.description;
+  EXPECT_NE(q4.description.find("Q4_0"), std::string::npos) << q4.description;
+  EXPECT_NE(q4.description.find("Q6_K"), std::string::npos) << q4.description;
 }
 
 TEST(RunTest, SessionRoundTripReusesThePrefixAndRefusesAnotherModel) {

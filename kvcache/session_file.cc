@@ -260,9 +260,21 @@ struct SessionFile::Loaded {
 Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
   struct stat st {};
   if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat " + path);
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(path + " is not a session file: " +
+                                   (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file"));
+  }
   Loaded L;
   L.file_bytes = static_cast<uint64_t>(st.st_size);
   if (L.file_bytes < kHeaderBytes) {
+    // A short file that does not even begin as a session file is another kind of file.
+    std::array<char, sizeof(kMagic)> magic{};
+    const size_t have = static_cast<size_t>(std::min<uint64_t>(L.file_bytes, sizeof(kMagic)));
+    if (have == 0 || pread(fd, magic.data(), have, 0) != static_cast<ssize_t>(have) ||
+        std::memcmp(magic.data(), kMagic, have) != 0) {
+      return Status::Corruption(path + " is not a session file (" + std::to_string(L.file_bytes) +
+                                " bytes, no TIERKVSF magic)");
+    }
     return Status::Corruption(path + " is truncated: " + std::to_string(L.file_bytes) +
                               " bytes, shorter than the 4096-byte session header");
   }
@@ -381,7 +393,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   uint64_t append_at = kHeaderBytes;
   std::string write_path = path;
   bool fresh = false;
-  int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
   if (fd >= 0) {
     auto loaded = Load(path, fd);
     if (!loaded.ok()) {
@@ -639,7 +651,8 @@ Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
 
 // ------------------------------------------------------------------- inspect / verify
 Result<SessionFile::Loaded> SessionFile::OpenAndLoad(const std::string& path, int* fd_out) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO at `path` is refused by Load instead of blocking the open.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
   auto loaded = Load(path, fd);
   if (!loaded.ok()) {

@@ -753,7 +753,8 @@ Result<std::unique_ptr<GgufFile>> GgufFile::ParseOwned(std::vector<uint8_t> imag
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO is refused below instead of blocking the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return Status::FromErrno(errno, path);
   struct stat st{};
   if (fstat(fd, &st) != 0) {
@@ -763,7 +764,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::InvalidArgument(Cat(path, ": not a regular file"));
+    return Status::InvalidArgument(Cat(path, S_ISDIR(st.st_mode) ? ": a directory, not a GGUF file" : ": not a regular file"));
   }
   const auto size = static_cast<uint64_t>(st.st_size);
   if (size == 0) {

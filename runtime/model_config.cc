@@ -69,7 +69,8 @@ std::string ModelConfig::ToString() const {
   return o.str();
 }
 
-Result<ModelConfig> ReadModelConfig(const GgufFile& file) {
+namespace {
+Result<ModelConfig> ReadConfig(const GgufFile& file) {
   ModelConfig c;
   const std::string_view arch = file.architecture();
   if (arch == "llama") {
@@ -92,6 +93,9 @@ Result<ModelConfig> ReadModelConfig(const GgufFile& file) {
   TIERKV_ASSIGN_OR_RETURN(c.n_head_kv, r.Get<int32_t>("attention.head_count_kv", c.n_head));
   TIERKV_ASSIGN_OR_RETURN(c.context_length, r.Get<int32_t>("context_length"));
   TIERKV_ASSIGN_OR_RETURN(c.rms_eps, r.Get<float>("attention.layer_norm_rms_epsilon"));
+  if (!(c.rms_eps > 0.0f) || !std::isfinite(c.rms_eps)) {
+    return Bad("attention.layer_norm_rms_epsilon must be a positive number, not " + std::to_string(c.rms_eps));
+  }
   if (c.n_embd <= 0 || c.n_layer <= 0 || c.n_head <= 0 || c.n_head_kv <= 0) {
     return Bad("embedding_length, block_count and head counts must be positive");
   }
@@ -163,6 +167,14 @@ Result<ModelConfig> ReadModelConfig(const GgufFile& file) {
                std::to_string(c.n_embd));
   }
   c.n_vocab = static_cast<int>(embd->ne[1]);
+  return c;
+}
+}  // namespace
+
+// Errors name the file (builtin models have none: their name).
+Result<ModelConfig> ReadModelConfig(const GgufFile& file) {
+  auto c = ReadConfig(file);
+  if (!c.ok() && !file.path().empty()) return c.status().Annotate(file.path());
   return c;
 }
 

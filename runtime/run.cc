@@ -10,6 +10,9 @@
 #include <limits>
 #include <optional>
 
+#include <linux/magic.h>
+#include <sys/statfs.h>
+
 #include <spdlog/spdlog.h>
 
 #include "kernels/cpu_features.h"
@@ -106,6 +109,33 @@ bool PageWeights(const RunOptions& o, const MemoryOptions& m, const Model& model
   const uint64_t kv = 4ull * static_cast<uint64_t>(c.n_layer) * static_cast<uint64_t>(c.n_head_kv) *
                       static_cast<uint64_t>(c.head_dim) * static_cast<uint64_t>(n_ctx);
   return model.WeightPageBytes(256 * kKiB) + kv <= m.host_bytes;
+}
+
+// Budgets held in RAM beyond what the machine has available: an explicit --host that
+// warm-up or mlock would touch, or a --disk in a RAM-backed directory (tmpfs, such as
+// /dev/shm) that the disk tier's preallocation fills, would end in the kernel's
+// out-of-memory killer rather than an error line. --host auto is capped already.
+Status CheckMemoryBudgets(const MemoryOptions& m) {
+  const auto meminfo = ReadMeminfo();
+  if (!meminfo.ok() || meminfo->available_bytes == 0) return Status::Ok();
+  const uint64_t available = meminfo->available_bytes;
+  if ((m.warmup || m.mlock != MlockMode::kOff) && m.host_bytes > available) {
+    return Status::InvalidArgument("impossible budget: --host " + FormatBytes(m.host_bytes) + " is more than the " +
+                                   FormatBytes(available) +
+                                   " of memory available; lower --host (or --host auto), add --disk SIZE, or give "
+                                   "--no-warmup --mlock off to reserve it untouched");
+  }
+  struct statfs fs {};
+  if (m.disk_bytes > 0 && statfs(m.disk_dir.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    const uint64_t host_in_ram = m.warmup || m.mlock != MlockMode::kOff ? m.host_bytes : 0;
+    if (m.disk_bytes + host_in_ram > available) {
+      return Status::InvalidArgument("impossible budget: --disk " + FormatBytes(m.disk_bytes) + " in " + m.disk_dir +
+                                     " (RAM-backed)" + (host_in_ram > 0 ? " with --host " + FormatBytes(host_in_ram) : "") +
+                                     " is more than the " + FormatBytes(available) +
+                                     " of memory available; lower --disk or --host, or put --disk-dir on a disk");
+    }
+  }
+  return Status::Ok();
 }
 
 // ", --host auto: 90% of the 3.20 GiB available" when the automatic host budget was
@@ -407,6 +437,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
     memory.host_bytes = h.bytes;
     host_note = AutoHostNote(h);
   }
+  TIERKV_RETURN_IF_ERROR(CheckMemoryBudgets(memory));
   r.paged_weights = PageWeights(o, memory, *model, n_ctx);
   if (o.auto_frame) {
     uint64_t session_block_bytes = 0;

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <functional>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/gguf.h"
 
 namespace tierkv {
@@ -232,31 +234,38 @@ Status Tokenizer::Init(Vocab v) {
   auto in_range = [n](std::optional<int32_t> id) {
     return id.has_value() && *id >= 0 && static_cast<size_t>(*id) < n;
   };
-  auto pick = [&](std::optional<int32_t> given, int32_t fallback) -> int32_t {
+  // An id outside the vocabulary is replaced by the default, as llama.cpp does (it loads
+  // such files), with a warning naming it.
+  auto pick = [&](const char* what, std::optional<int32_t> given, int32_t fallback) -> int32_t {
     if (in_range(given)) return *given;
-    return (fallback >= 0 && static_cast<size_t>(fallback) < n) ? fallback : -1;
+    const int32_t id = (fallback >= 0 && static_cast<size_t>(fallback) < n) ? fallback : -1;
+    if (given.has_value()) {
+      spdlog::warn("tokenizer: {} token id {} is outside the vocabulary of {} tokens; using {}", what, *given, n,
+                   id >= 0 ? std::to_string(id) : std::string("none"));
+    }
+    return id;
   };
   if (kind_ == TokenizerKind::kSpm) {
-    bos_ = pick(v.bos, 1);
-    eos_ = pick(v.eos, 2);
-    unk_ = pick(v.unk, 0);
+    bos_ = pick("bos", v.bos, 1);
+    eos_ = pick("eos", v.eos, 2);
+    unk_ = pick("unknown", v.unk, 0);
     add_bos_ = v.add_bos.value_or(true);
     add_eos_ = v.add_eos.value_or(false);
     add_space_prefix_ = v.add_space_prefix.value_or(true);
   } else {
-    bos_ = pick(v.bos, 11);
-    eos_ = pick(v.eos, 11);
-    unk_ = pick(v.unk, -1);
+    bos_ = pick("bos", v.bos, 11);
+    eos_ = pick("eos", v.eos, 11);
+    unk_ = pick("unknown", v.unk, -1);
     add_bos_ = v.add_bos.value_or(pre_regex_ == unicode::PreTokenizerRegex::kLlama3);
     add_eos_ = v.add_eos.value_or(false);
     add_space_prefix_ = false;  // byte-level vocabularies encode spaces themselves
   }
-  pad_ = pick(v.pad, -1);
-  eot_ = pick(v.eot, -1);
-  eom_ = pick(v.eom, -1);
-  fim_pad_ = pick(v.fim_pad, -1);
-  fim_rep_ = pick(v.fim_rep, -1);
-  fim_sep_ = pick(v.fim_sep, -1);
+  pad_ = pick("padding", v.pad, -1);
+  eot_ = pick("eot", v.eot, -1);
+  eom_ = pick("eom", v.eom, -1);
+  fim_pad_ = pick("fim_pad", v.fim_pad, -1);
+  fim_rep_ = pick("fim_rep", v.fim_rep, -1);
+  fim_sep_ = pick("fim_sep", v.fim_sep, -1);
   BuildIndexes(&v);
   return Status::Ok();
 }

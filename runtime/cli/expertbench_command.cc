@@ -15,6 +15,7 @@
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/builtin_model.h"
+#include "runtime/cli/usage_command.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -275,8 +276,12 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
       "Compare expert-paging policies (LRU, 2Q, decayed LFU, each +/- next-layer prefetch) on a recorded MoE "
       "routing trace and a synthetic skewed one (docs/expertbench.md)");
   sub->add_option("-m,--model", o->model, "MoE model whose routing is recorded")->capture_default_str();
-  sub->add_option("--tokens", o->tokens, "Positions decoded: the fixed prompt, then sampled tokens")->capture_default_str();
-  sub->add_option("-s,--seed", o->seed, "Seed of the continuation sampler and of the synthetic trace")->capture_default_str();
+  sub->add_option("--tokens", o->tokens, "Positions decoded: the fixed prompt, then sampled tokens")
+      ->check(NonNegative())
+      ->capture_default_str();
+  sub->add_option("-s,--seed", o->seed, "Seed of the continuation sampler and of the synthetic trace")
+      ->check(NonNegative())
+      ->capture_default_str();
   sub->add_option("-t,--threads", o->threads, "Kernel threads (0: all cores)")->capture_default_str();
   sub->add_option("--budget-fraction", o->budget_fraction, "Compute-tier budget as a share of all expert pages")
       ->capture_default_str();

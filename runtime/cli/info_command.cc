@@ -13,6 +13,7 @@
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
 #include "runtime/chat_template.h"
+#include "runtime/cli/usage_command.h"
 
 namespace tierkv {
 namespace {
@@ -390,14 +391,20 @@ void AddInfoCommand(CLI::App& app, int& exit_code) {
   sub->add_option("-m,--model", args->model, "Model file (.gguf) or builtin:NAME (instead of FILE)");
   sub->add_flag("--json", args->options.json, "Print one JSON object on stdout");
   sub->add_option("--max-items", args->options.max_array_items, "Array items shown before summarizing")
+      ->check(NonNegative())
       ->capture_default_str();
   sub->callback([args, &exit_code] {
     if (!args->positional.empty() && !args->model.empty()) {
       std::fprintf(stderr, "error: info: give the model once, either as FILE or with --model\n");
-      exit_code = 1;
+      exit_code = 2;
       return;
     }
     const std::string& model = args->model.empty() ? args->positional : args->model;
+    if (model.empty()) {  // a usage error: exit 2, as a bad option
+      std::fprintf(stderr, "error: info: no model given: tierkv info FILE.gguf\n");
+      exit_code = 2;
+      return;
+    }
     Result<std::string> out = RunInfo(model, args->options);
     if (!out.ok()) {
       std::fprintf(stderr, "error: info: %s\n", out.status().message().c_str());

@@ -2,7 +2,7 @@
 //
 // The tierkv command line (DESIGN.md, CLI contract). Each subcommand registers itself
 // with Add<Name>Command(app, exit_code) and sets exit_code from its callback; errors are
-// one line on stderr and a non-zero exit.
+// one line on stderr and a non-zero exit (usage errors: exit 2, runtime/cli/usage_command.h).
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +16,7 @@
 #include "runtime/cli/info_command.h"
 #include "runtime/cli/run_command.h"
 #include "runtime/cli/session_command.h"
+#include "runtime/cli/usage_command.h"
 
 int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv"));
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return tierkv::ReportParseError(app, e, argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

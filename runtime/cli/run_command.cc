@@ -8,15 +8,18 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -30,7 +33,7 @@ namespace {
 struct RunFlags {
   std::string model, prompt, prompt_file, session;
   std::string device = "none", vram = "0", host = "auto", disk = "0", disk_dir = "/tmp";
-  std::string kv_type = "f16", kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
+  std::string kv_type, kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
   static constexpr int kUnset = INT_MIN;
   int n = kUnset, ctx = 0, threads = 0, dump_logits = 0;
   SamplerOptions sampling;  // the sampling flags bind to its fields (llama.cpp's defaults, but greedy)
@@ -38,6 +41,9 @@ struct RunFlags {
   std::vector<std::string> reverse_prompts;
   bool chat = false, continue_chat = false, interactive = false;
   std::string system_prompt, chat_template;
+  bool chat_template_given = false;  // --chat-template, even as ""
+  bool sim_gbps_given = false, disk_dir_given = false;
+  int64_t seed = 0;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false, llama_sums = false, no_llama_sums = false;
   std::string weights = "auto";
@@ -94,8 +100,13 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     ss << std::cin.rdbuf();
     o.prompt = ss.str();
   } else if (!f.prompt_file.empty()) {
+    // A pipe is fine (-f <(cmd)); a directory would read as an empty prompt.
+    std::error_code ec;
+    if (std::filesystem::is_directory(f.prompt_file, ec)) {
+      return Status::InvalidArgument("--prompt-file " + f.prompt_file + ": a directory, not a file");
+    }
     std::ifstream in(f.prompt_file, std::ios::binary);
-    if (!in) return Status::NotFound("--prompt-file " + f.prompt_file + ": cannot open");
+    if (!in) return Status::FromErrno(errno, "--prompt-file " + f.prompt_file);
     std::stringstream ss;
     ss << in.rdbuf();
     o.prompt = ss.str();
@@ -124,22 +135,61 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     return Status::InvalidArgument("--continue needs --session FILE (the conversation to continue)");
   }
   o.chat_template = f.chat_template;
+  if (f.chat_template_given && f.chat_template.empty()) {
+    return Status::InvalidArgument("--chat-template must not be empty (a format name or a template text)");
+  }
   if (!f.chat_template.empty()) {
     auto format = DetectChatFormat(f.chat_template);
     if (!format.ok()) return Status::InvalidArgument("--chat-template: " + format.status().message());
   }
+  if (f.ctx < 0) return Status::InvalidArgument("-c/--ctx must not be negative (0: the default)");
   o.n_ctx = f.ctx;
   o.sampler = f.sampling;
+  // -s -1: a random seed, as in llama.cpp (reported on stderr, so the run can be repeated).
+  if (f.seed < -1) return Status::InvalidArgument("-s/--seed must be -1 (random) or a seed >= 0");
+  if (f.seed == -1) {
+    o.sampler.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    spdlog::info("sampling seed {}", o.sampler.seed);
+  } else {
+    o.sampler.seed = static_cast<uint64_t>(f.seed);
+  }
   TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
+  if (f.threads < 0) return Status::InvalidArgument("-t/--threads must not be negative (0: all cores)");
   o.threads = f.threads;
   if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
   o.dump_logits = f.dump_logits;
   o.session = f.session;
-  std::string kv = f.kv_type;
-  if (!f.kv_type_k.empty()) kv = f.kv_type_k;
-  if (!f.kv_type_v.empty() && f.kv_type_v != kv) {
-    return Status::InvalidArgument("K and V share one codec: -ctk " + kv + " and -ctv " + f.kv_type_v + " differ");
+  if (!f.session.empty()) {
+    // Found now rather than at the save, after the whole run: a session path that is not a
+    // file, or a directory where it cannot be written.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path path(f.session);
+    if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+      return Status::InvalidArgument("--session " + f.session + ": " +
+                                     (fs::is_directory(path, ec) ? "a directory" : "not a regular file"));
+    }
+    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+    if (!fs::is_directory(dir, ec)) {
+      return Status::InvalidArgument("--session " + f.session + ": directory " + dir.string() + " does not exist");
+    }
+    if (access(dir.c_str(), W_OK) != 0) {
+      return Status::FromErrno(errno, "--session " + f.session + ": cannot write in " + dir.string());
+    }
   }
+  // --kv-type, -ctk and -ctv name one codec (K and V share it): those given must agree.
+  std::string kv, kv_flag;
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--kv-type", &f.kv_type},
+                                    {"-ctk", &f.kv_type_k}, {"-ctv", &f.kv_type_v}}) {
+    if (value->empty()) continue;
+    if (!kv.empty() && *value != kv) {
+      return Status::InvalidArgument("K and V share one codec: " + kv_flag + " " + kv + " and " + flag + " " + *value +
+                                     " differ");
+    }
+    kv = *value;
+    kv_flag = flag;
+  }
+  if (kv.empty()) kv = "f16";
   TIERKV_ASSIGN_OR_RETURN(o.kv_type, ParseKvCodec(kv));
   MemoryOptions& m = o.memory;
   TIERKV_ASSIGN_OR_RETURN(m.device, ParseDeviceKind(f.device));
@@ -156,10 +206,20 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.auto_frame = f.frame == "auto";
   if (!o.auto_frame) {
     TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, ParseSize(f.frame));
+    if (m.frame_bytes < 64 * kKiB || m.frame_bytes > 4 * kMiB || m.frame_bytes % (4 * kKiB) != 0) {
+      return Status::InvalidArgument("--frame " + f.frame + " must be 64KiB .. 4MiB and a multiple of 4KiB");
+    }
   }
   TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock));
   TIERKV_ASSIGN_OR_RETURN(m.policy, ParsePolicyKind(f.policy));
   m.disk_dir = f.disk_dir;
+  if (f.disk_dir_given && m.disk_bytes == 0) {
+    spdlog::warn("--disk-dir {} is ignored: no --disk budget, so no disk tier", f.disk_dir);
+  }
+  if (!(f.sim_gbps >= 0)) return Status::InvalidArgument("--sim-gbps must be a bandwidth >= 0 (0: unthrottled)");
+  if (f.sim_gbps_given && m.device != DeviceKind::kSim) {
+    spdlog::warn("--sim-gbps is ignored: it throttles --device sim only");
+  }
   m.sim_gbps = f.sim_gbps;
   m.warmup = !f.no_warmup;
   o.prefetch = !f.no_prefetch;
@@ -190,9 +250,14 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
 // ending in a backslash goes on to the next one. Blank inputs are skipped. Raw text (no
 // --chat) gets its newline back: the user pressed Enter after it. End of input (or a
 // Ctrl-C at the prompt) ends the conversation.
+// Whether stderr's last line is an open "> " prompt whose input was not echoed (standard
+// input is not a terminal): an error then starts a line of its own.
+bool g_prompt_open = false;
+
 std::optional<std::string> ReadInput(bool chat) {
   for (;;) {
     std::fputs("\n> ", stderr);
+    g_prompt_open = isatty(STDIN_FILENO) == 0;
     std::fflush(stderr);
     std::string text, line;
     bool any = false;
@@ -300,7 +365,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                   "chat format: chatml, llama3, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, or a Jinja template text "
                   "(default: the model's tokenizer.chat_template; implies --chat)");
   run->add_flag("--ignore-eos", f->ignore_eos, "never sample end-of-generation tokens; generate all -n tokens");
-  run->add_option("-s,--seed", f->sampling.seed, "sampling seed (default 0)");
+  run->add_option("-s,--seed", f->seed, "sampling seed (default 0; -1: a random one, printed)");
   run->add_option("--device", f->device, "cuda | sim | none (default none)");
   run->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");
   run->add_option("--host", f->host,
@@ -340,7 +405,10 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--yarn-beta-slow", f->yarn_beta_slow, "YaRN: high correction dimension (default: the model's, 1)");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
-  run->callback([f, &exit_code] {
+  run->callback([f, run, &exit_code] {
+    f->chat_template_given = run->count("--chat-template") > 0;
+    f->sim_gbps_given = run->count("--sim-gbps") > 0;
+    f->disk_dir_given = run->count("--disk-dir") > 0;
     auto options = ToOptions(*f);
     if (!options.ok()) {
       std::fprintf(stderr, "error: %s\n", options.status().message().c_str());
@@ -366,6 +434,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       std::fputs(shown.c_str(), stderr);
       std::fflush(stderr);
       streamed = true;
+      g_prompt_open = false;
     };
     // Progress of long prefills: a line every kProgressSeconds.
     struct Progress {
@@ -388,7 +457,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
     options->stop = &g_stop;
     auto report = RunSession(*options);
     if (!report.ok()) {
-      std::fprintf(stderr, "%serror: %s\n", streamed ? "\n" : "", report.status().message().c_str());
+      std::fprintf(stderr, "%serror: %s\n", streamed || g_prompt_open ? "\n" : "", report.status().message().c_str());
       exit_code = 1;
       return;
     }

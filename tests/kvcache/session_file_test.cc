@@ -1,6 +1,7 @@
 // tests/kvcache/session_file_test.cc
 #include "kvcache/session_file.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -423,6 +424,30 @@ TEST(SessionFileTest, RefusalsAreOneClearError) {
   Status sv = SessionFile::Save(*other.cache, o, Tokens(3), kOtherModel, path);
   EXPECT_NE(sv.message().find("wrong model"), std::string::npos) << sv.message();
   EXPECT_EQ(ReadFile(path), good);
+}
+
+// Paths that hold no session: a directory, a FIFO (refused without blocking in open), a
+// short file of another kind ("not a session file", not "truncated"), and a short file
+// that does begin as a session file (truncated).
+TEST(SessionFileTest, OtherKindsOfFileAreNamed) {
+  TempDir files;
+  auto message = [](const std::string& path) {
+    auto r = SessionFile::Inspect(path);
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_EQ(message(files.path()), files.path() + " is not a session file: a directory");
+  const std::string fifo = files.path() + "/f";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(message(fifo), fifo + " is not a session file: not a regular file");
+  EXPECT_FALSE(SessionFile::Verify(fifo).ok());
+  const std::string text = files.path() + "/t";
+  WriteFile(text, {std::byte{'h'}, std::byte{'i'}});
+  EXPECT_EQ(message(text), text + " is not a session file (2 bytes, no TIERKVSF magic)");
+  const std::string head = files.path() + "/h";
+  WriteFile(head, {std::byte{'T'}, std::byte{'I'}, std::byte{'E'}, std::byte{'R'}, std::byte{'K'}, std::byte{'V'},
+                   std::byte{'S'}, std::byte{'F'}, std::byte{2}});
+  EXPECT_EQ(message(head), head + " is truncated: 9 bytes, shorter than the 4096-byte session header");
 }
 
 TEST(SessionFileTest, FuzzedFilesNeverCrashTheReader) {

@@ -729,7 +729,7 @@ TEST(GgufOpen, ErrorsNameThePath) {
 
   auto dir = GgufFile::Open(fs::temp_directory_path().string());
   ASSERT_FALSE(dir.ok());
-  EXPECT_NE(dir.status().message().find("not a regular file"), std::string::npos);
+  EXPECT_NE(dir.status().message().find("a directory, not a GGUF file"), std::string::npos);
 
   TempFile empty("");
   auto e = GgufFile::Open(empty.path());
@@ -1113,8 +1113,8 @@ TEST(InfoCommand, TextReport) {
 }
 
 TEST(InfoCommand, ErrorsAreOneLineAndNonZero) {
-  auto one_error_line = [](const CliResult& r, const std::string& text) {
-    EXPECT_EQ(r.exit_code, 1);
+  auto one_error_line = [](const CliResult& r, const std::string& text, int exit_code = 1) {
+    EXPECT_EQ(r.exit_code, exit_code);
     EXPECT_TRUE(r.out.empty()) << r.out;
     EXPECT_EQ(r.err.rfind("error: info: ", 0), 0u) << r.err;
     EXPECT_NE(r.err.find(text), std::string::npos) << r.err;
@@ -1123,8 +1123,9 @@ TEST(InfoCommand, ErrorsAreOneLineAndNonZero) {
   one_error_line(RunCli({"info", "builtin:tiny"}), "unknown builtin model 'tiny'");
   one_error_line(RunCli({"info", "-m", "builtin:"}), "unknown builtin model ''");
   one_error_line(RunCli({"info", "/nonexistent/model.gguf"}), "/nonexistent/model.gguf: No such file");
-  one_error_line(RunCli({"info"}), "no model given");
-  one_error_line(RunCli({"info", "a.gguf", "-m", "b.gguf"}), "give the model once");
+  // Usage errors: exit 2, as a bad option.
+  one_error_line(RunCli({"info"}), "no model given", 2);
+  one_error_line(RunCli({"info", "a.gguf", "-m", "b.gguf"}), "give the model once", 2);
 
   TinyGguf g = ValidFile();
   g.Tensor("blk.0.attn_q.weight", {32}, kF32, 1ull << 40);

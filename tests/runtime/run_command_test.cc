@@ -7,6 +7,8 @@
 // context and --ignore-eos never samples an end-of-generation token.
 #include "runtime/cli/run_command.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +24,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kvcache/session_file.h"
+#include "runtime/cli/usage_command.h"
 #include "runtime/run.h"
 
 namespace tierkv {
@@ -54,7 +57,7 @@ CliResult RunCli(std::vector<std::string> args) {
     app.parse(static_cast<int>(argv.size()), argv.data());
     r.exit_code = exit_code;
   } catch (const CLI::ParseError& e) {
-    r.exit_code = app.exit(e);
+    r.exit_code = ReportParseError(app, e, static_cast<int>(argv.size()), argv.data());
   }
   r.err = ::testing::internal::GetCapturedStderr();
   r.out = ::testing::internal::GetCapturedStdout();
@@ -93,6 +96,20 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--rope-scale", "2", "--rope-freq-scale", "0.25"}, "disagree"},
       {{"--rope-scale", "0.5"}, "RoPE: the scale factor (--rope-scale) must be >= 1"},
       {{"-r", "User:", "-r", ""}, "-r: a reverse prompt must not be empty"},
+      {{"-c", "-7"}, "-c/--ctx must not be negative"},
+      {{"-t", "-3"}, "-t/--threads must not be negative"},
+      {{"-s", "-5"}, "-s/--seed must be -1 (random) or a seed >= 0"},
+      {{"--sim-gbps", "nan"}, "--sim-gbps must be a bandwidth >= 0"},
+      {{"--sim-gbps", "-1"}, "--sim-gbps must be a bandwidth >= 0"},
+      {{"--frame", "1KiB"}, "--frame 1KiB must be 64KiB .. 4MiB"},
+      {{"--kv-type", "f16", "-ctk", "q8_0"}, "--kv-type f16 and -ctk q8_0 differ"},
+      {{"--chat-template", ""}, "--chat-template must not be empty"},
+      {{"--session", "/nonexistent-dir/s.tkv"}, "--session /nonexistent-dir/s.tkv: directory /nonexistent-dir does not exist"},
+      {{"--session", "/"}, "--session /: a directory"},
+      // Usage errors CLI11 finds (runtime/cli/usage_command.h).
+      {{"--bogus"}, "The following argument was not expected: --bogus (tierkv run --help lists the options)"},
+      {{"-n", "abc"}, "Could not convert: --n-predict = abc"},
+      {{"-p", "twice"}, "--prompt: At Most 1 required but received 2"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags[0]);
@@ -102,6 +119,43 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
     EXPECT_EQ(Lines(r.err), 1) << r.err;
   }
+}
+
+// A prompt file that is a directory is refused (it would read as an empty prompt); one
+// that cannot be opened names the reason; a FIFO as the model or the session is refused
+// without blocking in open().
+TEST(RunCommandTest, PathsThatAreNotFilesAreRefused) {
+  const std::string dir = ::testing::TempDir();
+  auto expect = [](const CliResult& r, int code, const std::string& message) {
+    EXPECT_EQ(r.exit_code, code) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+  };
+  const std::vector<std::string> base = {"run", "-m", "builtin:tiny-moe", "-n", "2", "--no-warmup", "--host", "64MiB",
+                                         "--mlock", "off"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  expect(RunCli(with({"-f", dir})), 2, "--prompt-file " + dir + ": a directory, not a file");
+  expect(RunCli(with({"-f", dir + "/no-such-prompt.txt"})), 2, "No such file or directory");
+  const std::string fifo = dir + "/run_command_test.fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  expect(RunCli(with({"-p", "ab", "--session", fifo})), 2, "--session " + fifo + ": not a regular file");
+  expect(RunCli({"run", "-m", fifo, "-p", "ab", "--mlock", "off"}), 1, fifo + ": not a regular file");
+  std::filesystem::remove(fifo);
+}
+
+// An explicit --host that warm-up or mlock would touch past the machine's available
+// memory is an impossible budget, not a run that ends in the out-of-memory killer.
+TEST(RunCommandTest, HostBeyondAvailableMemoryIsRefused) {
+  const CliResult r = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--host", "4096TiB"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("error: impossible budget: --host ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("of memory available"), std::string::npos) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
 }
 
 // -n -1 generates until an end-of-generation token or a full context; --ignore-eos

@@ -1,0 +1,61 @@
+// runtime/cli/usage_command.cc
+#include "runtime/cli/usage_command.h"
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace tierkv {
+namespace {
+
+// The subcommand chain argv names ("tierkv session verify"); *problem says where argv
+// leaves the known commands, or that it stops before naming one, with the commands
+// expected there (empty when the chain reaches a command that takes options).
+std::string CommandPath(CLI::App& app, int argc, char** argv, std::string* problem) {
+  auto all = [](CLI::App* a) { return a->get_subcommands([](CLI::App*) { return true; }); };
+  auto names = [&](CLI::App* a) {
+    std::string n;
+    for (CLI::App* s : all(a)) n += (n.empty() ? "" : ", ") + s->get_name();
+    return n;
+  };
+  CLI::App* cur = &app;
+  std::string path = "tierkv";
+  int i = 1;
+  for (; i < argc && !all(cur).empty(); ++i) {
+    const std::string word = argv[i];
+    if (!word.empty() && word[0] == '-') break;
+    CLI::App* next = nullptr;
+    for (CLI::App* s : all(cur)) {
+      if (s->get_name() == word) next = s;
+    }
+    if (next == nullptr) {
+      *problem = "unknown command '" + word + "' for " + path + " (" + names(cur) + ")";
+      return path;
+    }
+    cur = next;
+    path += " " + word;
+  }
+  if (i >= argc && !all(cur).empty()) *problem = path + " needs a command (" + names(cur) + ")";
+  return path;
+}
+
+}  // namespace
+
+CLI::Validator NonNegative() {
+  return CLI::Validator(
+      [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must not be negative") : std::string(); }, "");
+}
+
+int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
+  if (e.get_exit_code() == 0) return app.exit(e);  // --help
+  std::string problem;
+  const std::string path = CommandPath(app, argc, argv, &problem);
+  if (!problem.empty()) {
+    std::fprintf(stderr, "error: %s\n", problem.c_str());
+  } else {
+    std::fprintf(stderr, "error: %s (%s --help lists the options)\n", e.what(), path.c_str());
+  }
+  return 2;
+}
+
+}  // namespace tierkv

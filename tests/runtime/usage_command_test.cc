@@ -1,0 +1,84 @@
+// tests/runtime/usage_command_test.cc
+//
+// Usage errors of the tierkv command line (runtime/cli/usage_command.h): an unknown
+// command or flag, a missing command, a negative count: one "error:" line naming the
+// problem, exit code 2; --help still exits 0.
+#include "runtime/cli/usage_command.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "bench/tools/fragbench.h"
+#include "runtime/cli/info_command.h"
+#include "runtime/cli/run_command.h"
+#include "runtime/cli/session_command.h"
+
+namespace tierkv {
+namespace {
+
+struct Usage {
+  int exit_code = -1;
+  std::string err;
+};
+
+// Parses args as the tierkv binary does (runtime/cli/main.cc), with some of its commands.
+Usage Parse(std::vector<std::string> args) {
+  CLI::App app;
+  app.require_subcommand(1);
+  int exit_code = 0;
+  tools::AddFragbenchCommand(app, exit_code);
+  AddInfoCommand(app, exit_code);
+  AddSessionCommand(app, exit_code);
+  AddRunCommand(app, exit_code);
+  std::vector<std::string> owned = {"tierkv"};
+  owned.insert(owned.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : owned) argv.push_back(a.data());
+  Usage u;
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    u.exit_code = exit_code;
+  } catch (const CLI::ParseError& e) {
+    u.exit_code = ReportParseError(app, e, static_cast<int>(argv.size()), argv.data());
+  }
+  u.err = ::testing::internal::GetCapturedStderr();
+  (void)::testing::internal::GetCapturedStdout();
+  return u;
+}
+
+TEST(UsageCommandTest, UsageErrorsAreOneLineAndExitTwo) {
+  const struct {
+    std::vector<std::string> args;
+    const char* message;
+  } cases[] = {
+      {{}, "error: tierkv needs a command (fragbench, info, session, run)"},
+      {{"bogus"}, "error: unknown command 'bogus' for tierkv (fragbench, info, session, run)"},
+      {{"session"}, "error: tierkv session needs a command (inspect, verify)"},
+      {{"session", "bogus", "x"}, "error: unknown command 'bogus' for tierkv session (inspect, verify)"},
+      {{"session", "inspect"}, "error: file is required (tierkv session inspect --help lists the options)"},
+      {{"info", "a", "b"}, "error: The following argument was not expected: b (tierkv info --help lists the options)"},
+      {{"info", "x.gguf", "--max-items", "-1"}, "error: --max-items: must not be negative"},
+      {{"fragbench", "--seed", "-1"}, "error: --seed: must not be negative"},
+      {{"run"}, "error: --model is required (tierkv run --help lists the options)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    const Usage u = Parse(c.args);
+    EXPECT_EQ(u.exit_code, 2);
+    EXPECT_EQ(u.err.rfind(c.message, 0), 0u) << u.err;
+    EXPECT_EQ(std::count(u.err.begin(), u.err.end(), '\n'), 1) << u.err;
+  }
+}
+
+TEST(UsageCommandTest, HelpStillExitsZero) {
+  const Usage u = Parse({"run", "--help"});
+  EXPECT_EQ(u.exit_code, 0);
+}
+
+}  // namespace
+}  // namespace tierkv

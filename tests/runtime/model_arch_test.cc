@@ -312,5 +312,27 @@ TEST(ModelArchTest, Qwen3DenseWithQkNormAndWideHeads) {
   ExpectMatchesReference(a, 303);
 }
 
+// An RMS epsilon that is not a positive number (NaN turned every logit into 0) is refused
+// with one error naming the key; a positive one loads.
+TEST(ModelArchTest, RmsEpsilonMustBePositive) {
+  for (const float eps : {std::nanf(""), -1.0f, 0.0f, 1e-6f}) {
+    SCOPED_TRACE(eps);
+    Arch a;
+    a.name = "llama";
+    a.eps = eps;
+    const auto file = WriteGguf(a, MakeWeights(a, 7));
+    ASSERT_NE(file, nullptr);
+    auto cfg = ReadModelConfig(*file);
+    if (eps > 0.0f) {
+      EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+    } else {
+      ASSERT_FALSE(cfg.ok());
+      EXPECT_NE(cfg.status().message().find("attention.layer_norm_rms_epsilon must be a positive number"),
+                std::string::npos)
+          << cfg.status().message();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tierkv

@@ -2,6 +2,7 @@
 #include "runtime/cli/run_command.h"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -105,8 +106,12 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     if (std::filesystem::is_directory(f.prompt_file, ec)) {
       return Status::InvalidArgument("--prompt-file " + f.prompt_file + ": a directory, not a file");
     }
+    errno = 0;
     std::ifstream in(f.prompt_file, std::ios::binary);
-    if (!in) return Status::FromErrno(errno, "--prompt-file " + f.prompt_file);
+    if (!in) {
+      if (errno != 0) return Status::FromErrno(errno, "--prompt-file " + f.prompt_file);
+      return Status::NotFound("--prompt-file " + f.prompt_file + ": cannot open");
+    }
     std::stringstream ss;
     ss << in.rdbuf();
     o.prompt = ss.str();
@@ -246,14 +251,14 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   return o;
 }
 
-// -i: one input per line from standard input ("> " on stderr asks for it); a line
-// ending in a backslash goes on to the next one. Blank inputs are skipped. Raw text (no
-// --chat) gets its newline back: the user pressed Enter after it. End of input (or a
-// Ctrl-C at the prompt) ends the conversation.
 // Whether stderr's last line is an open "> " prompt whose input was not echoed (standard
 // input is not a terminal): an error then starts a line of its own.
 bool g_prompt_open = false;
 
+// -i: one input per line from standard input ("> " on stderr asks for it); a line
+// ending in a backslash goes on to the next one. Blank inputs are skipped. Raw text (no
+// --chat) gets its newline back: the user pressed Enter after it. End of input (or a
+// Ctrl-C at the prompt) ends the conversation.
 std::optional<std::string> ReadInput(bool chat) {
   for (;;) {
     std::fputs("\n> ", stderr);
@@ -406,6 +411,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
   run->callback([f, run, &exit_code] {
+    g_prompt_open = false;
     f->chat_template_given = run->count("--chat-template") > 0;
     f->sim_gbps_given = run->count("--sim-gbps") > 0;
     f->disk_dir_given = run->count("--disk-dir") > 0;

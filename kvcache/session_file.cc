@@ -242,6 +242,11 @@ Status SessionIo::Rename(const std::string& from, const std::string& to) {
   return Status::Ok();
 }
 
+Status SessionIo::Truncate(int fd, uint64_t bytes) {
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return Status::FromErrno(errno, "truncating the session file");
+  return Status::Ok();
+}
+
 SessionIo* SessionIo::Default() {
   static SessionIo io;
   return &io;
@@ -391,6 +396,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   Header header;
   Slot prev;
   uint64_t append_at = kHeaderBytes;
+  uint64_t old_size = 0;  // the file's size before an append
   std::string write_path = path;
   bool fresh = false;
   int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
@@ -412,6 +418,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     }
     prev = loaded->slot;
     append_at = prev.data_end;
+    old_size = loaded->file_bytes;
     if (ShouldCompact(cache, s, header.file_id, append_at)) {
       // More garbage than live blocks after this save: write the session afresh, aside,
       // and rename it over this file (which stays intact until then). Blocks not yet
@@ -435,7 +442,20 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     header.vector_bytes = cache.vector_bytes();
     header.block_bytes = bb;
   }
+  // A failed append (the process lives on: ENOSPC, EIO) puts the file back as it was:
+  // the commit slot it may have touched rewritten with its old bytes, then the appended
+  // tail cut off. The file is crash-safe without this (the old commit stays valid); this
+  // makes a refused save leave the bytes themselves unchanged. If the slot cannot be put
+  // back, the tail it may reference stays.
+  std::array<std::byte, kSlotBytes> old_slot{};
+  bool slot_touched = false;
   auto fail = [&](Status st) {
+    if (!fresh) {
+      const bool slot_back =
+          !slot_touched ||
+          (io->PWrite(fd, old_slot.data(), old_slot.size(), kSlotOffset[(prev.seq + 1) % 2]).ok() && io->Sync(fd).ok());
+      if (slot_back) (void)io->Truncate(fd, old_size);
+    }
     close(fd);
     if (fresh) unlink(write_path.c_str());
     return st.Annotate("saving session " + path);
@@ -542,6 +562,12 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   next.manifest_hash = Hash(m.data(), m.size());
   next.data_end = manifest_at + m.size();
   const auto slot = EncodeSlot(next);
+  if (!fresh) {
+    if (Status st = ReadAt(fd, old_slot.data(), old_slot.size(), kSlotOffset[next.seq % 2], "the commit slot"); !st.ok()) {
+      return fail(st);
+    }
+  }
+  slot_touched = true;
   if (Status st = io->PWrite(fd, slot.data(), slot.size(), kSlotOffset[next.seq % 2]); !st.ok()) return fail(st);
   out.bytes_written += slot.size();
   if (Status st = io->Sync(fd); !st.ok()) return fail(st);

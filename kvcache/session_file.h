@@ -56,6 +56,7 @@ class SessionIo {
   virtual Status PWritev(int fd, const struct iovec* iov, int n, uint64_t offset);
   virtual Status Sync(int fd);
   virtual Status Rename(const std::string& from, const std::string& to);
+  virtual Status Truncate(int fd, uint64_t bytes);
   static SessionIo* Default();
 };
 

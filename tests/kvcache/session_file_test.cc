@@ -186,6 +186,11 @@ class CrashingIo : public SessionIo {
     crashed_ = true;
     return Status::IoError("crash injected");
   }
+  // The process is gone after a crash: nothing is put back.
+  Status Truncate(int fd, uint64_t bytes) override {
+    if (crashed_) return Status::IoError("crash injected");
+    return SessionIo::Truncate(fd, bytes);
+  }
   bool crashed() const { return crashed_; }
   // The commit slot reached the file (the crash came at the final fsync or later).
   bool commit_written() const { return commit_written_; }
@@ -244,6 +249,65 @@ TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
       EXPECT_TRUE(SessionFile::Verify(path).ok());
     }
   }
+}
+
+// Fails the k-th operation only, as a full disk or an I/O error does: a write leaves
+// half its bytes, then the process carries on.
+class FailOnceIo : public SessionIo {
+ public:
+  explicit FailOnceIo(int fail_at) : fail_at_(fail_at) {}
+  Status PWrite(int fd, const void* data, size_t bytes, uint64_t offset) override {
+    if (ops_++ != fail_at_) return SessionIo::PWrite(fd, data, bytes, offset);
+    (void)SessionIo::PWrite(fd, data, bytes / 2, offset);
+    return Fail();
+  }
+  Status PWritev(int fd, const struct iovec* iov, int n, uint64_t offset) override {
+    if (ops_++ != fail_at_) return SessionIo::PWritev(fd, iov, n, offset);
+    (void)SessionIo::PWrite(fd, iov[0].iov_base, iov[0].iov_len / 2, offset);
+    return Fail();
+  }
+  Status Sync(int fd) override { return ops_++ != fail_at_ ? SessionIo::Sync(fd) : Fail(); }
+  bool failed() const { return failed_; }
+
+ private:
+  Status Fail() {
+    failed_ = true;
+    return Status::FromErrno(ENOSPC, "injected");
+  }
+  int fail_at_;
+  int ops_ = 0;
+  bool failed_ = false;
+};
+
+// A save that fails with the process alive (ENOSPC at any write or sync, the commit's
+// included) reports the error and leaves the file byte for byte as it was.
+TEST(SessionFileTest, FailedAppendLeavesTheFileAsItWas) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+  const auto saved = ReadFile(path);
+  AppendTokens(*a.cache, s, 20, 45, 2);
+  int failures = 0;
+  for (int k = 0; k < 64; ++k) {
+    WriteFile(path, saved);
+    for (int b = 0; b < a.cache->NumBlocks(s); ++b) {  // forget what the successful save below wrote
+      for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, b)) = BlockSaveState{};
+    }
+    FailOnceIo io(k);
+    Status st = SessionFile::Save(*a.cache, s, Tokens(45), kModel, path, nullptr, &io);
+    if (!io.failed()) {
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      break;
+    }
+    ++failures;
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("No space left on device"), std::string::npos) << st.message();
+    EXPECT_EQ(ReadFile(path), saved) << "failure at step " << k;
+  }
+  EXPECT_GT(failures, 3) << "the save has several write steps";
 }
 
 // A conversation saved after every turn rewrites its tail block each time. The file is

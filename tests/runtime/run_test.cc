@@ -350,7 +350,12 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
       ASSERT_TRUE(r.ok()) << r.status().ToString();
       EXPECT_EQ(r->prompt_tokens, c["prompt_ids"].get<std::vector<int32_t>>());
       const auto greedy = c["greedy_ids"].get<std::vector<int32_t>>();
-      EXPECT_EQ(r->generated_tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + 4));
+      // Free-running greedy ids are the reference's for its stable prefix (all 4 when the
+      // logits are llama.cpp's bits); past it, ids within the tolerance may differ.
+      const size_t stable = exact ? 4 : std::min<size_t>(4, c["greedy_stable_prefix"].get<size_t>());
+      ASSERT_GE(r->generated_tokens.size(), stable);
+      EXPECT_EQ(std::vector<int32_t>(r->generated_tokens.begin(), r->generated_tokens.begin() + stable),
+                std::vector<int32_t>(greedy.begin(), greedy.begin() + stable));
       auto check = [&](const LogitsEntry& got, const nlohmann::json& want) {
         EXPECT_NEAR(got.logsumexp, want["logsumexp"].get<double>(), lse_tol) << "pos " << got.pos;
         // Compare by token id: every reference top-10 id must be in ours within tolerance

@@ -21,14 +21,14 @@ namespace {
 
 struct Usage {
   int exit_code = -1;
-  std::string err;
+  std::string out, err;
 };
 
 // Parses args as the tierkv binary does (runtime/cli/main.cc), with some of its commands.
 Usage Parse(std::vector<std::string> args) {
   CLI::App app;
   app.require_subcommand(1);
-  int exit_code = 0;
+  int exit_code = -1;  // each command's callback sets it
   tools::AddFragbenchCommand(app, exit_code);
   AddInfoCommand(app, exit_code);
   AddSessionCommand(app, exit_code);
@@ -47,7 +47,7 @@ Usage Parse(std::vector<std::string> args) {
     u.exit_code = ReportParseError(app, e, static_cast<int>(argv.size()), argv.data());
   }
   u.err = ::testing::internal::GetCapturedStderr();
-  (void)::testing::internal::GetCapturedStdout();
+  u.out = ::testing::internal::GetCapturedStdout();
   return u;
 }
 
@@ -78,6 +78,8 @@ TEST(UsageCommandTest, UsageErrorsAreOneLineAndExitTwo) {
 TEST(UsageCommandTest, HelpStillExitsZero) {
   const Usage u = Parse({"run", "--help"});
   EXPECT_EQ(u.exit_code, 0);
+  EXPECT_NE(u.out.find("--model"), std::string::npos) << u.out;
+  EXPECT_TRUE(u.err.empty()) << u.err;
 }
 
 }  // namespace

@@ -152,54 +152,64 @@ TEST(SessionFileTest, SecondSaveAppendsOnlyNewBlocksAndAManifest) {
   EXPECT_TRUE(SessionFile::Verify(path).ok());
 }
 
-// Fails every operation from the k-th on; the k-th write is torn (half written).
-class CrashingIo : public SessionIo {
+// Injects a fault at the k-th operation; that write is torn (half its bytes written).
+// kCrash: every operation from the k-th on fails, as if the process were gone (nothing
+// is put back: Truncate fails too). kFailOnce: only the k-th fails, with ENOSPC, as a
+// full disk or an I/O error does while the process carries on.
+class FaultyIo : public SessionIo {
  public:
-  explicit CrashingIo(int crash_at) : crash_at_(crash_at) {}
+  enum class Mode { kCrash, kFailOnce };
+  FaultyIo(int at, Mode mode) : at_(at), mode_(mode) {}
   Status PWrite(int fd, const void* data, size_t bytes, uint64_t offset) override {
-    if (ops_++ < crash_at_) {
+    if (!Hit()) {
       Status st = SessionIo::PWrite(fd, data, bytes, offset);
       if (st.ok() && (offset == 2048 || offset == 3072)) commit_written_ = true;
       return st;
     }
-    if (ops_ - 1 == crash_at_) (void)SessionIo::PWrite(fd, data, bytes / 2, offset);
-    crashed_ = true;
-    return Status::IoError("crash injected");
+    if (torn_) (void)SessionIo::PWrite(fd, data, bytes / 2, offset);
+    return Fault();
   }
   Status PWritev(int fd, const struct iovec* iov, int n, uint64_t offset) override {
-    if (ops_++ < crash_at_) return SessionIo::PWritev(fd, iov, n, offset);
-    if (ops_ - 1 == crash_at_) {  // torn: the first half of the gathered bytes
+    if (!Hit()) return SessionIo::PWritev(fd, iov, n, offset);
+    if (torn_) {  // the first half of the gathered bytes
       std::vector<char> flat;
-      for (int i = 0; i < n; ++i) flat.insert(flat.end(), static_cast<char*>(iov[i].iov_base), static_cast<char*>(iov[i].iov_base) + iov[i].iov_len);
+      for (int i = 0; i < n; ++i) {
+        const char* p = static_cast<const char*>(iov[i].iov_base);
+        flat.insert(flat.end(), p, p + iov[i].iov_len);
+      }
       (void)SessionIo::PWrite(fd, flat.data(), flat.size() / 2, offset);
     }
-    crashed_ = true;
-    return Status::IoError("crash injected");
+    return Fault();
   }
-  Status Sync(int fd) override {
-    if (ops_++ < crash_at_) return SessionIo::Sync(fd);
-    crashed_ = true;
-    return Status::IoError("crash injected");
-  }
+  Status Sync(int fd) override { return Hit() ? Fault() : SessionIo::Sync(fd); }
   Status Rename(const std::string& a, const std::string& b) override {
-    if (ops_++ < crash_at_) return SessionIo::Rename(a, b);
-    crashed_ = true;
-    return Status::IoError("crash injected");
+    return Hit() ? Fault() : SessionIo::Rename(a, b);
   }
-  // The process is gone after a crash: nothing is put back.
   Status Truncate(int fd, uint64_t bytes) override {
-    if (crashed_) return Status::IoError("crash injected");
+    if (mode_ == Mode::kCrash && faulted_) return Status::IoError("crash injected");
     return SessionIo::Truncate(fd, bytes);
   }
-  bool crashed() const { return crashed_; }
-  // The commit slot reached the file (the crash came at the final fsync or later).
+  bool faulted() const { return faulted_; }
+  // The commit slot reached the file (the fault came at the final fsync or later).
   bool commit_written() const { return commit_written_; }
 
  private:
-  bool commit_written_ = false;
-  int crash_at_;
+  // Whether this operation fails; torn_ says whether it is the k-th (the torn one).
+  bool Hit() {
+    const int op = ops_++;
+    torn_ = op == at_;
+    return torn_ || (mode_ == Mode::kCrash && op > at_);
+  }
+  Status Fault() {
+    faulted_ = true;
+    return mode_ == Mode::kCrash ? Status::IoError("crash injected") : Status::FromErrno(ENOSPC, "injected");
+  }
+  int at_;
+  Mode mode_;
   int ops_ = 0;
-  bool crashed_ = false;
+  bool torn_ = false;
+  bool faulted_ = false;
+  bool commit_written_ = false;
 };
 
 TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
@@ -219,9 +229,9 @@ TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
     for (int b = 0; b < a.cache->NumBlocks(t); ++b) {  // forget earlier saves' bookkeeping
       for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(t, l, b)) = BlockSaveState{};
     }
-    CrashingIo io(k);
+    FaultyIo io(k, FaultyIo::Mode::kCrash);
     Status st = SessionFile::Save(*a.cache, t, Tokens(45), kModel, path, nullptr, &io);
-    if (!io.crashed()) {
+    if (!io.faulted()) {
       ASSERT_TRUE(st.ok()) << st.ToString();
       completed_at = k;
     } else {
@@ -241,43 +251,15 @@ TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
   // A first save that crashes leaves no file at all (it is written aside, then renamed).
   for (int k = 0; k < 6; ++k) {
     const std::string path = files.path() + "/fresh" + std::to_string(k) + ".tkv";
-    CrashingIo io(k);
+    FaultyIo io(k, FaultyIo::Mode::kCrash);
     Status st = SessionFile::Save(*a.cache, s, Tokens(20), kModel, path, nullptr, &io);
-    if (io.crashed()) {
+    if (io.faulted()) {
       EXPECT_FALSE(std::filesystem::exists(path)) << "step " << k;
     } else {
       EXPECT_TRUE(SessionFile::Verify(path).ok());
     }
   }
 }
-
-// Fails the k-th operation only, as a full disk or an I/O error does: a write leaves
-// half its bytes, then the process carries on.
-class FailOnceIo : public SessionIo {
- public:
-  explicit FailOnceIo(int fail_at) : fail_at_(fail_at) {}
-  Status PWrite(int fd, const void* data, size_t bytes, uint64_t offset) override {
-    if (ops_++ != fail_at_) return SessionIo::PWrite(fd, data, bytes, offset);
-    (void)SessionIo::PWrite(fd, data, bytes / 2, offset);
-    return Fail();
-  }
-  Status PWritev(int fd, const struct iovec* iov, int n, uint64_t offset) override {
-    if (ops_++ != fail_at_) return SessionIo::PWritev(fd, iov, n, offset);
-    (void)SessionIo::PWrite(fd, iov[0].iov_base, iov[0].iov_len / 2, offset);
-    return Fail();
-  }
-  Status Sync(int fd) override { return ops_++ != fail_at_ ? SessionIo::Sync(fd) : Fail(); }
-  bool failed() const { return failed_; }
-
- private:
-  Status Fail() {
-    failed_ = true;
-    return Status::FromErrno(ENOSPC, "injected");
-  }
-  int fail_at_;
-  int ops_ = 0;
-  bool failed_ = false;
-};
 
 // A save that fails with the process alive (ENOSPC at any write or sync, the commit's
 // included) reports the error and leaves the file byte for byte as it was.
@@ -296,9 +278,9 @@ TEST(SessionFileTest, FailedAppendLeavesTheFileAsItWas) {
     for (int b = 0; b < a.cache->NumBlocks(s); ++b) {  // forget what the successful save below wrote
       for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, b)) = BlockSaveState{};
     }
-    FailOnceIo io(k);
+    FaultyIo io(k, FaultyIo::Mode::kFailOnce);
     Status st = SessionFile::Save(*a.cache, s, Tokens(45), kModel, path, nullptr, &io);
-    if (!io.failed()) {
+    if (!io.faulted()) {
       ASSERT_TRUE(st.ok()) << st.ToString();
       break;
     }
@@ -381,10 +363,10 @@ TEST(SessionFileTest, CrashDuringCompactionLeavesTheOldFile) {
     const std::string path = dir.path() + "/s.tkv";
     WriteFile(path, before);
     forget();
-    CrashingIo io(k);
+    FaultyIo io(k, FaultyIo::Mode::kCrash);
     SessionSaveStats st;
     const Status saved = SessionFile::Save(*a.cache, s, Tokens(20), kModel, path, &st, &io);
-    if (io.crashed()) {
+    if (io.faulted()) {
       EXPECT_FALSE(saved.ok());
       EXPECT_EQ(ReadFile(path), before) << "crash at step " << k;
       int entries = 0;

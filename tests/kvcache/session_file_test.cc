@@ -51,6 +51,14 @@ struct World {  // a memory manager and a cache, as one process would have
   }
 };
 
+// Forgets which file holds each of s's blocks (the bookkeeping a save leaves), so that
+// the next save writes them all again.
+void ForgetSaves(KvCache& cache, SeqId s) {
+  for (int b = 0; b < cache.NumBlocks(s); ++b) {
+    for (int l = 0; l < cache.geometry().n_layers; ++l) cache.SaveState(cache.Block(s, l, b)) = BlockSaveState{};
+  }
+}
+
 std::vector<std::byte> ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
@@ -226,9 +234,7 @@ TEST(SessionFileTest, CrashAtEveryWriteStepLeavesThePreviousSaveLoadable) {
   for (int k = 0; k < 64 && completed_at < 0; ++k) {
     const std::string path = files.path() + "/crash" + std::to_string(k) + ".tkv";
     WriteFile(path, saved);
-    for (int b = 0; b < a.cache->NumBlocks(t); ++b) {  // forget earlier saves' bookkeeping
-      for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(t, l, b)) = BlockSaveState{};
-    }
+    ForgetSaves(*a.cache, t);  // earlier saves' bookkeeping
     FaultyIo io(k, FaultyIo::Mode::kCrash);
     Status st = SessionFile::Save(*a.cache, t, Tokens(45), kModel, path, nullptr, &io);
     if (!io.faulted()) {
@@ -275,9 +281,7 @@ TEST(SessionFileTest, FailedAppendLeavesTheFileAsItWas) {
   int failures = 0;
   for (int k = 0; k < 64; ++k) {
     WriteFile(path, saved);
-    for (int b = 0; b < a.cache->NumBlocks(s); ++b) {  // forget what the successful save below wrote
-      for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, b)) = BlockSaveState{};
-    }
+    ForgetSaves(*a.cache, s);  // what the successful save below wrote
     FaultyIo io(k, FaultyIo::Mode::kFailOnce);
     Status st = SessionFile::Save(*a.cache, s, Tokens(45), kModel, path, nullptr, &io);
     if (!io.faulted()) {
@@ -344,11 +348,7 @@ TEST(SessionFileTest, CrashDuringCompactionLeavesTheOldFile) {
   World a;
   const SeqId s = a.cache->NewSequence();
   AppendTokens(*a.cache, s, 0, 20, 1);
-  auto forget = [&] {
-    for (int b = 0; b < a.cache->NumBlocks(s); ++b) {
-      for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, b)) = BlockSaveState{};
-    }
-  };
+  auto forget = [&] { ForgetSaves(*a.cache, s); };
   // A file with some garbage: the tail block written twice.
   ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, base).ok());
   for (int l = 0; l < 2; ++l) a.cache->SaveState(a.cache->Block(s, l, 2)) = BlockSaveState{};

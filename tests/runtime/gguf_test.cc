@@ -27,6 +27,7 @@
 
 #include "runtime/cli/info_command.h"
 #include "runtime/ggml_types.h"
+#include "tests/runtime/cli_test_util.h"
 
 namespace tierkv {
 namespace {
@@ -995,29 +996,14 @@ TEST(InfoKvCost, PerLayerKvHeadsAndMissingKeys) {
 }
 
 // Runs `tierkv <args>` in process; stdout and stderr captured.
-struct CliResult {
-  int exit_code = -1;
-  std::string out, err;
-};
+using testing::CliResult;
+
 CliResult RunCli(std::vector<std::string> args) {
   CLI::App app{"tierkv"};
   app.require_subcommand(1);
   int exit_code = -1;
   AddInfoCommand(app, exit_code);
-  std::vector<const char*> argv{"tierkv"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  CliResult r;
-  try {
-    app.parse(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
-    r.exit_code = exit_code;
-  } catch (const CLI::ParseError& e) {
-    r.exit_code = app.exit(e);
-  }
-  r.out = ::testing::internal::GetCapturedStdout();
-  r.err = ::testing::internal::GetCapturedStderr();
-  return r;
+  return testing::ParseCli(app, exit_code, std::move(args));
 }
 
 TEST(InfoCommand, JsonReportForTheReferenceModels) {

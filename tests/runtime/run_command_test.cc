@@ -24,16 +24,13 @@
 
 #include "kernels/cpu_features.h"
 #include "kvcache/session_file.h"
-#include "runtime/cli/usage_command.h"
 #include "runtime/run.h"
+#include "tests/runtime/cli_test_util.h"
 
 namespace tierkv {
 namespace {
 
-struct CliResult {
-  int exit_code = 0;
-  std::string out, err;
-};
+using testing::CliResult;
 
 CliResult RunCli(std::vector<std::string> args) {
   // Warnings go to stderr, as in the tierkv binary (runtime/cli/main.cc).
@@ -43,25 +40,9 @@ CliResult RunCli(std::vector<std::string> args) {
   }();
   (void)kLogger;
   CLI::App app;
-  int exit_code = 0;
+  int exit_code = 0;  // the run command sets it on failures only
   AddRunCommand(app, exit_code);
-  std::vector<std::string> owned = {"tierkv"};
-  owned.insert(owned.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : owned) argv.push_back(a.data());
-  NormalizeLlamaFlags(static_cast<int>(argv.size()), argv.data());
-  CliResult r;
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-    r.exit_code = exit_code;
-  } catch (const CLI::ParseError& e) {
-    r.exit_code = ReportParseError(app, e, static_cast<int>(argv.size()), argv.data());
-  }
-  r.err = ::testing::internal::GetCapturedStderr();
-  r.out = ::testing::internal::GetCapturedStdout();
-  return r;
+  return testing::ParseCli(app, exit_code, std::move(args));
 }
 
 // The flags of a small, quick run of the builtin model.
@@ -413,7 +394,7 @@ TEST(RunCommandTest, LlamaSumsFlagIsReported) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["kv"]["type"], "f16");
-    EXPECT_EQ(j["kv"]["llama_sums"], c.want) << testing::PrintToString(c.args);
+    EXPECT_EQ(j["kv"]["llama_sums"], c.want) << ::testing::PrintToString(c.args);
   }
   const CliResult both = RunCli(Quick({"--llama-sums", "--no-llama-sums"}));
   EXPECT_NE(both.exit_code, 0);

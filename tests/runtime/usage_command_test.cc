@@ -15,17 +15,13 @@
 #include "runtime/cli/info_command.h"
 #include "runtime/cli/run_command.h"
 #include "runtime/cli/session_command.h"
+#include "tests/runtime/cli_test_util.h"
 
 namespace tierkv {
 namespace {
 
-struct Usage {
-  int exit_code = -1;
-  std::string out, err;
-};
-
 // Parses args as the tierkv binary does (runtime/cli/main.cc), with some of its commands.
-Usage Parse(std::vector<std::string> args) {
+testing::CliResult Parse(std::vector<std::string> args) {
   CLI::App app;
   app.require_subcommand(1);
   int exit_code = -1;  // each command's callback sets it
@@ -33,22 +29,7 @@ Usage Parse(std::vector<std::string> args) {
   AddInfoCommand(app, exit_code);
   AddSessionCommand(app, exit_code);
   AddRunCommand(app, exit_code);
-  std::vector<std::string> owned = {"tierkv"};
-  owned.insert(owned.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : owned) argv.push_back(a.data());
-  Usage u;
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-    u.exit_code = exit_code;
-  } catch (const CLI::ParseError& e) {
-    u.exit_code = ReportParseError(app, e, static_cast<int>(argv.size()), argv.data());
-  }
-  u.err = ::testing::internal::GetCapturedStderr();
-  u.out = ::testing::internal::GetCapturedStdout();
-  return u;
+  return testing::ParseCli(app, exit_code, std::move(args));
 }
 
 TEST(UsageCommandTest, UsageErrorsAreOneLineAndExitTwo) {
@@ -68,7 +49,7 @@ TEST(UsageCommandTest, UsageErrorsAreOneLineAndExitTwo) {
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.message);
-    const Usage u = Parse(c.args);
+    const testing::CliResult u = Parse(c.args);
     EXPECT_EQ(u.exit_code, 2);
     EXPECT_EQ(u.err.rfind(c.message, 0), 0u) << u.err;
     EXPECT_EQ(std::count(u.err.begin(), u.err.end(), '\n'), 1) << u.err;
@@ -76,7 +57,7 @@ TEST(UsageCommandTest, UsageErrorsAreOneLineAndExitTwo) {
 }
 
 TEST(UsageCommandTest, HelpStillExitsZero) {
-  const Usage u = Parse({"run", "--help"});
+  const testing::CliResult u = Parse({"run", "--help"});
   EXPECT_EQ(u.exit_code, 0);
   EXPECT_NE(u.out.find("--model"), std::string::npos) << u.out;
   EXPECT_TRUE(u.err.empty()) << u.err;

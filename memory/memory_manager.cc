@@ -74,11 +74,16 @@ Status CheckBudget(const char* flag, uint64_t bytes, uint64_t frame_bytes) {
 
 }  // namespace
 
-Result<std::unique_ptr<MemoryManager>> MemoryManager::Create(const MemoryOptions& o) {
-  const uint64_t fb = o.frame_bytes;
+Status MemoryManager::CheckFrameBytes(uint64_t fb) {
   if (fb < 64 * kKiB || fb > 4 * kMiB || fb % (4 * kKiB) != 0) {
     return Status::InvalidArgument("frame size " + FormatBytes(fb) + " must be 64 KiB .. 4 MiB and a multiple of 4 KiB");
   }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<MemoryManager>> MemoryManager::Create(const MemoryOptions& o) {
+  const uint64_t fb = o.frame_bytes;
+  TIERKV_RETURN_IF_ERROR(CheckFrameBytes(fb));
   if (o.host_bytes == 0) return Status::InvalidArgument("impossible budget: --host is zero; the Host tier is required");
   TIERKV_RETURN_IF_ERROR(CheckBudget("--host", o.host_bytes, fb));
   TIERKV_RETURN_IF_ERROR(CheckBudget("--disk", o.disk_bytes, fb));

@@ -116,6 +116,8 @@ class MemoryManager {
 
   // Builds the tiers the options ask for (warmup, mlock) and the policy.
   static Result<std::unique_ptr<MemoryManager>> Create(const MemoryOptions& options);
+  // The frame sizes Create accepts: 64 KiB .. 4 MiB, a multiple of 4 KiB.
+  static Status CheckFrameBytes(uint64_t frame_bytes);
   // Tests and tools: tiers from caller-made backends (for instance wrapped in a
   // FaultyBackend); a null entry is an absent tier. REQUIRES: a Host backend.
   static Result<std::unique_ptr<MemoryManager>> CreateWithBackends(Backends backends, uint64_t frame_bytes,

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 
+#include "bench/tools/cli_checks.h"
 #include "bench/tools/fragbench_report.h"
 #include "memory/size.h"
 
@@ -80,12 +81,7 @@ void AddFragbenchCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--trace", o.trace_path, "Replay a CSV trace of time,op,session,tokens events instead");
   state->generator_only = {
       sub->add_option("--sessions", o.workload.sessions, "Sessions the generator makes")->capture_default_str(),
-      // A leading '-' refused before CLI11 wraps it to a huge unsigned seed.
-      sub->add_option("--seed", o.workload.seed, "Generator seed")
-          ->check(CLI::Validator(
-              [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must not be negative") : std::string(); },
-              ""))
-          ->capture_default_str(),
+      sub->add_option("--seed", o.workload.seed, "Generator seed")->check(NonNegative())->capture_default_str(),
       sub->add_option("--chunk-tokens", o.workload.chunk_tokens, "Tokens a session adds per grow event")
           ->capture_default_str(),
   };

@@ -12,10 +12,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/tools/cli_checks.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/builtin_model.h"
-#include "runtime/cli/usage_command.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -277,10 +277,10 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
       "routing trace and a synthetic skewed one (docs/expertbench.md)");
   sub->add_option("-m,--model", o->model, "MoE model whose routing is recorded")->capture_default_str();
   sub->add_option("--tokens", o->tokens, "Positions decoded: the fixed prompt, then sampled tokens")
-      ->check(NonNegative())
+      ->check(tools::NonNegative())
       ->capture_default_str();
   sub->add_option("-s,--seed", o->seed, "Seed of the continuation sampler and of the synthetic trace")
-      ->check(NonNegative())
+      ->check(tools::NonNegative())
       ->capture_default_str();
   sub->add_option("-t,--threads", o->threads, "Kernel threads (0: all cores)")->capture_default_str();
   sub->add_option("--budget-fraction", o->budget_fraction, "Compute-tier budget as a share of all expert pages")

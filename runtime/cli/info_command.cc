@@ -10,10 +10,10 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/tools/cli_checks.h"
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
 #include "runtime/chat_template.h"
-#include "runtime/cli/usage_command.h"
 
 namespace tierkv {
 namespace {
@@ -391,7 +391,7 @@ void AddInfoCommand(CLI::App& app, int& exit_code) {
   sub->add_option("-m,--model", args->model, "Model file (.gguf) or builtin:NAME (instead of FILE)");
   sub->add_flag("--json", args->options.json, "Print one JSON object on stdout");
   sub->add_option("--max-items", args->options.max_array_items, "Array items shown before summarizing")
-      ->check(NonNegative())
+      ->check(tools::NonNegative())
       ->capture_default_str();
   sub->callback([args, &exit_code] {
     if (!args->positional.empty() && !args->model.empty()) {

@@ -24,6 +24,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "memory/memory_manager.h"
 #include "memory/size.h"
 #include "runtime/chat_template.h"
 #include "runtime/run.h"
@@ -211,9 +212,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.auto_frame = f.frame == "auto";
   if (!o.auto_frame) {
     TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, ParseSize(f.frame));
-    if (m.frame_bytes < 64 * kKiB || m.frame_bytes > 4 * kMiB || m.frame_bytes % (4 * kKiB) != 0) {
-      return Status::InvalidArgument("--frame " + f.frame + " must be 64KiB .. 4MiB and a multiple of 4KiB");
-    }
+    TIERKV_RETURN_IF_ERROR(MemoryManager::CheckFrameBytes(m.frame_bytes).Annotate("--frame " + f.frame));
   }
   TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock));
   TIERKV_ASSIGN_OR_RETURN(m.policy, ParsePolicyKind(f.policy));

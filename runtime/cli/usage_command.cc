@@ -41,11 +41,6 @@ std::string CommandPath(CLI::App& app, int argc, char** argv, std::string* probl
 
 }  // namespace
 
-CLI::Validator NonNegative() {
-  return CLI::Validator(
-      [](std::string& v) { return v.rfind('-', 0) == 0 ? std::string("must not be negative") : std::string(); }, "");
-}
-
 int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** argv) {
   if (e.get_exit_code() == 0) return app.exit(e);  // --help
   std::string problem;

@@ -10,11 +10,6 @@
 
 namespace tierkv {
 
-// A CLI11 check for counts and seeds: a value written with a leading '-' is refused
-// ("--seed: must not be negative") before CLI11 converts it, which would wrap it to a
-// huge unsigned number.
-CLI::Validator NonNegative();
-
 // Prints e for the command line argv parsed by app; returns the exit code.
 int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** argv);
 

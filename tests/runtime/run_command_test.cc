@@ -82,7 +82,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"-s", "-5"}, "-s/--seed must be -1 (random) or a seed >= 0"},
       {{"--sim-gbps", "nan"}, "--sim-gbps must be a bandwidth >= 0"},
       {{"--sim-gbps", "-1"}, "--sim-gbps must be a bandwidth >= 0"},
-      {{"--frame", "1KiB"}, "--frame 1KiB must be 64KiB .. 4MiB"},
+      {{"--frame", "1KiB"}, "--frame 1KiB: frame size 1.00 KiB must be 64 KiB .. 4 MiB"},
       {{"--kv-type", "f16", "-ctk", "q8_0"}, "--kv-type f16 and -ctk q8_0 differ"},
       {{"--chat-template", ""}, "--chat-template must not be empty"},
       {{"--session", "/nonexistent-dir/s.tkv"}, "--session /nonexistent-dir/s.tkv: directory /nonexistent-dir does not exist"},

@@ -464,8 +464,11 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.llama_sums = llama_sums;
 
   // Session restore and prefix reuse.
-  const ModelFingerprint fp =
-      o.rope.any() ? WithRope(FingerprintOf(*file), *file, model->config()) : FingerprintOf(*file);
+  // Only with a session: the fingerprint reads a page of every tensor.
+  ModelFingerprint fp;
+  if (!o.session.empty()) {
+    fp = o.rope.any() ? WithRope(FingerprintOf(*file), *file, model->config()) : FingerprintOf(*file);
+  }
   r.rope = RopeKey(model->config());
   SeqId seq;
   int start = 0;

@@ -167,6 +167,111 @@ TIERKV_SUMS_AVX512 void AccumulateResiduesAvx512(const float* w, size_t w_stride
     }
   }
 }
+
+// The AVX2 forms: each 16-lane vector of the AVX-512 forms as two 8-lane halves, every
+// lane through the same operations in the same order, so the same bits.
+#define TIERKV_SUMS_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+TIERKV_SUMS_AVX2 inline __m256 Row8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Lanes `half` x 8 .. + 8 of OneTokenTileTree: one 64-dimension lane group's four
+// chains, combined as (0 + 2) + (1 + 3).
+TIERKV_SUMS_AVX2 inline __m256 OneTokenLaneAvx2(const float* q, size_t np, const uint16_t* half, int l) {
+  __m256 t[4];
+  for (int j = 0; j < 4; ++j) {
+    const size_t x = 16 * static_cast<size_t>(j) + static_cast<size_t>(l);
+    t[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[x]), Row8(half + x * 16), _mm256_setzero_ps());
+    for (size_t i = 64; i < np; i += 64) {
+      t[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[i + x]), Row8(half + (i + x) * 16), t[j]);
+    }
+  }
+  return _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]));
+}
+
+// OneTokenTileTree on eight of the tile's keys (`half` points at the tile plus 0 or 8):
+// v[l] + v[l + 8] formed pair by pair, so eight sums are live rather than sixteen.
+TIERKV_SUMS_AVX2 __m256 OneTokenTileTreeAvx2(const float* q, size_t np, const uint16_t* half) {
+  __m256 a[8], b[4];
+  for (int l = 0; l < 8; ++l) a[l] = _mm256_add_ps(OneTokenLaneAvx2(q, np, half, l), OneTokenLaneAvx2(q, np, half, l + 8));
+  for (int l = 0; l < 4; ++l) b[l] = _mm256_add_ps(a[l], a[l + 4]);
+  return _mm256_add_ps(_mm256_add_ps(b[0], b[2]), _mm256_add_ps(b[1], b[3]));
+}
+
+// OneTokenTileTail on eight keys: [np, hd) added to start[h] in double.
+TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np, int heads, const uint16_t* half,
+                                          const __m256* start, __m256* out) {
+  __m256d lo[kTailHeads], hi[kTailHeads];
+  for (int h = 0; h < heads; ++h) {
+    lo[h] = _mm256_cvtps_pd(_mm256_castps256_ps128(start[h]));
+    hi[h] = _mm256_cvtps_pd(_mm256_extractf128_ps(start[h], 1));
+  }
+  for (size_t x = np; x < hd; ++x) {
+    const __m256 k = Row8(half + x * 16);
+    const __m256d klo = _mm256_cvtps_pd(_mm256_castps256_ps128(k)), khi = _mm256_cvtps_pd(_mm256_extractf128_ps(k, 1));
+    for (int h = 0; h < heads; ++h) {
+      const __m256d qx = _mm256_set1_pd(static_cast<double>(q[static_cast<size_t>(h) * hd + x]));
+      lo[h] = _mm256_fmadd_pd(qx, klo, lo[h]);
+      hi[h] = _mm256_fmadd_pd(qx, khi, hi[h]);
+    }
+  }
+  for (int h = 0; h < heads; ++h) {
+    out[h] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo[h])), _mm256_cvtpd_ps(hi[h]), 1);
+  }
+}
+
+TIERKV_SUMS_AVX2 void OneTokenScoresTiledAvx2(const float* q, int heads, size_t hd, const uint16_t* k, size_t n,
+                                              float* scores, size_t stride) {
+  const size_t np = hd / 64 * 64;
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const uint16_t* tile = k + t0 * hd;
+    const size_t keep = std::min<size_t>(16, n - t0);
+    for (int h0 = 0; h0 < heads; h0 += kTailHeads) {
+      const int hn = std::min(kTailHeads, heads - h0);
+      for (size_t half = 0; half < 2 && half * 8 < keep; ++half) {
+        __m256 s[kTailHeads];
+        for (int h = 0; h < hn; ++h) {
+          s[h] = np > 0 ? OneTokenTileTreeAvx2(q + static_cast<size_t>(h0 + h) * hd, np, tile + half * 8)
+                        : _mm256_setzero_ps();
+        }
+        if (np < hd) OneTokenTileTailAvx2(q + static_cast<size_t>(h0) * hd, hd, np, hn, tile + half * 8, s, s);
+        const size_t lanes = std::min<size_t>(8, keep - half * 8);
+        for (int h = 0; h < hn; ++h) {
+          float* dst = scores + static_cast<size_t>(h0 + h) * stride + t0 + half * 8;
+          if (lanes == 8) {
+            _mm256_storeu_ps(dst, s[h]);
+          } else {
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, s[h]);
+            std::copy(tmp, tmp + lanes, dst);
+          }
+        }
+      }
+    }
+  }
+}
+
+// AccumulateResiduesAvx512 eight dimensions at a time.
+TIERKV_SUMS_AVX2 void AccumulateResiduesAvx2(const float* w, size_t w_stride, int heads, size_t hd, const uint16_t* v,
+                                             size_t n, int64_t first, int residues, float* part, size_t part_stride) {
+  const size_t mask = static_cast<size_t>(residues) - 1;
+  for (size_t t = 0; t < n; ++t) {
+    const size_t j = static_cast<size_t>(first) + t;
+    const bool start = j < static_cast<size_t>(residues);
+    const size_t off = (j & mask) * hd;
+    const uint16_t* vt = v + t * hd;
+    PrefetchLines(vt + kValuePrefetchBytes / 2, hd * 2);
+    for (size_t d = 0; d < hd; d += 8) {
+      const __m256 x = Row8(vt + d);
+      for (int h = 0; h < heads; ++h) {
+        float* p = part + static_cast<size_t>(h) * part_stride + off + d;
+        const __m256 acc = start ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
+        _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_set1_ps(w[static_cast<size_t>(h) * w_stride + j]), x, acc));
+      }
+    }
+  }
+}
 #endif  // TIERKV_SUMS_X86
 
 }  // namespace
@@ -178,6 +283,7 @@ void OneTokenScoresF16(const float* q, int heads, size_t hd, const uint16_t* k, 
   if (tiled && ActiveSimdLevel() >= SimdLevel::kAvx512) {
     return OneTokenScoresTiledAvx512(q, heads, hd, k, n, scores, stride);
   }
+  if (tiled && ActiveSimdLevel() >= SimdLevel::kAvx2) return OneTokenScoresTiledAvx2(q, heads, hd, k, n, scores, stride);
 #endif
   OneTokenScoresScalar(q, heads, hd, k, tiled, n, scores, stride);
 }
@@ -188,6 +294,9 @@ void AccumulateResiduesF16(const float* w, size_t w_stride, int heads, size_t hd
 #if defined(TIERKV_SUMS_X86)
   if (hd % 16 == 0 && ActiveSimdLevel() >= SimdLevel::kAvx512) {
     return AccumulateResiduesAvx512(w, w_stride, heads, hd, v, n, first, residues, part, part_stride);
+  }
+  if (hd % 8 == 0 && ActiveSimdLevel() >= SimdLevel::kAvx2) {
+    return AccumulateResiduesAvx2(w, w_stride, heads, hd, v, n, first, residues, part, part_stride);
   }
 #endif
   AccumulateResiduesScalar(w, w_stride, heads, hd, v, n, first, residues, part, part_stride);

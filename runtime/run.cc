@@ -28,7 +28,7 @@
 namespace tierkv {
 
 bool LlamaSumsByDefault(int n_ctx) {
-  return n_ctx <= kLlamaSumsAutoCtx && kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx512;
+  return n_ctx <= kLlamaSumsAutoCtx && kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx2;
 }
 
 namespace {

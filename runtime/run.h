@@ -35,10 +35,10 @@ namespace tierkv {
 inline constexpr int kLlamaSumsAutoCtx = 8192;
 
 // Whether kAuto takes llama.cpp's orders for a context of n_ctx tokens: at most
-// kLlamaSumsAutoCtx, and the kernels at the AVX-512 level. Below it they do not give
-// the reference build's bits for F16 weights or Q4_K batches anyway (docs/kernels.md,
-// "Reference results"), and their attention sums are not vectorized: a 2.4K-token
-// prompt of ref-llama-f16 took 13x as long to prefill on a Zen 4 without AVX-512.
+// kLlamaSumsAutoCtx, and vectorized kernels (AVX2 or AVX-512; the portable attention
+// sums are ~50x slower than the default ones). At the AVX2 level they give the
+// reference build's bits for Q8_0 / Q4_0 weights but not for F16 weights or Q4_K
+// batches (docs/kernels.md, "Reference results"); their attention still matches.
 bool LlamaSumsByDefault(int n_ctx);
 
 struct RunOptions {

@@ -618,6 +618,7 @@ TEST(AttentionTest, MultiQueryFormsGiveEachQueryItsOwnBits) {
 
 std::vector<SimdLevel> SumLevels() {
   std::vector<SimdLevel> v = {SimdLevel::kScalar};
+  if (DetectedSimdLevel() >= SimdLevel::kAvx2) v.push_back(SimdLevel::kAvx2);
   if (DetectedSimdLevel() >= SimdLevel::kAvx512) v.push_back(SimdLevel::kAvx512);
   return v;
 }
@@ -631,37 +632,40 @@ std::vector<uint16_t> RandomHalves(size_t n, std::mt19937& rng, float std_dev = 
 
 // One-token scores: per (head, key) ggml's vec_dot order (testing::VecDotOrder) over the
 // f16 query and key, for keys stored as vectors and as tiles of 16 (the last one partial),
-// at every SIMD level; head_dim 32 sums all in double, 96 has a 32-value tail.
+// at every SIMD level; head_dim 32 sums all in double, 96 has a 32-value tail. The last
+// tile holds 5 keys (37) or 13 (45, past the first 8 lanes); 5 heads are a group of 4
+// and one more.
 TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
   std::mt19937 rng(71);
   const SimdLevel before = ActiveSimdLevel();
   for (size_t hd : {size_t{32}, size_t{64}, size_t{96}, size_t{128}}) {
-    constexpr int kHeads = 3;
-    constexpr size_t kKeys = 37;
-    const std::vector<uint16_t> qh = RandomHalves(kHeads * hd, rng), keys = RandomHalves(kKeys * hd, rng);
-    std::vector<uint16_t> tiles(((kKeys + 15) / 16) * 16 * hd);
-    for (size_t t = 0; t < kKeys; ++t) {
-      for (size_t d = 0; d < hd; ++d) tiles[(t / 16) * 16 * hd + d * 16 + t % 16] = keys[t * hd + d];
-    }
-    std::vector<float> q(qh.size());
-    for (size_t i = 0; i < q.size(); ++i) q[i] = F16ToF32(qh[i]);
-    for (SimdLevel level : SumLevels()) {
-      ForceSimdLevel(level);
-      for (bool tiled : {false, true}) {
-        SCOPED_TRACE("hd " + std::to_string(hd) + (tiled ? " tiled " : " ") + SimdLevelName(level));
-        std::vector<float> scores(kHeads * 40, -7.0f);
-        OneTokenScoresF16(q.data(), kHeads, hd, tiled ? tiles.data() : keys.data(), tiled, kKeys, scores.data(), 40);
-        for (int h = 0; h < kHeads; ++h) {
-          const std::vector<float> qv(q.begin() + static_cast<ptrdiff_t>(h * hd),
-                                      q.begin() + static_cast<ptrdiff_t>((h + 1) * hd));
-          for (size_t t = 0; t < kKeys; ++t) {
-            std::vector<float> kv(hd);
-            for (size_t d = 0; d < hd; ++d) kv[d] = F16ToF32(keys[t * hd + d]);
-            const float want = testing::VecDotOrder(WeightType::kF16, qv, kv);
-            ASSERT_EQ(std::bit_cast<uint32_t>(scores[static_cast<size_t>(h) * 40 + t]), std::bit_cast<uint32_t>(want))
-                << "head " << h << " key " << t;
+    for (size_t n_keys : {size_t{37}, size_t{45}}) {
+      constexpr int kHeads = 5;
+      const std::vector<uint16_t> qh = RandomHalves(kHeads * hd, rng), keys = RandomHalves(n_keys * hd, rng);
+      std::vector<uint16_t> tiles(((n_keys + 15) / 16) * 16 * hd);
+      for (size_t t = 0; t < n_keys; ++t) {
+        for (size_t d = 0; d < hd; ++d) tiles[(t / 16) * 16 * hd + d * 16 + t % 16] = keys[t * hd + d];
+      }
+      std::vector<float> q(qh.size());
+      for (size_t i = 0; i < q.size(); ++i) q[i] = F16ToF32(qh[i]);
+      for (SimdLevel level : SumLevels()) {
+        ForceSimdLevel(level);
+        for (bool tiled : {false, true}) {
+          SCOPED_TRACE("hd " + std::to_string(hd) + (tiled ? " tiled " : " ") + SimdLevelName(level));
+          std::vector<float> scores(kHeads * 48, -7.0f);
+          OneTokenScoresF16(q.data(), kHeads, hd, tiled ? tiles.data() : keys.data(), tiled, n_keys, scores.data(), 48);
+          for (int h = 0; h < kHeads; ++h) {
+            const std::vector<float> qv(q.begin() + static_cast<ptrdiff_t>(h * hd),
+                                        q.begin() + static_cast<ptrdiff_t>((h + 1) * hd));
+            for (size_t t = 0; t < n_keys; ++t) {
+              std::vector<float> kv(hd);
+              for (size_t d = 0; d < hd; ++d) kv[d] = F16ToF32(keys[t * hd + d]);
+              const float want = testing::VecDotOrder(WeightType::kF16, qv, kv);
+              ASSERT_EQ(std::bit_cast<uint32_t>(scores[static_cast<size_t>(h) * 48 + t]), std::bit_cast<uint32_t>(want))
+                  << "head " << h << " key " << t;
+            }
+            EXPECT_EQ(scores[static_cast<size_t>(h) * 48 + n_keys], -7.0f) << "wrote past the keys";
           }
-          EXPECT_EQ(scores[static_cast<size_t>(h) * 40 + kKeys], -7.0f) << "wrote past the keys";
         }
       }
     }
@@ -669,10 +673,11 @@ TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
   ForceSimdLevel(before);
 }
 
-// Value sums by residue: fed block by block (any split), then reduced, they are per output
-// dimension llama.cpp's product of the f16 weights with V's column: vec_dot over the
-// keys padded with zero weights to 256 (one token), tinyBLAS over them padded to 16 (a
-// batch); at every SIMD level, for fewer keys than residues too.
+// Value sums by residue: fed block by block (any split), then reduced, they are
+// per output dimension llama.cpp's product of the f16 weights with V's column:
+// vec_dot over the keys padded with zero weights to 256 (one token), tinyBLAS
+// over them padded to 16 (a batch); at every SIMD level, for fewer keys than
+// residues too.
 TEST(AttentionSumsTest, ValueResiduesSumAsLlamaCpp) {
   std::mt19937 rng(73);
   const SimdLevel before = ActiveSimdLevel();

@@ -371,7 +371,7 @@ TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {
 }
 
 // --llama-sums reaches the model (with the default f16 cache) and the report says so;
-// by default a short context takes llama.cpp's orders on a CPU with AVX-512
+// by default a short context takes llama.cpp's orders on a CPU with AVX2 or AVX-512
 // (LlamaSumsByDefault) and a long one (past kLlamaSumsAutoCtx) the faster ones;
 // --no-llama-sums turns them off; both flags at once are refused.
 TEST(RunCommandTest, LlamaSumsFlagIsReported) {
@@ -379,11 +379,15 @@ TEST(RunCommandTest, LlamaSumsFlagIsReported) {
     std::vector<std::string> args;
     bool want;
   };
-  const bool avx512 = kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx512;
-  EXPECT_EQ(LlamaSumsByDefault(kLlamaSumsAutoCtx), avx512);
+  const bool simd = kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx2;
+  EXPECT_EQ(LlamaSumsByDefault(kLlamaSumsAutoCtx), simd);
   EXPECT_FALSE(LlamaSumsByDefault(kLlamaSumsAutoCtx + 1));
+  const kernels::SimdLevel level = kernels::ActiveSimdLevel();
+  kernels::ForceSimdLevel(kernels::SimdLevel::kScalar);
+  EXPECT_FALSE(LlamaSumsByDefault(64)) << "the portable sums are ~50x slower";
+  kernels::ForceSimdLevel(level);
   const Case cases[] = {{{"--llama-sums"}, true},
-                        {{}, avx512},
+                        {{}, simd},
                         {{"-c", std::to_string(kLlamaSumsAutoCtx + 64)}, false},
                         {{"--llama-sums", "-c", std::to_string(kLlamaSumsAutoCtx + 64)}, true},
                         {{"--no-llama-sums"}, false}};

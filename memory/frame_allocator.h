@@ -42,10 +42,12 @@ class FrameAllocator {
   // contiguous frames cannot use (external fragmentation). O(frames / 64).
   uint32_t FreeFramesUnusableFor(uint32_t n) const;
 
-  // Whole-structure validation; returns false (and asserts in debug) on violation.
+  // Whole-structure validation; false on a violation.
   bool CheckInvariants() const;
 
  private:
+  friend class FrameAllocatorTestPeer;  // tests: breaks the bitmap to show the check fails
+
   // Calls fn(start, length) for every maximal run of free frames, ascending.
   template <typename Fn>
   void ForEachFreeRun(Fn&& fn) const;

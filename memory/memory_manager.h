@@ -253,6 +253,7 @@ class MemoryManager {
   void MarkPrefetchedLocked(const std::vector<PageId>& pages, Tier tier);
 
   friend class Pin;
+  friend class MemoryManagerTestPeer;  // tests: breaks the accounting to show the check fails
 
   std::atomic<uint64_t> copy_busy_ns_{0};
   std::atomic<uint64_t> copy_tasks_{0};

@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -10,6 +12,16 @@
 #include "tests/kvcache/kv_test_util.h"
 
 namespace tierkv {
+
+// Reaches into the block tables so that a test can show CheckInvariants catching damage.
+class KvCacheTestPeer {
+ public:
+  static int& Refs(KvCache& c, BlockId b) { return c.blocks_[b.value].refs; }
+  static std::vector<BlockId>& Table(KvCache& c, SeqId s, int layer) {
+    return c.seqs_[s.value].table[static_cast<size_t>(layer)];
+  }
+};
+
 namespace {
 
 using testing::AppendTokens;
@@ -267,6 +279,38 @@ TEST(KvCacheTest, AppendFailsCleanlyWhenMemoryIsExhausted) {
   EXPECT_EQ(p.status().code(), StatusCode::kExhausted);
   EXPECT_EQ(cache->Length(a), 8);
   std::string why;
+  EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
+}
+
+// A reference count that disagrees with the tables, and a layer table of the wrong
+// length, are each named by CheckInvariants (which the other tests rely on), and the
+// cache passes again once the damage is undone.
+TEST(KvCacheTest, CheckInvariantsNamesDamagedTables) {
+  TempDir dir;
+  auto mm = Memory(dir.path());
+  auto cache = KvCache::Create(mm.get(), SmallGeometry()).value();
+  const SeqId s = cache->NewSequence();
+  AppendTokens(*cache, s, 0, 21, 3);  // 3 blocks a layer
+  const SeqId f = cache->Fork(s).value();
+  std::string why;
+  ASSERT_TRUE(cache->CheckInvariants(&why)) << why;
+
+  std::vector<BlockId>& table = KvCacheTestPeer::Table(*cache, f, 1);
+  const BlockId b = table[0];
+  ASSERT_EQ(KvCacheTestPeer::Refs(*cache, b), 2) << "shared by s and its fork";
+  --KvCacheTestPeer::Refs(*cache, b);
+  EXPECT_FALSE(cache->CheckInvariants(&why));
+  EXPECT_EQ(why, "block " + std::to_string(b.value) + " has refs 1 but 2 table entries");
+  ++KvCacheTestPeer::Refs(*cache, b);
+  ASSERT_TRUE(cache->CheckInvariants(&why)) << why;
+
+  const BlockId last = table.back();
+  table.pop_back();
+  --KvCacheTestPeer::Refs(*cache, last);  // the counts agree; the length does not
+  EXPECT_FALSE(cache->CheckInvariants(&why));
+  EXPECT_EQ(why, "sequence " + std::to_string(f.value) + " has 2 blocks in a layer, wants 3");
+  table.push_back(last);
+  ++KvCacheTestPeer::Refs(*cache, last);
   EXPECT_TRUE(cache->CheckInvariants(&why)) << why;
 }
 

@@ -15,6 +15,15 @@
 #include <gtest/gtest.h>
 
 namespace tierkv {
+
+// Reaches into the bitmap so that the tests can show CheckInvariants catching each kind
+// of damage (a check that cannot fail would make the stress tests' calls of it vacuous).
+class FrameAllocatorTestPeer {
+ public:
+  static std::vector<std::vector<uint64_t>>& Levels(FrameAllocator& a) { return a.levels_; }
+  static uint32_t& FreeCount(FrameAllocator& a) { return a.n_free_; }
+};
+
 namespace {
 
 // Allocates [first, first + n) with AllocateRun and checks where it landed.
@@ -377,6 +386,38 @@ TEST(FrameAllocatorTest, RandomizedAgainstBitVectorModelThreeLevels) {
 // A small arena that is full most of the time.
 TEST(FrameAllocatorTest, RandomizedAgainstBitVectorModelSmallArena) {
   RunRandomized(130, 4000, 0x5eedf4a3e0002ull, 20);
+}
+
+// ---- CheckInvariants fails on damage --------------------------------------------------
+
+// 200 frames: four level-0 words (the last with 8 frames) under one level-1 word.
+TEST(FrameAllocatorTest, CheckInvariantsCatchesAFreeCountThatDisagreesWithTheBitmap) {
+  FrameAllocator a(200);
+  ASSERT_TRUE(a.Allocate().has_value());
+  ASSERT_TRUE(a.CheckInvariants());
+  FrameAllocatorTestPeer::Levels(a)[0][1] &= ~uint64_t{1};  // frame 64 marked used behind the count
+  EXPECT_FALSE(a.CheckInvariants());
+  FrameAllocatorTestPeer::Levels(a)[0][1] |= 1;
+  EXPECT_TRUE(a.CheckInvariants());
+}
+
+TEST(FrameAllocatorTest, CheckInvariantsCatchesAFreeBitPastTheEnd) {
+  FrameAllocator a(200);
+  FrameAllocatorTestPeer::Levels(a)[0][3] |= uint64_t{1} << 8;  // "frame 200"
+  ++FrameAllocatorTestPeer::FreeCount(a);                       // so that the count agrees
+  EXPECT_FALSE(a.CheckInvariants());
+}
+
+TEST(FrameAllocatorTest, CheckInvariantsCatchesASummaryBitThatDisagrees) {
+  FrameAllocator a(200);
+  ASSERT_GE(FrameAllocatorTestPeer::Levels(a).size(), 2u);
+  ASSERT_TRUE(a.AllocateRun(128).has_value());  // words 0 and 1 full: their summary bits clear
+  ASSERT_TRUE(a.CheckInvariants());
+  FrameAllocatorTestPeer::Levels(a)[1][0] |= 2;  // word 1 claimed to have a free frame
+  EXPECT_FALSE(a.CheckInvariants());
+  FrameAllocatorTestPeer::Levels(a)[1][0] &= ~uint64_t{2};
+  FrameAllocatorTestPeer::Levels(a)[1][0] &= ~uint64_t{4};  // word 2 (free frames) claimed full
+  EXPECT_FALSE(a.CheckInvariants());
 }
 
 }  // namespace

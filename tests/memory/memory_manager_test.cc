@@ -2,6 +2,9 @@
 #include "memory/memory_manager.h"
 
 #include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
 #include <set>
 #include <thread>
 
@@ -10,6 +13,18 @@
 #include "tests/memory/mm_test_util.h"
 
 namespace tierkv {
+
+// Runs fn(tier state, page table, policy) under the manager's lock, so that a test can
+// damage (and then repair) the accounting and show that CheckInvariants names it.
+class MemoryManagerTestPeer {
+ public:
+  template <typename Fn>
+  static void With(MemoryManager& mm, Tier t, Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mm.mu_);
+    fn(mm.tiers_[TierIndex(t)], mm.table_, *mm.policy_);
+  }
+};
+
 namespace {
 
 using testing::AllCopiesEqual;
@@ -564,6 +579,58 @@ TEST(MemoryManagerBackedTest, WriteForgetsTheBacking) {
   ASSERT_TRUE(mm->Demote({p}, Tier::kDisk).Wait().ok());
   EXPECT_TRUE(testing::AllCopiesEqual(*mm, p, v2));
   EXPECT_EQ(mm->Stats(Tier::kDisk).bytes_in, 4096u);
+}
+
+// Each kind of damage to the accounting, made under the manager's lock, is named by
+// CheckInvariants, and the manager is whole again once it is undone (the stress tests
+// call the check after every step; this shows it can fail).
+TEST(MemoryManagerTest, CheckInvariantsNamesEachKindOfDamage) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  const PageId a = mm->Allocate(3000, Tier::kHost).value();
+  const PageId b = mm->Allocate(3000, Tier::kHost).value();
+  ASSERT_TRUE(Invariants(*mm));
+  const int host = TierIndex(Tier::kHost);
+  FrameId a_frame, b_frame;
+  MemoryManagerTestPeer::With(*mm, Tier::kHost, [&](auto&, PageTable& table, ResidencyPolicy&) {
+    a_frame = table.at(a).frame[host];
+    b_frame = table.at(b).frame[host];
+  });
+  ASSERT_NE(a_frame, b_frame);
+
+  // Damages, checks that the check fails naming `named`, undoes, checks it passes.
+  auto expect_named = [&](const std::string& named, auto make, auto undo) {
+    SCOPED_TRACE(named);
+    MemoryManagerTestPeer::With(*mm, Tier::kHost, make);
+    std::string why;
+    EXPECT_FALSE(mm->CheckInvariants(&why));
+    EXPECT_NE(why.find(named), std::string::npos) << why;
+    MemoryManagerTestPeer::With(*mm, Tier::kHost, undo);
+    EXPECT_TRUE(Invariants(*mm));
+  };
+  expect_named(
+      "frame " + std::to_string(a_frame.value) + " of page " + std::to_string(a.value) + " is free",
+      [&](auto& ts, PageTable&, ResidencyPolicy&) { ts.frames->Free(a_frame); },
+      [&](auto& ts, PageTable&, ResidencyPolicy&) {
+        const std::optional<FrameId> f = ts.frames->Allocate();  // the lowest free frame
+        ASSERT_TRUE(f.has_value() && *f == a_frame);
+      });
+  expect_named(
+      "of page " + std::to_string(b.value) + " is free, out of range or shared",  // b's entry names a's frame
+      [&](auto&, PageTable& table, ResidencyPolicy&) { table.at(b).frame[host] = a_frame; },
+      [&](auto&, PageTable& table, ResidencyPolicy&) { table.at(b).frame[host] = b_frame; });
+  expect_named(
+      "host: used frames 2 != copies 2 + pending 1",
+      [&](auto& ts, PageTable&, ResidencyPolicy&) { ++ts.pending_frames; },
+      [&](auto& ts, PageTable&, ResidencyPolicy&) { --ts.pending_frames; });
+  expect_named(
+      "host: policy tracks 1 pages, table has 2",
+      [&](auto&, PageTable&, ResidencyPolicy& policy) { policy.OnRemove(Tier::kHost, a); },
+      [&](auto&, PageTable&, ResidencyPolicy& policy) { policy.OnInsert(Tier::kHost, a); });
+  expect_named(
+      "host: gauges disagree with the page table",
+      [&](auto& ts, PageTable&, ResidencyPolicy&) { ts.stats.requested_bytes.current += 1; },
+      [&](auto& ts, PageTable&, ResidencyPolicy&) { ts.stats.requested_bytes.current -= 1; });
 }
 
 }  // namespace

@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <chrono>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TIERKV_PAUSE() _mm_pause()
@@ -31,8 +35,16 @@ thread_local const ThreadPool* tl_pool = nullptr;
 
 }  // namespace
 
-ThreadPool::ThreadPool(int threads)
-    : n_threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
+int AvailableCpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+ThreadPool::ThreadPool(int threads) : n_threads_(threads > 0 ? threads : AvailableCpus()) {
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }

@@ -30,9 +30,13 @@
 
 namespace tierkv::kernels {
 
+// CPUs this process may run on (its affinity mask, which taskset and container CPU sets
+// narrow), at least 1; the hardware concurrency where the mask cannot be read.
+int AvailableCpus();
+
 class ThreadPool {
  public:
-  // threads: total threads including the caller; <= 0 means the hardware concurrency.
+  // threads: total threads including the caller; <= 0 means AvailableCpus().
   explicit ThreadPool(int threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

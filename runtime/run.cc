@@ -248,6 +248,7 @@ nlohmann::json RunReport::ToJson() const {
   j["weights"] = paged_weights ? "paged" : "mapped";
   j["chat"] = chat.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat);
   j["frame_bytes"] = frame_bytes;
+  j["threads"] = threads;
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
                   {"reused_prefix_tokens", reused_prefix_tokens},
@@ -462,6 +463,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);
   r.llama_sums = llama_sums;
+  r.threads = model->pool().size();
 
   // Session restore and prefix reuse.
   // Only with a session: the fingerprint reads a page of every tensor.

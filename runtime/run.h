@@ -137,6 +137,7 @@ struct RunReport {
   std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"
   int kv_tokens = 0;
   uint64_t frame_bytes = 0;  // the frame size the run used
+  int threads = 0;           // the kernels' threads (the caller included)
   uint64_t kv_bytes = 0;
   std::string session_path;
   int restored_tokens = 0;

@@ -4,13 +4,11 @@
 // shared activation conversions, and the thread pool itself.
 #include "kernels/matvec.h"
 
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -465,54 +463,6 @@ TEST(MatVecTest, ActivationRowConvertsOncePerType) {
   std::vector<BlockQ8_0> want(8);
   QuantizeActivation(WeightType::kQ8_0, x.data(), want.data(), 256);
   EXPECT_EQ(std::memcmp(p1, want.data(), sizeof(BlockQ8_0) * 8), 0);
-}
-
-TEST(ThreadPoolTest, RunsEveryTaskOnce) {
-  for (int threads : {1, 2, 4}) {
-    ThreadPool pool(threads);
-    EXPECT_EQ(pool.size(), threads);
-    for (int64_t n : {0, 1, 2, 7, 1000}) {
-      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-      for (int rep = 0; rep < 50; ++rep) {
-        pool.ParallelFor(n, [&](int64_t i) { hits[static_cast<size_t>(i)].fetch_add(1); });
-      }
-      for (auto& h : hits) EXPECT_EQ(h.load(), 50);
-    }
-  }
-}
-
-TEST(ThreadPoolTest, RangesCoverExactly) {
-  ThreadPool pool(3);
-  for (int64_t n : {1, 5, 100, 12345}) {
-    for (int64_t grain : {1, 16, 1000}) {
-      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
-      pool.ParallelRanges(n, grain, [&](int64_t b, int64_t e) {
-        EXPECT_LT(b, e);
-        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
-      });
-      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
-    }
-  }
-}
-
-TEST(ThreadPoolTest, NestedCallsRunInline) {
-  ThreadPool pool(2);
-  std::atomic<int> total{0};
-  pool.ParallelFor(4, [&](int64_t) { pool.ParallelFor(10, [&](int64_t) { total.fetch_add(1); }); });
-  EXPECT_EQ(total.load(), 40);
-}
-
-TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
-  ThreadPool pool(3);
-  std::atomic<int64_t> total{0};
-  std::vector<std::thread> callers;
-  for (int c = 0; c < 3; ++c) {
-    callers.emplace_back([&] {
-      for (int rep = 0; rep < 200; ++rep) pool.ParallelFor(17, [&](int64_t i) { total.fetch_add(i); });
-    });
-  }
-  for (auto& t : callers) t.join();
-  EXPECT_EQ(total.load(), 3 * 200 * (16 * 17 / 2));
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/cpu_features.h"
+#include "kernels/thread_pool.h"
 #include "kvcache/session_file.h"
 #include "runtime/run.h"
 #include "tests/runtime/cli_test_util.h"
@@ -456,6 +458,24 @@ TEST(RunCommandTest, ContextLargerThanAllTiersIsRefusedUpFront) {
 
   const CliResult fits = RunCli(Quick({"-c", "262144", "--disk", "512MiB", "--disk-dir", dir}));
   EXPECT_EQ(fits.exit_code, 0) << fits.err;
+}
+
+// -t above the CPUs this process may use is lowered to them with a warning (the pool's
+// workers spin between jobs: oversubscribed, they take turns); -t 0 is all of them.
+TEST(RunCommandTest, ThreadsAreAtMostTheAvailableCpus) {
+  const int cpus = kernels::AvailableCpus();
+  ASSERT_GE(cpus, 1);
+  for (const auto& [t, want] : {std::pair{std::string("0"), cpus}, std::pair{std::string("1"), 1},
+                                std::pair{std::to_string(cpus + 1), cpus}, std::pair{std::string("100000"), cpus}}) {
+    SCOPED_TRACE("-t " + t);
+    const CliResult r = RunCli(Quick({"-t", t, "--json"}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["threads"], want);
+    const bool warned = r.err.find("-t " + t + ": this process may run on " + std::to_string(cpus) + " CPU") !=
+                        std::string::npos;
+    EXPECT_EQ(warned, std::stoi(t) > cpus) << r.err;
+  }
 }
 
 }  // namespace

@@ -24,6 +24,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "runtime/unicode.h"
+
 namespace tierkv {
 
 static_assert(std::endian::native == std::endian::little,
@@ -280,6 +282,14 @@ std::string EscapeGgufString(std::string_view text, size_t max_bytes, char quote
   out.reserve(cut + 8);
   for (size_t i = 0; i < cut; ++i) {
     const auto c = static_cast<uint8_t>(text[i]);
+    if (c >= 0x80) {  // a well-formed sequence as it is; any other byte as \xNN
+      const size_t len = unicode::WellFormedUtf8Len(text.substr(0, cut), i);
+      if (len > 0) {
+        out.append(text.substr(i, len));
+        i += len - 1;
+        continue;
+      }
+    }
     if (quote != 0 && c == static_cast<uint8_t>(quote)) {
       out += '\\';
       out += quote;
@@ -291,7 +301,7 @@ std::string EscapeGgufString(std::string_view text, size_t max_bytes, char quote
       case '\t': out += "\\t"; break;
       case '\r': out += "\\r"; break;
       default:
-        if (c < 0x20 || c == 0x7F) {
+        if (c < 0x20 || c >= 0x7F) {
           static const char kHex[] = "0123456789abcdef";
           out += "\\x";
           out += kHex[c >> 4];

@@ -231,8 +231,10 @@ std::string GgufValueTypeString(const GgufValue& value);
 std::string FormatGgufFloat(float value);
 std::string FormatGgufDouble(double value);
 // Escapes `text` for a single-line message or listing: the quote character (when not
-// 0), \\ \n \t \r, other control bytes as \xNN; UTF-8 is kept, and cut (at a character
-// boundary) after max_bytes with "...".
+// 0), \\ \n \t \r, other control bytes and every byte that is not part of well-formed
+// UTF-8 as \xNN (so a message never carries broken UTF-8 to a terminal or a JSON
+// reader); well-formed UTF-8 is kept, and cut (at a character boundary) after max_bytes
+// with "...".
 std::string EscapeGgufString(std::string_view text, size_t max_bytes = 96, char quote = '"');
 
 }  // namespace tierkv

@@ -289,6 +289,33 @@ uint32_t AsciiLower(uint32_t cp) { return (cp >= 'A' && cp <= 'Z') ? cp + 32 : c
 
 }  // namespace
 
+size_t WellFormedUtf8Len(std::string_view text, size_t i) {
+  if (i >= text.size()) return 0;
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(text[i + k]); };
+  const uint8_t b0 = b(0);
+  if (b0 < 0x80) return 1;
+  size_t len = 0;
+  uint8_t lo = 0x80, hi = 0xBF;  // the range of the second byte (RFC 3629's table)
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    if (b0 == 0xE0) lo = 0xA0;  // overlong
+    if (b0 == 0xED) hi = 0x9F;  // surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    if (b0 == 0xF0) lo = 0x90;  // overlong
+    if (b0 == 0xF4) hi = 0x8F;  // above U+10FFFF
+  } else {
+    return 0;  // a continuation byte, C0 / C1, or F5 - FF
+  }
+  if (text.size() - i < len || b(1) < lo || b(1) > hi) return 0;
+  for (size_t k = 2; k < len; ++k) {
+    if ((b(k) & 0xC0) != 0x80) return 0;
+  }
+  return len;
+}
+
 std::vector<uint32_t> DecodeUtf8(std::string_view text) {
   std::vector<uint32_t> cps;
   cps.reserve(text.size());

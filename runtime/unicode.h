@@ -34,6 +34,10 @@ inline size_t Utf8SeqLen(uint8_t first_byte) {
   return kLen[first_byte >> 4];
 }
 
+// Length of the well-formed UTF-8 sequence (RFC 3629: no overlong forms, surrogates or
+// values above U+10FFFF) that starts text[i], 1 for ASCII; 0 when none does.
+size_t WellFormedUtf8Len(std::string_view text, size_t i);
+
 // Decodes `text` to codepoints without ever failing, with llama.cpp's rules:
 //   - a byte that cannot start a sequence (0x80-0xBF, 0xF8-0xFF), and a lead byte whose
 //     continuation bytes are missing or malformed (truncated sequence), becomes

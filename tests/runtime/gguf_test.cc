@@ -643,6 +643,12 @@ TEST(GgufMetadata, FormatsEveryKindOfValue) {
   // UTF-8 is kept and never cut inside a character.
   EXPECT_EQ(EscapeGgufString("h\xc3\xa9llo", 2), "h...");
   EXPECT_EQ(EscapeGgufString("h\xc3\xa9llo", 3), "h\xc3\xa9...");
+  // Bytes outside well-formed UTF-8 are escaped: a stray continuation byte, a lead byte
+  // without its continuation, an overlong form, a surrogate, DEL; CJK and emoji are kept.
+  EXPECT_EQ(EscapeGgufString("\x82*\xdb\x7f"), "\\x82*\\xdb\\x7f");
+  EXPECT_EQ(EscapeGgufString("a\xc0\xaf" "b\xed\xa0\x80"), "a\\xc0\\xafb\\xed\\xa0\\x80");
+  EXPECT_EQ(EscapeGgufString("\xe4\xb8\xad\xf0\x9f\x98\x80"), "\xe4\xb8\xad\xf0\x9f\x98\x80");
+  EXPECT_EQ(EscapeGgufString("\xe4\xb8"), "\\xe4\\xb8");  // truncated sequence
 }
 
 // ---- ggml types ----

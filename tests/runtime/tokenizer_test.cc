@@ -146,6 +146,44 @@ TEST(TokenizerUnicodeTest, DecodesUtf8LikeLlamaCpp) {
   EXPECT_EQ(unicode::Utf8SeqLen(0xFF), 4u);
 }
 
+// The strict check messages use (EscapeGgufString): RFC 3629's well-formed sequences only.
+// Every 1- and 2-byte input and the edges of the 3- and 4-byte ranges, against a decoder
+// written from the definition (the shortest form of a scalar value <= U+10FFFF).
+TEST(TokenizerUnicodeTest, WellFormedUtf8LenFollowsRfc3629) {
+  auto want = [](std::string_view t) -> size_t {
+    const auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<uint8_t>(t[k])); };
+    if (t.empty()) return 0;
+    if (b(0) < 0x80) return 1;
+    const size_t len = b(0) >= 0xF0 ? 4 : b(0) >= 0xE0 ? 3 : b(0) >= 0xC0 ? 2 : 0;
+    if (len == 0 || b(0) >= 0xF8 || t.size() < len) return 0;
+    uint32_t cp = b(0) & (0xFF >> (len + 1));
+    for (size_t k = 1; k < len; ++k) {
+      if ((b(k) & 0xC0) != 0x80) return 0;
+      cp = cp << 6 | (b(k) & 0x3F);
+    }
+    const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return len;
+  };
+  for (int a = 0; a < 256; ++a) {
+    const std::string one(1, static_cast<char>(a));
+    ASSERT_EQ(unicode::WellFormedUtf8Len(one, 0), want(one)) << a;
+    for (int c = 0; c < 256; ++c) {
+      const std::string two = one + static_cast<char>(c);
+      ASSERT_EQ(unicode::WellFormedUtf8Len(two, 0), want(two)) << a << " " << c;
+      for (int d : {0x41, 0x80, 0xBF, 0xC0}) {
+        for (int e : {0x7F, 0x80, 0xBF, 0xC0}) {
+          const std::string four = two + static_cast<char>(d) + static_cast<char>(e);
+          ASSERT_EQ(unicode::WellFormedUtf8Len(four, 0), want(four)) << a << " " << c << " " << d << " " << e;
+          ASSERT_EQ(unicode::WellFormedUtf8Len(four.substr(0, 3), 0), want(four.substr(0, 3)));
+        }
+      }
+    }
+  }
+  EXPECT_EQ(unicode::WellFormedUtf8Len("ab", 1), 1u);
+  EXPECT_EQ(unicode::WellFormedUtf8Len("ab", 2), 0u) << "past the end";
+}
+
 TEST(TokenizerUnicodeTest, ByteAlphabetIsABijection) {
   EXPECT_EQ(unicode::ByteToUnicode(' '), 0x120u);
   EXPECT_EQ(unicode::ByteToUnicode('\n'), 0x10Au);

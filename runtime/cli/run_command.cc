@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -188,8 +189,16 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     if (!fs::is_directory(dir, ec)) {
       return Status::InvalidArgument("--session " + f.session + ": directory " + dir.string() + " does not exist");
     }
-    if (access(dir.c_str(), W_OK) != 0) {
-      return Status::FromErrno(errno, "--session " + f.session + ": cannot write in " + dir.string());
+    // A file made there and removed: access(W_OK) says yes to root even where nothing
+    // can be created (/proc, a read-only bind mount's subtree).
+    const fs::path probe = dir / (".tierkv-probe." + std::to_string(getpid()));
+    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) {
+      return Status::FromErrno(errno, "--session " + f.session + ": cannot create a file in " + dir.string());
+    }
+    if (fd >= 0) {
+      close(fd);
+      unlink(probe.c_str());
     }
   }
   // --kv-type, -ctk and -ctv name one codec (K and V share it): those given must agree.

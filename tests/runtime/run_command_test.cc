@@ -89,6 +89,7 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--chat-template", ""}, "--chat-template must not be empty"},
       {{"--session", "/nonexistent-dir/s.tkv"}, "--session /nonexistent-dir/s.tkv: directory /nonexistent-dir does not exist"},
       {{"--session", "/"}, "--session /: a directory"},
+      {{"--session", "/proc/s.tkv"}, "--session /proc/s.tkv: cannot create a file in /proc"},
       // Usage errors CLI11 finds (runtime/cli/usage_command.h).
       {{"--bogus"}, "The following argument was not expected: --bogus (tierkv run --help lists the options)"},
       {{"-n", "abc"}, "Could not convert: --n-predict = abc"},

@@ -176,23 +176,24 @@ TIERKV_SUMS_AVX2 inline __m256 Row8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Lanes `half` x 8 .. + 8 of OneTokenTileTree: one 64-dimension lane group's four
-// chains, combined as (0 + 2) + (1 + 3).
-TIERKV_SUMS_AVX2 inline __m256 OneTokenLaneAvx2(const float* q, size_t np, const uint16_t* half, int l) {
+// Eight lanes of OneTokenTileTree (`half`: the tile's keys 0 - 7 or 8 - 15, converted to
+// f32 once for all the heads, as [hd][16]): one 64-dimension lane group's four chains,
+// combined as (0 + 2) + (1 + 3).
+TIERKV_SUMS_AVX2 inline __m256 OneTokenLaneAvx2(const float* q, size_t np, const float* half, int l) {
   __m256 t[4];
   for (int j = 0; j < 4; ++j) {
     const size_t x = 16 * static_cast<size_t>(j) + static_cast<size_t>(l);
-    t[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[x]), Row8(half + x * 16), _mm256_setzero_ps());
+    t[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[x]), _mm256_loadu_ps(half + x * 16), _mm256_setzero_ps());
     for (size_t i = 64; i < np; i += 64) {
-      t[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[i + x]), Row8(half + (i + x) * 16), t[j]);
+      t[j] = _mm256_fmadd_ps(_mm256_set1_ps(q[i + x]), _mm256_loadu_ps(half + (i + x) * 16), t[j]);
     }
   }
   return _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]));
 }
 
-// OneTokenTileTree on eight of the tile's keys (`half` points at the tile plus 0 or 8):
-// v[l] + v[l + 8] formed pair by pair, so eight sums are live rather than sixteen.
-TIERKV_SUMS_AVX2 __m256 OneTokenTileTreeAvx2(const float* q, size_t np, const uint16_t* half) {
+// OneTokenTileTree on eight of the tile's keys: v[l] + v[l + 8] formed pair by pair, so
+// eight sums are live rather than sixteen.
+TIERKV_SUMS_AVX2 __m256 OneTokenTileTreeAvx2(const float* q, size_t np, const float* half) {
   __m256 a[8], b[4];
   for (int l = 0; l < 8; ++l) a[l] = _mm256_add_ps(OneTokenLaneAvx2(q, np, half, l), OneTokenLaneAvx2(q, np, half, l + 8));
   for (int l = 0; l < 4; ++l) b[l] = _mm256_add_ps(a[l], a[l + 4]);
@@ -200,7 +201,7 @@ TIERKV_SUMS_AVX2 __m256 OneTokenTileTreeAvx2(const float* q, size_t np, const ui
 }
 
 // OneTokenTileTail on eight keys: [np, hd) added to start[h] in double.
-TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np, int heads, const uint16_t* half,
+TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np, int heads, const float* half,
                                           const __m256* start, __m256* out) {
   __m256d lo[kTailHeads], hi[kTailHeads];
   for (int h = 0; h < heads; ++h) {
@@ -208,7 +209,7 @@ TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np,
     hi[h] = _mm256_cvtps_pd(_mm256_extractf128_ps(start[h], 1));
   }
   for (size_t x = np; x < hd; ++x) {
-    const __m256 k = Row8(half + x * 16);
+    const __m256 k = _mm256_loadu_ps(half + x * 16);
     const __m256d klo = _mm256_cvtps_pd(_mm256_castps256_ps128(k)), khi = _mm256_cvtps_pd(_mm256_extractf128_ps(k, 1));
     for (int h = 0; h < heads; ++h) {
       const __m256d qx = _mm256_set1_pd(static_cast<double>(q[static_cast<size_t>(h) * hd + x]));
@@ -224,8 +225,9 @@ TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np,
 TIERKV_SUMS_AVX2 void OneTokenScoresTiledAvx2(const float* q, int heads, size_t hd, const uint16_t* k, size_t n,
                                               float* scores, size_t stride) {
   const size_t np = hd / 64 * 64;
+  alignas(32) float tile[256 * 16];  // one tile in f32 (hd <= 256): converted once for all heads
   for (size_t t0 = 0; t0 < n; t0 += 16) {
-    const uint16_t* tile = k + t0 * hd;
+    for (size_t i = 0; i < hd * 16; i += 8) _mm256_store_ps(tile + i, Row8(k + t0 * hd + i));
     const size_t keep = std::min<size_t>(16, n - t0);
     for (int h0 = 0; h0 < heads; h0 += kTailHeads) {
       const int hn = std::min(kTailHeads, heads - h0);

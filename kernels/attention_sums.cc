@@ -2,6 +2,7 @@
 #include "kernels/attention_sums.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 
 #include "kernels/cpu_features.h"
@@ -254,23 +255,76 @@ TIERKV_SUMS_AVX2 void OneTokenScoresTiledAvx2(const float* q, int heads, size_t 
   }
 }
 
-// AccumulateResiduesAvx512 eight dimensions at a time.
+// The residue sums the AVX2 loop keeps in L1 at once (heads x residues x head_dim
+// floats). Past it, e.g. eight query heads a KV head at head_dim 128 (256 KiB), the keys
+// go in passes, each over two heads and as many residues as fit, converting V again per
+// pass. Within a pass a residue takes up to kRounds of its keys (`residues` apart) per
+// load and store of its sums: their FMAs in sequence order, as one at a time would.
+// Each residue takes its keys in sequence order, so the bits are the same in any grouping.
+constexpr size_t kResidueL1Bytes = 16 * 1024;
+constexpr size_t kRounds = 4;  // AccumulateResidueGroupAvx2 instantiates 1 .. 4
+
+// K keys of one residue (`residues` apart; vt: the first one's V, wj: its weight in head
+// h0's row) into that residue's sums pr of heads [h0, h0 + hn).
+template <size_t K>
+TIERKV_SUMS_AVX2 inline void AccumulateRoundsAvx2(const float* wj, size_t w_stride, size_t h0, size_t hn, size_t hd,
+                                                  const uint16_t* vt, size_t residues, bool start, float* pr,
+                                                  size_t part_stride) {
+  for (size_t d = 0; d < hd; d += 8) {
+    __m256 x[K];
+    for (size_t k = 0; k < K; ++k) x[k] = Row8(vt + k * residues * hd + d);
+    for (size_t h = h0; h < h0 + hn; ++h) {
+      float* p = pr + h * part_stride + d;
+      const float* wh = wj + h * w_stride;
+      __m256 acc = start ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
+      for (size_t k = 0; k < K; ++k) acc = _mm256_fmadd_ps(_mm256_set1_ps(wh[k * residues]), x[k], acc);
+      _mm256_storeu_ps(p, acc);
+    }
+  }
+}
+
+// Keys t < n whose residue (first + t) % residues lies in [r0, r0 + rg), into heads
+// [h0, h0 + hn).
+TIERKV_SUMS_AVX2 void AccumulateResidueGroupAvx2(const float* w, size_t w_stride, size_t h0, size_t hn, size_t hd,
+                                                 const uint16_t* v, size_t n, size_t first, size_t residues,
+                                                 size_t r0, size_t rg, float* part, size_t part_stride) {
+  const size_t mask = residues - 1;  // residues is a power of two
+  const int shift = std::countr_zero(residues);
+  for (size_t round = 0;; round += kRounds) {
+    bool any = false;
+    for (size_t r = r0; r < r0 + rg; ++r) {
+      const size_t t = ((r - first) & mask) + round * residues;  // the residue's key of this round
+      if (t >= n) continue;
+      any = true;
+      const size_t j = first + t;
+      const uint16_t* vt = v + t * hd;
+      PrefetchLines(vt + kRounds * residues * hd, hd * 2);  // this residue's next rounds
+      const bool start = j < residues;
+      const float* wj = w + j;
+      float* pr = part + r * hd;
+      switch (std::min(kRounds, ((n - t - 1) >> shift) + 1)) {  // keys of this residue left, at most kRounds
+        case 4: AccumulateRoundsAvx2<4>(wj, w_stride, h0, hn, hd, vt, residues, start, pr, part_stride); break;
+        case 3: AccumulateRoundsAvx2<3>(wj, w_stride, h0, hn, hd, vt, residues, start, pr, part_stride); break;
+        case 2: AccumulateRoundsAvx2<2>(wj, w_stride, h0, hn, hd, vt, residues, start, pr, part_stride); break;
+        default: AccumulateRoundsAvx2<1>(wj, w_stride, h0, hn, hd, vt, residues, start, pr, part_stride); break;
+      }
+    }
+    if (!any) break;
+  }
+}
+
 TIERKV_SUMS_AVX2 void AccumulateResiduesAvx2(const float* w, size_t w_stride, int heads, size_t hd, const uint16_t* v,
                                              size_t n, int64_t first, int residues, float* part, size_t part_stride) {
-  const size_t mask = static_cast<size_t>(residues) - 1;
-  for (size_t t = 0; t < n; ++t) {
-    const size_t j = static_cast<size_t>(first) + t;
-    const bool start = j < static_cast<size_t>(residues);
-    const size_t off = (j & mask) * hd;
-    const uint16_t* vt = v + t * hd;
-    PrefetchLines(vt + kValuePrefetchBytes / 2, hd * 2);
-    for (size_t d = 0; d < hd; d += 8) {
-      const __m256 x = Row8(vt + d);
-      for (int h = 0; h < heads; ++h) {
-        float* p = part + static_cast<size_t>(h) * part_stride + off + d;
-        const __m256 acc = start ? _mm256_setzero_ps() : _mm256_loadu_ps(p);
-        _mm256_storeu_ps(p, _mm256_fmadd_ps(_mm256_set1_ps(w[static_cast<size_t>(h) * w_stride + j]), x, acc));
-      }
+  const size_t nh = static_cast<size_t>(heads), nr = static_cast<size_t>(residues);
+  size_t hg = nh, rg = nr;
+  if (nh * nr * hd * sizeof(float) > kResidueL1Bytes) {
+    hg = std::min<size_t>(nh, 2);
+    while (rg > 8 && hg * rg * hd * sizeof(float) > kResidueL1Bytes) rg /= 2;
+  }
+  for (size_t h0 = 0; h0 < nh; h0 += hg) {
+    for (size_t r0 = 0; r0 < nr; r0 += rg) {
+      AccumulateResidueGroupAvx2(w, w_stride, h0, std::min(hg, nh - h0), hd, v, n, static_cast<size_t>(first), nr, r0,
+                                 rg, part, part_stride);
     }
   }
 }

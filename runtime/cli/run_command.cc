@@ -190,7 +190,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
       return Status::InvalidArgument("--session " + f.session + ": directory " + dir.string() + " does not exist");
     }
     // A file made there and removed: access(W_OK) says yes to root even where nothing
-    // can be created (/proc, a read-only bind mount's subtree).
+    // can be created (/proc).
     const fs::path probe = dir / (".tierkv-probe." + std::to_string(getpid()));
     const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) {

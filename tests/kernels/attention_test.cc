@@ -677,11 +677,12 @@ TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
 // per output dimension llama.cpp's product of the f16 weights with V's column:
 // vec_dot over the keys padded with zero weights to 256 (one token), tinyBLAS
 // over them padded to 16 (a batch); at every SIMD level, for fewer keys than
-// residues too.
+// residues too. Five heads of head_dim 128 take the AVX2 loop's passes over groups of
+// heads and residues (kResidueL1Bytes), the smaller shapes its single pass.
 TEST(AttentionSumsTest, ValueResiduesSumAsLlamaCpp) {
   std::mt19937 rng(73);
   const SimdLevel before = ActiveSimdLevel();
-  constexpr int kHeads = 2;
+  constexpr int kHeads = 5;
   for (AttentionSums sums : {AttentionSums::kOneToken, AttentionSums::kBatch}) {
     for (size_t hd : {size_t{32}, size_t{128}, size_t{40}}) {
       for (size_t n_keys : {size_t{5}, size_t{40}, size_t{300}}) {

@@ -4,7 +4,7 @@
 // it by hand with clang (docs/gguf.md, "Fuzzing"):
 //
 //   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. \
-//     fuzz/gguf_fuzzer.cc runtime/gguf.cc runtime/ggml_types.cc memory/status.cc \
+//     fuzz/gguf_fuzzer.cc runtime/gguf.cc runtime/ggml_types.cc runtime/unicode.cc memory/status.cc \
 //     -o /tmp/gguf_fuzzer
 //   /tmp/gguf_fuzzer -max_len=65536 corpus_dir/
 //

@@ -223,10 +223,14 @@ TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np,
   }
 }
 
+// The head_dim up to which OneTokenScoresTiledAvx2 takes a tile on its stack (16 KiB);
+// a larger one goes the portable way.
+constexpr size_t kMaxAvx2TileDim = 256;
+
 TIERKV_SUMS_AVX2 void OneTokenScoresTiledAvx2(const float* q, int heads, size_t hd, const uint16_t* k, size_t n,
                                               float* scores, size_t stride) {
   const size_t np = hd / 64 * 64;
-  alignas(32) float tile[256 * 16];  // one tile in f32 (hd <= 256): converted once for all heads
+  alignas(32) float tile[kMaxAvx2TileDim * 16];  // one tile in f32, converted once for all heads
   for (size_t t0 = 0; t0 < n; t0 += 16) {
     for (size_t i = 0; i < hd * 16; i += 8) _mm256_store_ps(tile + i, Row8(k + t0 * hd + i));
     const size_t keep = std::min<size_t>(16, n - t0);
@@ -334,12 +338,13 @@ TIERKV_SUMS_AVX2 void AccumulateResiduesAvx2(const float* w, size_t w_stride, in
 
 void OneTokenScoresF16(const float* q, int heads, size_t hd, const uint16_t* k, bool tiled, size_t n,
                        float* scores, size_t stride) {
-  assert(hd <= 256);
 #if defined(TIERKV_SUMS_X86)
   if (tiled && ActiveSimdLevel() >= SimdLevel::kAvx512) {
     return OneTokenScoresTiledAvx512(q, heads, hd, k, n, scores, stride);
   }
-  if (tiled && ActiveSimdLevel() >= SimdLevel::kAvx2) return OneTokenScoresTiledAvx2(q, heads, hd, k, n, scores, stride);
+  if (tiled && hd <= kMaxAvx2TileDim && ActiveSimdLevel() >= SimdLevel::kAvx2) {
+    return OneTokenScoresTiledAvx2(q, heads, hd, k, n, scores, stride);
+  }
 #endif
   OneTokenScoresScalar(q, heads, hd, k, tiled, n, scores, stride);
 }

@@ -46,7 +46,7 @@ constexpr int AttentionResidues(AttentionSums sums) { return sums == AttentionSu
 // Scores of n keys for `heads` query heads (q [heads][hd], f16 values), in the one-token
 // order: scores[h * stride + t]. k: the keys as f16, either n vectors of hd values or,
 // with tiled, tiles of 16 keys stored dimension by dimension ([hd][16], the last tile
-// whole). REQUIRES: hd <= 256.
+// whole). Any hd (the AVX2 form takes up to 256, a larger one the portable form).
 void OneTokenScoresF16(const float* q, int heads, size_t hd, const uint16_t* k, bool tiled, size_t n,
                        float* scores, size_t stride);
 

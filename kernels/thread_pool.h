@@ -30,8 +30,9 @@
 
 namespace tierkv::kernels {
 
-// CPUs this process may run on (its affinity mask, which taskset and container CPU sets
-// narrow), at least 1; the hardware concurrency where the mask cannot be read.
+// CPUs the calling thread may run on (its affinity mask: for a program's first thread the
+// one taskset and container CPU sets narrow), at least 1; the hardware concurrency where
+// the mask cannot be read.
 int AvailableCpus();
 
 class ThreadPool {

@@ -274,8 +274,16 @@ std::string EscapeGgufString(std::string_view text, size_t max_bytes, char quote
   bool truncated = false;
   if (cut > max_bytes) {
     cut = max_bytes;
-    // Back off to the start of a UTF-8 sequence.
-    while (cut > 0 && (static_cast<uint8_t>(text[cut]) & 0xC0) == 0x80) --cut;
+    // Back off to the start of a well-formed sequence that the cut would split (at most
+    // three bytes); stray continuation bytes stay, to be escaped one by one.
+    for (size_t back = 1; back <= 3 && back <= max_bytes; ++back) {
+      const size_t len = unicode::WellFormedUtf8Len(text, max_bytes - back);
+      if (len > back) {
+        cut = max_bytes - back;
+        break;
+      }
+      if (len > 0) break;  // a whole sequence (or ASCII) ends before the cut
+    }
     truncated = true;
   }
   std::string out;

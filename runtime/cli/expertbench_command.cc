@@ -3,8 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/tools/cli_checks.h"
+#include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/builtin_model.h"
@@ -282,7 +284,9 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
   sub->add_option("-s,--seed", o->seed, "Seed of the continuation sampler and of the synthetic trace")
       ->check(tools::NonNegative())
       ->capture_default_str();
-  sub->add_option("-t,--threads", o->threads, "Kernel threads (0: all cores)")->capture_default_str();
+  sub->add_option("-t,--threads", o->threads, "Kernel threads (0: all cores)")
+      ->check(tools::NonNegative())
+      ->capture_default_str();
   sub->add_option("--budget-fraction", o->budget_fraction, "Compute-tier budget as a share of all expert pages")
       ->capture_default_str();
   sub->add_option("--trace", o->trace_path, "Replay this CSV trace instead of recording the model");
@@ -305,6 +309,12 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--half-life", o->half_life, "Decayed LFU half-life in accesses")->capture_default_str();
   sub->add_flag("--json", o->json, "Print one JSON object on stdout");
   sub->callback([o, &exit_code] {
+    // As `tierkv run -t` (docs/cli.md): no more threads than CPUs.
+    if (const int cpus = kernels::AvailableCpus(); o->threads > cpus) {
+      std::fprintf(stderr, "warning: -t %d: this process may run on %d CPU%s; using %d threads\n", o->threads, cpus,
+                   cpus == 1 ? "" : "s", cpus);
+      o->threads = cpus;
+    }
     Status st = RunExpertbench(*o, stdout, stderr);
     if (!st.ok()) {
       std::fprintf(stderr, "error: expertbench: %s\n", st.message().c_str());

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <atomic>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -623,6 +624,15 @@ std::vector<SimdLevel> SumLevels() {
   return v;
 }
 
+// Every SIMD level with each way of feeding n keys: blocks of 24, of 150, all at once.
+std::vector<std::pair<SimdLevel, size_t>> LevelsAndBlocks(size_t n) {
+  std::vector<std::pair<SimdLevel, size_t>> v;
+  for (SimdLevel level : SumLevels()) {
+    for (size_t block : {size_t{24}, size_t{150}, n}) v.emplace_back(level, block);
+  }
+  return v;
+}
+
 std::vector<uint16_t> RandomHalves(size_t n, std::mt19937& rng, float std_dev = 1.0f) {
   std::normal_distribution<float> normal(0.0f, std_dev);
   std::vector<uint16_t> h(n);
@@ -677,28 +687,32 @@ TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
 // per output dimension llama.cpp's product of the f16 weights with V's column:
 // vec_dot over the keys padded with zero weights to 256 (one token), tinyBLAS
 // over them padded to 16 (a batch); at every SIMD level, for fewer keys than
-// residues too. Five heads of head_dim 128 take the AVX2 loop's passes over groups of
-// heads and residues (kResidueL1Bytes), the smaller shapes its single pass.
+// residues too. Five heads are past the AVX2 loop's kResidueL1Bytes at every head_dim
+// here with 64 residues (passes over groups of two heads, and of residues too at 40 and
+// 128), and at 128 with 16; fed in blocks of 24 keys (a residue's keys one at a time),
+// of 150 (unaligned firsts; two or three keys of a residue a load) and whole (up to four
+// a load, over several rounds at 600 keys).
 TEST(AttentionSumsTest, ValueResiduesSumAsLlamaCpp) {
   std::mt19937 rng(73);
   const SimdLevel before = ActiveSimdLevel();
   constexpr int kHeads = 5;
   for (AttentionSums sums : {AttentionSums::kOneToken, AttentionSums::kBatch}) {
     for (size_t hd : {size_t{32}, size_t{128}, size_t{40}}) {
-      for (size_t n_keys : {size_t{5}, size_t{40}, size_t{300}}) {
+      for (size_t n_keys : {size_t{5}, size_t{40}, size_t{300}, size_t{600}}) {
         const std::vector<uint16_t> v = RandomHalves(n_keys * hd, rng);
         const std::vector<uint16_t> wh = RandomHalves(kHeads * n_keys, rng, 0.05f);
         std::vector<float> w(wh.size());
         for (size_t i = 0; i < w.size(); ++i) w[i] = F16ToF32(wh[i]);
         const int residues = AttentionResidues(sums);
-        for (SimdLevel level : SumLevels()) {
+        for (const auto& [level, block] : LevelsAndBlocks(n_keys)) {
           ForceSimdLevel(level);
           SCOPED_TRACE(std::string(sums == AttentionSums::kOneToken ? "one token" : "batch") + " hd " +
-                       std::to_string(hd) + " keys " + std::to_string(n_keys) + " " + SimdLevelName(level));
+                       std::to_string(hd) + " keys " + std::to_string(n_keys) + " blocks of " +
+                       std::to_string(block) + " " + SimdLevelName(level));
           const size_t part_stride = static_cast<size_t>(residues) * hd;
           std::vector<float> part(kHeads * part_stride, std::nanf(""));  // never read before it is written
-          for (size_t t0 = 0; t0 < n_keys; t0 += 24) {  // blocks of 24 keys: residues straddle them
-            const size_t n = std::min<size_t>(24, n_keys - t0);
+          for (size_t t0 = 0; t0 < n_keys; t0 += block) {  // residues straddle the blocks
+            const size_t n = std::min<size_t>(block, n_keys - t0);
             AccumulateResiduesF16(w.data(), n_keys, kHeads, hd, v.data() + t0 * hd, n, static_cast<int64_t>(t0),
                                   residues, part.data(), part_stride);
           }

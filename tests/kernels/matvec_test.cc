@@ -1,7 +1,7 @@
 // tests/kernels/matvec_test.cc
 //
-// MatVec against per-row dots, independence from the thread count, MatVecMany, the
-// shared activation conversions, and the thread pool itself.
+// MatVec against per-row dots, independence from the thread count, MatVecMany and the
+// shared activation conversions (the thread pool's own tests: thread_pool_test.cc).
 #include "kernels/matvec.h"
 
 #include <bit>

@@ -649,6 +649,10 @@ TEST(GgufMetadata, FormatsEveryKindOfValue) {
   EXPECT_EQ(EscapeGgufString("a\xc0\xaf" "b\xed\xa0\x80"), "a\\xc0\\xafb\\xed\\xa0\\x80");
   EXPECT_EQ(EscapeGgufString("\xe4\xb8\xad\xf0\x9f\x98\x80"), "\xe4\xb8\xad\xf0\x9f\x98\x80");
   EXPECT_EQ(EscapeGgufString("\xe4\xb8"), "\\xe4\\xb8");  // truncated sequence
+  // A cut keeps the stray bytes before it (escaped) and backs off over a split sequence only.
+  EXPECT_EQ(EscapeGgufString(std::string(6, '\x80'), 4), "\\x80\\x80\\x80\\x80...");
+  EXPECT_EQ(EscapeGgufString("ab\xf0\x9f\x98\x80" "cd", 4), "ab...");
+  EXPECT_EQ(EscapeGgufString("ab\xf0\x9f\x98\x80" "cd", 6), "ab\xf0\x9f\x98\x80...");
 }
 
 // ---- ggml types ----

@@ -648,7 +648,7 @@ std::vector<uint16_t> RandomHalves(size_t n, std::mt19937& rng, float std_dev = 
 TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
   std::mt19937 rng(71);
   const SimdLevel before = ActiveSimdLevel();
-  for (size_t hd : {size_t{32}, size_t{64}, size_t{96}, size_t{128}}) {
+  for (size_t hd : {size_t{32}, size_t{64}, size_t{96}, size_t{128}, size_t{264}}) {  // 264: past the AVX2 tile
     for (size_t n_keys : {size_t{37}, size_t{45}}) {
       constexpr int kHeads = 5;
       const std::vector<uint16_t> qh = RandomHalves(kHeads * hd, rng), keys = RandomHalves(n_keys * hd, rng);

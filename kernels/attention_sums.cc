@@ -201,25 +201,55 @@ TIERKV_SUMS_AVX2 __m256 OneTokenTileTreeAvx2(const float* q, size_t np, const fl
   return _mm256_add_ps(_mm256_add_ps(b[0], b[2]), _mm256_add_ps(b[1], b[3]));
 }
 
-// OneTokenTileTail on eight keys: [np, hd) added to start[h] in double.
-TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np, int heads, const float* half,
-                                          const __m256* start, __m256* out) {
-  __m256d lo[kTailHeads], hi[kTailHeads];
-  for (int h = 0; h < heads; ++h) {
-    lo[h] = _mm256_cvtps_pd(_mm256_castps256_ps128(start[h]));
-    hi[h] = _mm256_cvtps_pd(_mm256_extractf128_ps(start[h], 1));
-  }
-  for (size_t x = np; x < hd; ++x) {
-    const __m256 k = _mm256_loadu_ps(half + x * 16);
-    const __m256d klo = _mm256_cvtps_pd(_mm256_castps256_ps128(k)), khi = _mm256_cvtps_pd(_mm256_extractf128_ps(k, 1));
-    for (int h = 0; h < heads; ++h) {
-      const __m256d qx = _mm256_set1_pd(static_cast<double>(q[static_cast<size_t>(h) * hd + x]));
-      lo[h] = _mm256_fmadd_pd(qx, klo, lo[h]);
-      hi[h] = _mm256_fmadd_pd(qx, khi, hi[h]);
+// OneTokenTileTail on NH halves of a tile (keys: the first half's eight keys in the f32
+// tile) for H heads: [np, hd) added to s[half][h] in double. Each head and four keys is
+// one chain of dependent FMAs, so one or two heads take both halves at once (eight chains
+// rather than four: the chains' latency, not the FMA pipes, bounded them).
+template <int H, int NH>
+TIERKV_SUMS_AVX2 void OneTokenTileTailAvx2(const float* q, size_t hd, size_t np, const float* keys,
+                                          __m256 (*s)[kTailHeads]) {
+  __m256d acc[H][2 * NH];
+  for (int h = 0; h < H; ++h) {
+    for (int b = 0; b < NH; ++b) {
+      acc[h][2 * b] = _mm256_cvtps_pd(_mm256_castps256_ps128(s[b][h]));
+      acc[h][2 * b + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(s[b][h], 1));
     }
   }
-  for (int h = 0; h < heads; ++h) {
-    out[h] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo[h])), _mm256_cvtpd_ps(hi[h]), 1);
+  for (size_t x = np; x < hd; ++x) {
+    __m256d kq[2 * NH];
+    for (int b = 0; b < NH; ++b) {
+      const __m256 k = _mm256_loadu_ps(keys + x * 16 + 8 * static_cast<size_t>(b));
+      kq[2 * b] = _mm256_cvtps_pd(_mm256_castps256_ps128(k));
+      kq[2 * b + 1] = _mm256_cvtps_pd(_mm256_extractf128_ps(k, 1));
+    }
+    for (int h = 0; h < H; ++h) {
+      const __m256d qx = _mm256_set1_pd(static_cast<double>(q[static_cast<size_t>(h) * hd + x]));
+      for (int c = 0; c < 2 * NH; ++c) acc[h][c] = _mm256_fmadd_pd(qx, kq[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    for (int b = 0; b < NH; ++b) {
+      s[b][h] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(acc[h][2 * b])),
+                                     _mm256_cvtpd_ps(acc[h][2 * b + 1]), 1);
+    }
+  }
+}
+
+// The tail of hn heads (1 .. kTailHeads) over the tile's first `halves` halves.
+TIERKV_SUMS_AVX2 void OneTokenTailAvx2(const float* q, size_t hd, size_t np, int hn, const float* tile, size_t halves,
+                                      __m256 (*s)[kTailHeads]) {
+  static_assert(kTailHeads == 4, "one case per head count");
+  if (halves == 2 && hn <= 2) {
+    if (hn == 2) return OneTokenTileTailAvx2<2, 2>(q, hd, np, tile, s);
+    return OneTokenTileTailAvx2<1, 2>(q, hd, np, tile, s);
+  }
+  for (size_t b = 0; b < halves; ++b) {
+    switch (hn) {
+      case 4: OneTokenTileTailAvx2<4, 1>(q, hd, np, tile + b * 8, s + b); break;
+      case 3: OneTokenTileTailAvx2<3, 1>(q, hd, np, tile + b * 8, s + b); break;
+      case 2: OneTokenTileTailAvx2<2, 1>(q, hd, np, tile + b * 8, s + b); break;
+      default: OneTokenTileTailAvx2<1, 1>(q, hd, np, tile + b * 8, s + b); break;
+    }
   }
 }
 
@@ -234,23 +264,26 @@ TIERKV_SUMS_AVX2 void OneTokenScoresTiledAvx2(const float* q, int heads, size_t 
   for (size_t t0 = 0; t0 < n; t0 += 16) {
     for (size_t i = 0; i < hd * 16; i += 8) _mm256_store_ps(tile + i, Row8(k + t0 * hd + i));
     const size_t keep = std::min<size_t>(16, n - t0);
+    const size_t halves = keep > 8 ? 2 : 1;
     for (int h0 = 0; h0 < heads; h0 += kTailHeads) {
       const int hn = std::min(kTailHeads, heads - h0);
-      for (size_t half = 0; half < 2 && half * 8 < keep; ++half) {
-        __m256 s[kTailHeads];
+      __m256 s[2][kTailHeads];
+      for (size_t half = 0; half < halves; ++half) {
         for (int h = 0; h < hn; ++h) {
-          s[h] = np > 0 ? OneTokenTileTreeAvx2(q + static_cast<size_t>(h0 + h) * hd, np, tile + half * 8)
-                        : _mm256_setzero_ps();
+          s[half][h] = np > 0 ? OneTokenTileTreeAvx2(q + static_cast<size_t>(h0 + h) * hd, np, tile + half * 8)
+                              : _mm256_setzero_ps();
         }
-        if (np < hd) OneTokenTileTailAvx2(q + static_cast<size_t>(h0) * hd, hd, np, hn, tile + half * 8, s, s);
+      }
+      if (np < hd) OneTokenTailAvx2(q + static_cast<size_t>(h0) * hd, hd, np, hn, tile, halves, s);
+      for (size_t half = 0; half < halves; ++half) {
         const size_t lanes = std::min<size_t>(8, keep - half * 8);
         for (int h = 0; h < hn; ++h) {
           float* dst = scores + static_cast<size_t>(h0 + h) * stride + t0 + half * 8;
           if (lanes == 8) {
-            _mm256_storeu_ps(dst, s[h]);
+            _mm256_storeu_ps(dst, s[half][h]);
           } else {
             alignas(32) float tmp[8];
-            _mm256_store_ps(tmp, s[h]);
+            _mm256_store_ps(tmp, s[half][h]);
             std::copy(tmp, tmp + lanes, dst);
           }
         }

@@ -644,14 +644,13 @@ std::vector<uint16_t> RandomHalves(size_t n, std::mt19937& rng, float std_dev = 
 // f16 query and key, for keys stored as vectors and as tiles of 16 (the last one partial),
 // at every SIMD level; head_dim 32 sums all in double, 96 has a 32-value tail. The last
 // tile holds 5 keys (37) or 13 (45, past the first 8 lanes); 5 heads are a group of 4
-// and one more.
+// and one more, 2 heads take a tile's two halves together in the AVX2 tail.
 TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
   std::mt19937 rng(71);
   const SimdLevel before = ActiveSimdLevel();
   for (size_t hd : {size_t{32}, size_t{64}, size_t{96}, size_t{128}, size_t{264}}) {  // 264: past the AVX2 tile
-    for (size_t n_keys : {size_t{37}, size_t{45}}) {
-      constexpr int kHeads = 5;
-      const std::vector<uint16_t> qh = RandomHalves(kHeads * hd, rng), keys = RandomHalves(n_keys * hd, rng);
+    for (const auto& [n_keys, n_heads] : {std::pair{size_t{37}, 5}, std::pair{size_t{45}, 5}, std::pair{size_t{45}, 2}}) {
+      const std::vector<uint16_t> qh = RandomHalves(n_heads * hd, rng), keys = RandomHalves(n_keys * hd, rng);
       std::vector<uint16_t> tiles(((n_keys + 15) / 16) * 16 * hd);
       for (size_t t = 0; t < n_keys; ++t) {
         for (size_t d = 0; d < hd; ++d) tiles[(t / 16) * 16 * hd + d * 16 + t % 16] = keys[t * hd + d];
@@ -662,9 +661,9 @@ TEST(AttentionSumsTest, OneTokenScoresSumAsGgmlVecDot) {
         ForceSimdLevel(level);
         for (bool tiled : {false, true}) {
           SCOPED_TRACE("hd " + std::to_string(hd) + (tiled ? " tiled " : " ") + SimdLevelName(level));
-          std::vector<float> scores(kHeads * 48, -7.0f);
-          OneTokenScoresF16(q.data(), kHeads, hd, tiled ? tiles.data() : keys.data(), tiled, n_keys, scores.data(), 48);
-          for (int h = 0; h < kHeads; ++h) {
+          std::vector<float> scores(n_heads * 48, -7.0f);
+          OneTokenScoresF16(q.data(), n_heads, hd, tiled ? tiles.data() : keys.data(), tiled, n_keys, scores.data(), 48);
+          for (int h = 0; h < n_heads; ++h) {
             const std::vector<float> qv(q.begin() + static_cast<ptrdiff_t>(h * hd),
                                         q.begin() + static_cast<ptrdiff_t>((h + 1) * hd));
             for (size_t t = 0; t < n_keys; ++t) {

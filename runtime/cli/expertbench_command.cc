@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/tools/cli_checks.h"
-#include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/builtin_model.h"
+#include "runtime/cli/usage_command.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 #include "runtime/tokenizer.h"
@@ -309,12 +309,7 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
   sub->add_option("--half-life", o->half_life, "Decayed LFU half-life in accesses")->capture_default_str();
   sub->add_flag("--json", o->json, "Print one JSON object on stdout");
   sub->callback([o, &exit_code] {
-    // As `tierkv run -t` (docs/cli.md): no more threads than CPUs.
-    if (const int cpus = kernels::AvailableCpus(); o->threads > cpus) {
-      std::fprintf(stderr, "warning: -t %d: this process may run on %d CPU%s; using %d threads\n", o->threads, cpus,
-                   cpus == 1 ? "" : "s", cpus);
-      o->threads = cpus;
-    }
+    o->threads = ThreadsWithinCpus(o->threads);
     Status st = RunExpertbench(*o, stdout, stderr);
     if (!st.ok()) {
       std::fprintf(stderr, "error: expertbench: %s\n", st.message().c_str());

@@ -25,10 +25,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kernels/thread_pool.h"
 #include "memory/memory_manager.h"
 #include "memory/size.h"
 #include "runtime/chat_template.h"
+#include "runtime/cli/usage_command.h"
 #include "runtime/run.h"
 
 namespace tierkv {
@@ -163,15 +163,9 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   }
   TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
   if (f.threads < 0) return Status::InvalidArgument("-t/--threads must not be negative (0: all cores)");
-  o.threads = f.threads;
-  // More threads than CPUs only makes the pool's workers (which spin between a step's
-  // jobs) take turns on them: -t 64 on 2 CPUs decoded 25x slower, and -t 100000 did not
-  // finish starting its threads in a minute. So at most one a CPU (decided 2026-12-04).
-  if (const int cpus = kernels::AvailableCpus(); f.threads > cpus) {
-    spdlog::warn("-t {}: this process may run on {} CPU{}; using {} threads", f.threads, cpus, cpus == 1 ? "" : "s",
-                 cpus);
-    o.threads = cpus;
-  }
+  // At most one a CPU: -t 64 on 2 CPUs decoded 25x slower, and -t 100000 did not finish
+  // starting its threads in a minute (decided 2026-12-04).
+  o.threads = ThreadsWithinCpus(f.threads);
   if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
   o.dump_logits = f.dump_logits;
   o.session = f.session;

@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
+#include "kernels/thread_pool.h"
+
 namespace tierkv {
 namespace {
 
@@ -51,6 +55,13 @@ int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** a
     std::fprintf(stderr, "error: %s (%s --help lists the options)\n", e.what(), path.c_str());
   }
   return 2;
+}
+
+int ThreadsWithinCpus(int threads) {
+  const int cpus = kernels::AvailableCpus();
+  if (threads <= cpus) return threads;
+  spdlog::warn("-t {}: this process may run on {} CPU{}; using {} threads", threads, cpus, cpus == 1 ? "" : "s", cpus);
+  return cpus;
 }
 
 }  // namespace tierkv

@@ -13,4 +13,9 @@ namespace tierkv {
 // Prints e for the command line argv parsed by app; returns the exit code.
 int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** argv);
 
+// A -t/--threads request (0: all CPUs) held to the CPUs this process may run on
+// (kernels::AvailableCpus), with a warning when lowered: the pool's workers spin between
+// a step's jobs, so more threads than CPUs only take turns (docs/cli.md).
+int ThreadsWithinCpus(int threads);
+
 }  // namespace tierkv

@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "runtime/cli/run_command.h"
 #include "runtime/cli/usage_command.h"
@@ -20,6 +22,16 @@ struct CliResult {
   int exit_code = -1;
   std::string out, err;
 };
+
+// Sends warnings to stderr, as the tierkv binary does (runtime/cli/main.cc); once per
+// test binary.
+inline void WarningsToStderr() {
+  static const bool kOnce = [] {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv_cli_test"));
+    return true;
+  }();
+  (void)kOnce;
+}
 
 // Parses "tierkv" followed by args with app; the result's exit code is the one a
 // command's callback left in exit_code, or the usage error's.

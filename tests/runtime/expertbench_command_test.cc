@@ -13,8 +13,6 @@
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "kernels/thread_pool.h"
 #include "tests/runtime/cli_test_util.h"
@@ -25,12 +23,7 @@ namespace {
 using testing::CliResult;
 
 CliResult RunExpertbenchCli(std::vector<std::string> args) {
-  // Warnings go to stderr, as in the tierkv binary (runtime/cli/main.cc).
-  static const bool kLogger = [] {
-    spdlog::set_default_logger(spdlog::stderr_color_mt("expertbench_command_test"));
-    return true;
-  }();
-  (void)kLogger;
+  testing::WarningsToStderr();
   CLI::App app;
   int exit_code = 0;
   AddExpertbenchCommand(app, exit_code);

@@ -20,8 +20,6 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
@@ -35,12 +33,7 @@ namespace {
 using testing::CliResult;
 
 CliResult RunCli(std::vector<std::string> args) {
-  // Warnings go to stderr, as in the tierkv binary (runtime/cli/main.cc).
-  static const bool kLogger = [] {
-    spdlog::set_default_logger(spdlog::stderr_color_mt("run_command_test"));
-    return true;
-  }();
-  (void)kLogger;
+  testing::WarningsToStderr();
   CLI::App app;
   int exit_code = 0;  // the run command sets it on failures only
   AddRunCommand(app, exit_code);

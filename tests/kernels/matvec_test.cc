@@ -52,10 +52,12 @@ OwnedMatrix RandomMatrix(WeightType type, int64_t rows, int64_t cols, uint32_t s
         std::memcpy(row + 2 * i, &h, 2);
       }
     } else {
-      // Sane fp16 scales at the places each layout keeps them.
+      // Sane fp16 scales at the places each layout keeps them, a different one per block
+      // (so that a kernel that takes another row's or block's scale gives other bits).
+      std::uniform_real_distribution<float> spread(0.5f, 1.5f);
       for (int64_t b = 0; b < cols / info.block_size; ++b) {
         uint8_t* blk = row + b * info.block_bytes;
-        const uint16_t d = F32ToF16(0.01f), dmin = F32ToF16(0.002f);
+        const uint16_t d = F32ToF16(0.01f * spread(rng)), dmin = F32ToF16(0.002f * spread(rng));
         if (type == WeightType::kQ6_K) {
           std::memcpy(blk + 208, &d, 2);
         } else if (type == WeightType::kQ3_K) {
@@ -111,14 +113,15 @@ TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
 // MatVec at the best level this CPU has (the multi-row kernels: AVX512-VNNI 4 rows per
 // step, or AVX2 8 rows, with one-row tails) gives the bits of the AVX2 one-row dot
 // product on every row: odd row counts so that chunks end in tails, rows of two blocks
-// (a 64-wide output projection), of many, and long rows (kLongRowBytes and more:
+// (a 64-wide output projection) and of one, three and four (the scales of short groups
+// taken by permutes: ShortScalePlan), of many, and long rows (kLongRowBytes and more:
 // prefetched per row, and for Q8_0 read one row at a time by MatVec).
 TEST(MatVecTest, MultiRowKernelsEqualAvx2Rows) {
   if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 here";
   ThreadPool pool(2);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_K, WeightType::kQ5_K, WeightType::kQ6_K,
                        WeightType::kIQ4_XS, WeightType::kQ2_K, WeightType::kQ3_K}) {
-    for (int64_t cols : {64, 256, 768, 4096}) {
+    for (int64_t cols : {32, 64, 96, 128, 256, 768, 4096}) {
       if (GetWeightTypeInfo(t).block_size == 256 && cols % 256 != 0) continue;  // 256-value super-blocks
       if (cols == 4096) {
         EXPECT_GE(RowBytes(t, cols), kLongRowBytes);

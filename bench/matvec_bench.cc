@@ -5,7 +5,10 @@
 // where the type has one) against the same MatVec with the level capped at AVX2, in the
 // same run. Both give the same bits (tests/kernels/quant_test.cc); only speed differs.
 //
-//   matvec/<type>/rows:<R>/threads:<T>/path:<best|avx2>
+//   matvec/<type>/rows:<R>/threads:<T>/path:<best|avx2|avx2vnni>
+//
+// path:avx2 is the AVX2 level without AVX-VNNI; path:avx2vnni (only on CPUs with
+// AVX-VNNI) the AVX2 level with it, what a CPU with AVX-VNNI and no AVX-512 runs.
 //
 // W is R x 4096 with random codes and fixed, sane block scales (seed 1), x is N(0, 1)
 // converted once to the type's activation (not timed). R = 256 keeps W in the L2 of
@@ -86,7 +89,32 @@ std::vector<float> NormalVector(int64_t n) {
   return x;
 }
 
-void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, int threads) {
+enum class Path { kBest, kAvx2, kAvx2Vnni };
+
+const char* PathName(Path path) {
+  return path == Path::kBest ? "best" : path == Path::kAvx2 ? "avx2" : "avx2vnni";
+}
+
+// The kernels a path runs, for the scope of one benchmark: the AVX2 paths cap the level
+// (the same row ranges per thread), path:avx2 without AVX-VNNI.
+class PathScope {
+ public:
+  explicit PathScope(Path path) : before_(kernels::ActiveSimdLevel()) {
+    if (path != Path::kBest) kernels::ForceSimdLevel(kernels::SimdLevel::kAvx2);
+    kernels::AllowAvxVnni(path != Path::kAvx2);
+  }
+  ~PathScope() {
+    kernels::ForceSimdLevel(before_);
+    kernels::AllowAvxVnni(true);
+  }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+
+ private:
+  const kernels::SimdLevel before_;
+};
+
+void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, Path path, int threads) {
   const std::vector<uint8_t> w = RandomRows(t, rows);
   const size_t rb = kernels::RowBytes(t, kCols);
   const std::vector<float> x = NormalVector(kCols);
@@ -96,16 +124,14 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
   const kernels::MatrixView view{t, w.data(), kCols, rows, rb};
   std::unique_ptr<kernels::ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<kernels::ThreadPool>(threads);
-  // The AVX2 path: MatVec with the level capped (the same row ranges per thread).
-  const kernels::SimdLevel before = kernels::ActiveSimdLevel();
-  if (!best) kernels::ForceSimdLevel(kernels::SimdLevel::kAvx2);
+  const PathScope scope(path);
   for (auto _ : state) {
     kernels::MatVec(view, act, y.data(), pool.get());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
-  state.SetLabel(kernels::SimdLevelName(kernels::DotFnLevel(t, kernels::ActiveSimdLevel())));
-  kernels::ForceSimdLevel(before);
+  state.SetLabel(std::string(kernels::SimdLevelName(kernels::DotFnLevel(t, kernels::ActiveSimdLevel()))) +
+                 (path == Path::kAvx2Vnni ? "+avx-vnni" : ""));
   const double bytes = static_cast<double>(w.size()) * static_cast<double>(state.iterations());
   state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsRate);
 }
@@ -113,10 +139,13 @@ void BM_MatVec(benchmark::State& state, WeightType t, int64_t rows, bool best, i
 // The output projection of the small reference models (vocab x n_embd: short rows, many
 // of them), on two threads, against a streaming read of the same bytes on the same pool,
 // alternated in each iteration (outproj/<type>/<rows>x<cols>); with /threads:1, on one
-// thread (the kernel alone, without the other core's share of the host's noise).
+// thread (the kernel alone, without the other core's share of the host's noise);
+// Q8_0 and Q4_0 on CPUs with AVX-VNNI also /threads:1/path:avx2 and path:avx2vnni (the
+// AVX2 level's 8-row kernels without and with it).
 // Counters: the matvec's GB/s, the read's, and their ratio (the part of decode_bench's
 // roofline these matrices are).
-void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, int64_t cols, int threads) {
+void BM_OutputProjection(benchmark::State& state, WeightType t, int64_t rows, int64_t cols, int threads, Path path) {
+  const PathScope scope(path);
   const size_t rb = kernels::RowBytes(t, cols);
   std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
   {
@@ -241,9 +270,17 @@ void Register() {
                                std::to_string(cols);
       for (int threads : {2, 1}) {
         benchmark::RegisterBenchmark((threads == 2 ? name : name + "/threads:1").c_str(), BM_OutputProjection, t, rows,
-                                     cols, threads)
+                                     cols, threads, Path::kBest)
             ->Unit(benchmark::kMicrosecond)
             ->UseManualTime();
+      }
+      if ((t == WeightType::kQ8_0 || t == WeightType::kQ4_0) && kernels::AvxVnniActive()) {
+        for (Path path : {Path::kAvx2, Path::kAvx2Vnni}) {
+          benchmark::RegisterBenchmark((name + "/threads:1/path:" + PathName(path)).c_str(), BM_OutputProjection, t,
+                                       rows, cols, 1, path)
+              ->Unit(benchmark::kMicrosecond)
+              ->UseManualTime();
+        }
       }
     }
   }
@@ -252,11 +289,12 @@ void Register() {
                        WeightType::kQ5_1, WeightType::kQ3_K, WeightType::kQ2_K}) {
     for (int64_t rows : {256, 2048, 8192, 32768}) {
       for (int threads : {1, 2}) {
-        for (bool best : {true, false}) {
+        for (Path path : {Path::kBest, Path::kAvx2, Path::kAvx2Vnni}) {
+          if (path == Path::kAvx2Vnni && !kernels::AvxVnniActive()) continue;
           const std::string name = std::string("matvec/") + kernels::WeightTypeName(t) + "/rows:" +
-                                   std::to_string(rows) + "/threads:" + std::to_string(threads) +
-                                   "/path:" + (best ? "best" : "avx2");
-          benchmark::RegisterBenchmark(name.c_str(), BM_MatVec, t, rows, best, threads)
+                                   std::to_string(rows) + "/threads:" + std::to_string(threads) + "/path:" +
+                                   PathName(path);
+          benchmark::RegisterBenchmark(name.c_str(), BM_MatVec, t, rows, path, threads)
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime();
         }

@@ -11,6 +11,12 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+// GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which it
+// then reports as uninitialised where they are inlined (as in kernels/quant_avx512.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #define TIERKV_SUMS_X86 1
 #endif
 

@@ -29,6 +29,16 @@ SimdLevel Detect() {
 }
 
 std::atomic<int> g_forced{static_cast<int>(SimdLevel::kAvx512)};
+std::atomic<bool> g_avx_vnni_allowed{true};
+
+bool DetectAvxVnni() {
+#if defined(TIERKV_KERNELS_X86)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
 
 }  // namespace
 
@@ -43,6 +53,13 @@ SimdLevel ActiveSimdLevel() {
 }
 
 void ForceSimdLevel(SimdLevel level) { g_forced.store(static_cast<int>(level), std::memory_order_relaxed); }
+
+bool AvxVnniActive() {
+  static const bool detected = DetectAvxVnni();
+  return detected && ActiveSimdLevel() >= SimdLevel::kAvx2 && g_avx_vnni_allowed.load(std::memory_order_relaxed);
+}
+
+void AllowAvxVnni(bool allow) { g_avx_vnni_allowed.store(allow, std::memory_order_relaxed); }
 
 const char* SimdLevelName(SimdLevel level) {
   switch (level) {

@@ -24,4 +24,11 @@ SimdLevel ActiveSimdLevel();
 void ForceSimdLevel(SimdLevel level);
 const char* SimdLevelName(SimdLevel level);  // "scalar", "avx2", "avx512"
 
+// Whether the AVX2-level kernels may use AVX-VNNI (vpdpbusd on 256-bit vectors, VEX
+// encoded: Intel since Alder Lake, AMD since Zen 5): the CPU reports it, the active level
+// is AVX2 or higher, and AllowAvxVnni(false) has not turned it off (tests and benchmarks
+// compare the two paths; both give the same bits).
+bool AvxVnniActive();
+void AllowAvxVnni(bool allow);
+
 }  // namespace tierkv::kernels

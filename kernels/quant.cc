@@ -571,7 +571,7 @@ DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
     if (quant_internal::Avx512Dot(weight) != nullptr) return nullptr;
   }
   if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight) != nullptr) {
-    return quant_internal::Avx2DotRows(weight);
+    return quant_internal::Avx2DotRows(weight, AvxVnniActive());
   }
   return nullptr;
 }

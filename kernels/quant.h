@@ -324,7 +324,9 @@ DotRowsFn Avx512DotRows(WeightType weight);
 DotRowsTokensFn Avx512DotRowsTokens(WeightType weight);
 DotRowsTokensFn Avx512BatchDotRowsTokens(WeightType weight);  // F32, F16, BF16 (kBatched)
 DotRowsTokensFn Avx512LlamaGemmRowsTokens(WeightType weight);  // Q4_K (GetLlamaGemmRowsTokensFn)
-DotRowsFn Avx2DotRows(WeightType weight);  // Q8_0, Q4_0, Q6_K
+// Q8_0, Q4_0, Q6_K; with avx_vnni (only where AvxVnniActive()) Q8_0 and Q4_0 take the
+// AVX-VNNI forms, which give the same bits.
+DotRowsFn Avx2DotRows(WeightType weight, bool avx_vnni);
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.

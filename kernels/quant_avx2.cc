@@ -350,6 +350,90 @@ TIERKV_AVX2_FN inline void DotQ4_0Rows8Avx2(const uint8_t* rows, size_t row_byte
   _mm256_storeu_ps(out, acc);
 }
 
+// ---- AVX-VNNI forms (vpdpbusd on 256-bit vectors) of the 8-row Q8_0 and Q4_0 kernels ----
+//
+// The same kernels with each row's integer block sum as one vpdpbusd (unsigned x signed
+// bytes, four products into each int32 lane) where the AVX2 forms take two or three
+// multiplies (maddubs, and madd by ones to widen): on the CPUs that have it the
+// multiplies share two pipes with the FMAs, and they are these kernels' limit. The
+// lanes hold the same exact integers (each lane the sum of the same four products), so
+// the scales, fmas and horizontal sums after them, unchanged, give the same bits.
+#define TIERKV_AVXVNNI_FN __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+// Per lane, -b times the sum of its four x bytes (b the unsigned byte in every byte of
+// `bias`): the start from which vpdpbusd of unsigned codes u = w + b sums w * x (Q8_0:
+// w ^ 0x80 = w + 128; Q4_0: the raw nibbles, w + 8).
+TIERKV_AVXVNNI_FN inline __m256i NegBiasSumsAvxVnni(__m256i xq, __m256i bias) {
+  return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), bias, xq));
+}
+
+// DotQ8_0Rows8Avx2 with p = vpdpbusd(-128 sum x, w ^ 0x80, x) = DotI8x32Split's lanes.
+TIERKV_AVXVNNI_FN inline void DotQ8_0Rows8AvxVnni(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x,
+                                                 int64_t nb, float* out) {
+  const bool long_rows = row_bytes >= kLongRowBytes;
+  if (!long_rows) PrefetchLines(rows + kGroupAheadBytes, 8 * row_bytes);
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i xq = LoadU256(x[i].qs);
+    const __m256i neg = NegBiasSumsAvxVnni(xq, bias);
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
+    const __m256 scales = RowScales8<BlockQ8_0>(col, row_bytes, Half(x[i].d));
+    for (int r = 0; r < 8; ++r) {
+      const auto* w = reinterpret_cast<const BlockQ8_0*>(col + static_cast<size_t>(r) * row_bytes);
+      if (long_rows && i % 4 == 0) {
+        PrefetchLines(reinterpret_cast<const uint8_t*>(w) + kRowAheadBytes, 4 * sizeof(BlockQ8_0));
+      }
+      const __m256i p = _mm256_dpbusd_avx_epi32(neg, _mm256_xor_si256(LoadU256(w->qs), bias), xq);
+      const __m256 d = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
+      acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+    }
+  }
+  _mm256_storeu_ps(out, simd::HsumLanesRows8(acc));
+}
+
+// DotQ4_0Rows8Avx2 with each row's lanes as one vpdpbusd of the raw nibbles (w + 8) from
+// a start of -8 x the lane's four x bytes, so the lanes total the row's integer sum
+// itself (the AVX2 form subtracts 8 x the block's x sum from the totals).
+TIERKV_AVXVNNI_FN inline void DotQ4_0Rows8AvxVnni(const uint8_t* rows, size_t row_bytes, const BlockQ8_0* x,
+                                                 int64_t nb, float* out) {
+  const bool long_rows = row_bytes >= kLongRowBytes;
+  if (!long_rows) PrefetchLines(rows + kGroupAheadBytes, 8 * row_bytes);
+  const __m256i eight = _mm256_set1_epi8(8);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i xq = LoadU256(x[i].qs);
+    const __m256i neg = NegBiasSumsAvxVnni(xq, eight);
+    const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ4_0);
+    __m256i p[8];
+    for (int r = 0; r < 8; ++r) {
+      const auto* w = reinterpret_cast<const BlockQ4_0*>(col + static_cast<size_t>(r) * row_bytes);
+      if (long_rows && i % 4 == 0) PrefetchLines(reinterpret_cast<const uint8_t*>(w) + kRowAheadBytes, 128);
+      p[r] = _mm256_dpbusd_avx_epi32(neg, Nibbles32(w->qs), xq);
+    }
+    const __m256i isum = LaneTotalsRows8(p);
+    const __m256 d = RowScales8<BlockQ4_0>(col, row_bytes, Half(x[i].d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc);
+  }
+  _mm256_storeu_ps(out, acc);
+}
+
+// DotRowsBy8Avx2 for the AVX-VNNI 8-row kernels (the same tail: the AVX2 one-row kernel),
+// with their target, so that they inline into it: a call per group of 8 short rows (two
+// blocks each for a 64-wide output projection) would cost a sixth of the group.
+template <int64_t kQk, auto kRows8, auto kOne>
+TIERKV_AVXVNNI_FN void DotRowsBy8AvxVnni(const void* rows, size_t row_bytes, int64_t n_rows, const void* act,
+                                        int64_t n, float* out) {
+  const auto* base = static_cast<const uint8_t*>(rows);
+  const auto* x = static_cast<const BlockQ8_0*>(act);
+  int64_t r = 0;
+  for (; r + 8 <= n_rows; r += 8) kRows8(base + static_cast<size_t>(r) * row_bytes, row_bytes, x, n / kQk, out + r);
+  for (; r < n_rows; ++r) out[r] = kOne(base + static_cast<size_t>(r) * row_bytes, act, n);
+}
+
+#undef TIERKV_AVXVNNI_FN
+
 // Sum over 32 pairs of unsigned u (< 64) times signed a, weighted by `scale`, as 8 int32.
 TIERKV_AVX2_FN inline __m256i ScaledDotU8(__m256i u, __m256i a, __m256i scale16) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), scale16);
@@ -688,7 +772,9 @@ DotFn Avx2Dot(WeightType weight) {
   return nullptr;
 }
 
-DotRowsFn Avx2DotRows(WeightType weight) {
+DotRowsFn Avx2DotRows(WeightType weight, bool avx_vnni) {
+  if (avx_vnni && weight == WeightType::kQ8_0) return DotRowsBy8AvxVnni<kQk0, DotQ8_0Rows8AvxVnni, DotQ8_0Avx2>;
+  if (avx_vnni && weight == WeightType::kQ4_0) return DotRowsBy8AvxVnni<kQk0, DotQ4_0Rows8AvxVnni, DotQ4_0Avx2>;
   switch (weight) {
     case WeightType::kQ8_0: return DotRowsBy8Avx2<BlockQ8_0, kQk0, DotQ8_0Rows8Avx2, DotQ8_0Avx2>;
     case WeightType::kQ4_0: return DotRowsBy8Avx2<BlockQ8_0, kQk0, DotQ4_0Rows8Avx2, DotQ4_0Avx2>;
@@ -714,7 +800,7 @@ DotRowsTokensFn Avx2DotRowsTokens(WeightType weight) {
 
 namespace tierkv::kernels::quant_internal {
 DotFn Avx2Dot(WeightType) { return nullptr; }
-DotRowsFn Avx2DotRows(WeightType) { return nullptr; }
+DotRowsFn Avx2DotRows(WeightType, bool) { return nullptr; }
 DotRowsTokensFn Avx2DotRowsTokens(WeightType) { return nullptr; }
 }  // namespace tierkv::kernels::quant_internal
 

@@ -435,14 +435,19 @@ TEST(MatVecTest, Q8_0ExtremeCodesSumExactly) {
     for (SimdLevel level : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
       if (level > DetectedSimdLevel()) continue;
       ForceSimdLevel(level);
-      std::vector<float> y(rows);
-      MatVec(view, x.data(), y.data(), &pool2);
-      for (int64_t r = 0; r < rows; ++r) {
-        EXPECT_EQ(y[static_cast<size_t>(r)], static_cast<float>(want[static_cast<size_t>(r)]))
-            << "level " << static_cast<int>(level) << " row " << r;
+      for (bool vnni : {false, true}) {  // the AVX2 level's AVX-VNNI kernels, where the CPU has them
+        AllowAvxVnni(vnni);
+        if (vnni && !AvxVnniActive()) continue;
+        std::vector<float> y(rows);
+        MatVec(view, x.data(), y.data(), &pool2);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_EQ(y[static_cast<size_t>(r)], static_cast<float>(want[static_cast<size_t>(r)]))
+              << "level " << static_cast<int>(level) << " avx-vnni " << vnni << " row " << r;
+        }
       }
     }
   }
+  AllowAvxVnni(true);
   ForceSimdLevel(before);
 }
 

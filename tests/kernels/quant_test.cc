@@ -611,28 +611,34 @@ TEST(QuantTest, Avx2KQuantDotsBitIdenticalToScalar) {
 
 // The AVX2 multi-row kernels (Q8_0, Q4_0, Q6_K: 8 rows at a time, one horizontal sum
 // for the 8) against the AVX2 one-row kernels, bit for bit: short rows (a 64-wide output
-// projection) and long ones (prefetched row by row), row counts around the 8-row groups.
+// projection) and long ones (prefetched row by row), row counts around the 8-row groups;
+// Q8_0's and Q4_0's AVX-VNNI forms as well where the CPU has AVX-VNNI.
 TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
   if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
   std::mt19937 rng(31);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ6_K}) {
-    const DotRowsFn many = quant_internal::Avx2DotRows(t);
-    const DotFn one = quant_internal::Avx2Dot(t);
-    ASSERT_NE(many, nullptr) << WeightTypeName(t);
-    EXPECT_EQ(GetDotRowsFn(t, SimdLevel::kAvx2), many);
-    for (int64_t n : {64, 256, 512, 4096}) {
-      if (n % GetWeightTypeInfo(t).block_size != 0) continue;
-      for (int64_t n_rows : {1, 7, 8, 9, 16, 23}) {
-        SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
-        const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
-        const std::vector<uint8_t> act = RandomActivation(t, n, rng, 5, 11.0f);
-        const size_t rb = RowBytes(t, n);
-        std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
-        many(rows.data(), rb, n_rows, act.data(), n, out.data());
-        EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
-        for (int64_t r = 0; r < n_rows; ++r) {
-          const float want = one(rows.data() + static_cast<size_t>(r) * rb, act.data(), n);
-          EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want)) << "row " << r;
+    for (bool vnni : {false, true}) {  // the AVX-VNNI forms (Q8_0, Q4_0), where the CPU has AVX-VNNI
+      if (vnni && !AvxVnniActive()) continue;
+      const DotRowsFn many = quant_internal::Avx2DotRows(t, vnni);
+      const DotFn one = quant_internal::Avx2Dot(t);
+      ASSERT_NE(many, nullptr) << WeightTypeName(t);
+      if (vnni == AvxVnniActive()) EXPECT_EQ(GetDotRowsFn(t, SimdLevel::kAvx2), many);
+      for (int64_t n : {64, 256, 512, 4096}) {
+        if (n % GetWeightTypeInfo(t).block_size != 0) continue;
+        for (int64_t n_rows : {1, 7, 8, 9, 16, 23}) {
+          SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows) +
+                       (vnni ? " avx-vnni" : ""));
+          const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
+          const std::vector<uint8_t> act = RandomActivation(t, n, rng, 5, 11.0f);
+          const size_t rb = RowBytes(t, n);
+          std::vector<float> out(static_cast<size_t>(n_rows) + 1, -1.0f);
+          many(rows.data(), rb, n_rows, act.data(), n, out.data());
+          EXPECT_EQ(out[static_cast<size_t>(n_rows)], -1.0f) << "wrote past n_rows";
+          for (int64_t r = 0; r < n_rows; ++r) {
+            const float want = one(rows.data() + static_cast<size_t>(r) * rb, act.data(), n);
+            EXPECT_EQ(std::bit_cast<uint32_t>(out[static_cast<size_t>(r)]), std::bit_cast<uint32_t>(want))
+                << "row " << r;
+          }
         }
       }
     }

@@ -597,6 +597,15 @@ DotRowsTokensFn GetLlamaGemmRowsTokensFn(WeightType weight, SimdLevel level) {
   return level >= SimdLevel::kAvx512 ? quant_internal::Avx512LlamaGemmRowsTokens(weight) : nullptr;
 }
 
+const char* ActiveKernelsName() {
+  switch (ActiveSimdLevel()) {
+    case SimdLevel::kAvx512: return quant_internal::HasAvx512Vnni() ? "avx512-vnni" : "avx512";
+    case SimdLevel::kAvx2: return AvxVnniActive() ? "avx2+avx-vnni" : "avx2";
+    case SimdLevel::kScalar: return "scalar";
+  }
+  return "scalar";
+}
+
 SimdLevel DotFnLevel(WeightType weight, SimdLevel level) {
   if (level >= SimdLevel::kAvx512 && quant_internal::Avx512Dot(weight)) return SimdLevel::kAvx512;
   if (level >= SimdLevel::kAvx2 && quant_internal::Avx2Dot(weight)) return SimdLevel::kAvx2;

@@ -260,6 +260,9 @@ inline float DotRow(WeightType weight, const void* row, const void* act, int64_t
 // Which level GetDotFn really serves for this type (AVX-512 falls back to AVX2 for the
 // quantized types on CPUs without AVX512-VNNI): for benchmarks and reports.
 SimdLevel DotFnLevel(WeightType weight, SimdLevel level);
+// The CPU kernels this process runs now, for reports: "avx512-vnni" (the AVX-512 level
+// with the VNNI multi-row kernels), "avx512", "avx2+avx-vnni", "avx2" or "scalar".
+const char* ActiveKernelsName();
 
 // Dots of n_rows consecutive rows of a weight matrix (row r at rows + r * row_bytes) with
 // one activation row: out[r] for r < n_rows. Each out[r] is bit-identical to

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/cpu_features.h"
+#include "kernels/quant.h"
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
 #include "memory/meminfo.h"
@@ -249,6 +250,7 @@ nlohmann::json RunReport::ToJson() const {
   j["chat"] = chat.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat);
   j["frame_bytes"] = frame_bytes;
   j["threads"] = threads;
+  j["kernels"] = kernels::ActiveKernelsName();
   j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
                   {"restored_tokens", restored_tokens},
                   {"reused_prefix_tokens", reused_prefix_tokens},

@@ -645,6 +645,25 @@ TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
   }
 }
 
+// ActiveKernelsName follows the capped level and the AVX-VNNI switch.
+TEST(QuantTest, ActiveKernelsNameFollowsTheLevel) {
+  const SimdLevel before = ActiveSimdLevel();
+  ForceSimdLevel(SimdLevel::kScalar);
+  EXPECT_STREQ(ActiveKernelsName(), "scalar");
+  if (DetectedSimdLevel() >= SimdLevel::kAvx2) {
+    ForceSimdLevel(SimdLevel::kAvx2);
+    AllowAvxVnni(false);
+    EXPECT_STREQ(ActiveKernelsName(), "avx2");
+    AllowAvxVnni(true);
+    EXPECT_STREQ(ActiveKernelsName(), AvxVnniActive() ? "avx2+avx-vnni" : "avx2");
+  }
+  if (DetectedSimdLevel() >= SimdLevel::kAvx512) {
+    ForceSimdLevel(SimdLevel::kAvx512);
+    EXPECT_STREQ(ActiveKernelsName(), quant_internal::HasAvx512Vnni() ? "avx512-vnni" : "avx512");
+  }
+  ForceSimdLevel(before);
+}
+
 // The multi-row F32 / F16 / BF16 kernels (short F32 and F16 rows 16 at a time) against
 // the AVX-512 one-row dot, bit for bit: widths with and without a tail past the 64-value
 // steps (which send the rows one at a time), row counts around the 16-row groups.

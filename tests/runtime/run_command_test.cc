@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu_features.h"
+#include "kernels/quant.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/session_file.h"
 #include "runtime/run.h"
@@ -466,6 +467,7 @@ TEST(RunCommandTest, ThreadsAreAtMostTheAvailableCpus) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["threads"], want);
+    EXPECT_EQ(j["kernels"], kernels::ActiveKernelsName());
     const bool warned = r.err.find("-t " + t + ": this process may run on " + std::to_string(cpus) + " CPU") !=
                         std::string::npos;
     EXPECT_EQ(warned, std::stoi(t) > cpus) << r.err;

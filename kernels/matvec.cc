@@ -129,7 +129,7 @@ void MatMulMany(std::span<const MatMulJob> jobs, ThreadPool* pool) {
   for (const MatMulJob& j : jobs) {
     const DotFn dot = GetDotFn(j.w->type, level);
     DotRowsFn dot_rows = GetDotRowsFn(j.w->type, level);
-    if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type)) dot_rows = nullptr;
+    if (j.n == 1 && j.w->row_bytes >= kLongRowBytes && !DotRowsFnStreams(j.w->type, level)) dot_rows = nullptr;
     const bool batched = j.sums == TokenSums::kBatched && BatchedSumsDiffer(j.w->type, level);
     DotRowsTokensFn dot_tokens = j.n > 1 || batched ? GetDotRowsTokensFn(j.w->type, level, j.sums) : nullptr;
     if (LlamaRepacked(j) && j.n >= 4) {

@@ -562,7 +562,9 @@ DotFn GetDotFn(WeightType weight, SimdLevel level) {
   return quant_internal::ScalarDot(weight);
 }
 
-bool DotRowsFnStreams(WeightType weight) { return weight != WeightType::kQ8_0; }
+bool DotRowsFnStreams(WeightType weight, SimdLevel level) {
+  return weight != WeightType::kQ8_0 || (level >= SimdLevel::kAvx512 && quant_internal::HasAvx512Vnni());
+}
 
 DotRowsFn GetDotRowsFn(WeightType weight, SimdLevel level) {
   if (level >= SimdLevel::kAvx512) {

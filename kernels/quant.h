@@ -310,13 +310,15 @@ bool BatchedSumsDiffer(WeightType weight, SimdLevel level);
 // follow poorly), and for one activation row MatVec may read them one at a time
 // (DotRowsFnStreams).
 inline constexpr size_t kLongRowBytes = 1024;
-// Whether the multi-row kernel of `weight` reads long rows from memory at least as fast
-// as its one-row kernel does (bench/matvec_bench.cc, docs/benchmarks.md: Q8_0's does
-// not, at 0.75x; the others gain 1.2 - 1.8x). Where it does not, a matrix-vector product
-// over long rows (a decode step: weights come from memory) takes the one-row kernel;
-// with several activation rows (a prefill chunk: the rows are in cache for all but the
-// first) the multi-row kernel is faster and stays.
-bool DotRowsFnStreams(WeightType weight);
+// Whether the multi-row kernel of `weight` at `level` reads long rows from memory at
+// least as fast as its one-row kernel does (bench/matvec_bench.cc, docs/benchmarks.md:
+// all but the AVX2 level's Q8_0, which measured the same or slower; the AVX512-VNNI
+// Q8_0 one was at 0.75x until its long rows were prefetched a group ahead, and is 1.1 -
+// 1.25x since). Where it does not, a matrix-vector product over long rows (a decode
+// step: weights come from memory) takes the one-row kernel; with several activation rows
+// (a prefill chunk: the rows are in cache for all but the first) the multi-row kernel is
+// faster and stays. Either way the bits are the same.
+bool DotRowsFnStreams(WeightType weight, SimdLevel level);
 
 namespace quant_internal {
 // Per-level kernel tables (quant.cc, quant_avx2.cc, quant_avx512.cc); nullptr = none.

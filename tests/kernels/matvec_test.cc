@@ -113,9 +113,9 @@ TEST(MatVecTest, EqualsRowDotsAndIgnoresThreadCount) {
 // MatVec at the best level this CPU has (the multi-row kernels: AVX512-VNNI 4 rows per
 // step, or AVX2 8 rows, with one-row tails) gives the bits of the AVX2 one-row dot
 // product on every row: odd row counts so that chunks end in tails, rows of two blocks
-// (a 64-wide output projection) and of one, three and four (the scales of short groups
-// taken by permutes: ShortScalePlan), of many, and long rows (kLongRowBytes and more:
-// prefetched per row, and for Q8_0 read one row at a time by MatVec).
+// (a 64-wide output projection) and of one, three and four, of many, and long rows
+// (kLongRowBytes and more: prefetched a group ahead, and for Q8_0 below the AVX512-VNNI
+// level read one row at a time by MatVec).
 TEST(MatVecTest, MultiRowKernelsEqualAvx2Rows) {
   if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 here";
   ThreadPool pool(2);

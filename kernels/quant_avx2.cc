@@ -42,16 +42,9 @@ TIERKV_AVX2_FN inline int HsumEpi32(__m256i v) {
 
 // The 8-row kernels read 8 interleaved streams, which the hardware prefetchers follow
 // poorly. Groups of short rows are prefetched kGroupAheadBytes ahead as a whole; rows of
-// at least kLongRowBytes ask, block by block, for the same blocks of the next group's
-// rows (8 rows ahead) into L2 and for their own kRowAheadBytes ahead into L1, as the
-// AVX-512 kernels do (PrefetchRowsAhead there, with the measurements; here Q4_0 32768 x
-// 4096 from memory on two threads 3132 -> 2335 us, Q6_K unchanged).
+// at least kLongRowBytes go through simd::PrefetchRowsAhead, 8 rows a group (here Q4_0
+// 32768 x 4096 from memory on two threads 3132 -> 2335 us, Q6_K unchanged).
 constexpr size_t kGroupAheadBytes = 4096;
-constexpr size_t kRowAheadBytes = 512;
-TIERKV_AVX2_FN inline void PrefetchRowsAhead8(const void* block, size_t row_bytes, size_t bytes) {
-  PrefetchLinesL2(static_cast<const uint8_t*>(block) + 8 * row_bytes, bytes);
-  PrefetchLines(static_cast<const uint8_t*>(block) + kRowAheadBytes, bytes);
-}
 
 // Sum of w[i] * x[i] over 32 int8 pairs, as 8 int32 lanes.
 TIERKV_AVX2_FN inline __m256i DotI8x32(__m256i w, __m256i x) {
@@ -191,7 +184,7 @@ TIERKV_AVX2_FN inline void DotQ8_0Rows8Avx2(const uint8_t* rows, size_t row_byte
     for (int r = 0; r < 8; ++r) {
       const auto* w = reinterpret_cast<const BlockQ8_0*>(col + static_cast<size_t>(r) * row_bytes);
       if (long_rows && i % 4 == 0) {
-        PrefetchRowsAhead8(w, row_bytes, 4 * sizeof(BlockQ8_0));
+        simd::PrefetchRowsAhead(w, 8 * row_bytes, 4 * sizeof(BlockQ8_0));
       }
       const __m256i p = DotI8x32Split(LoadU256(w->qs), xp, xn);
       const __m256 d = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
@@ -347,7 +340,7 @@ TIERKV_AVX2_FN inline void DotQ4_0Rows8Avx2(const uint8_t* rows, size_t row_byte
     __m256i p[8];
     for (int r = 0; r < 8; ++r) {
       const auto* w = reinterpret_cast<const BlockQ4_0*>(col + static_cast<size_t>(r) * row_bytes);
-      if (long_rows && i % 4 == 0) PrefetchRowsAhead8(w, row_bytes, 128);
+      if (long_rows && i % 4 == 0) simd::PrefetchRowsAhead(w, 8 * row_bytes, 128);
       p[r] = DotU8I8x32(Nibbles32(w->qs), xq);
     }
     const __m256i isum = _mm256_sub_epi32(LaneTotalsRows8(p), offset);
@@ -390,7 +383,7 @@ TIERKV_AVXVNNI_FN inline void DotQ8_0Rows8AvxVnni(const uint8_t* rows, size_t ro
     for (int r = 0; r < 8; ++r) {
       const auto* w = reinterpret_cast<const BlockQ8_0*>(col + static_cast<size_t>(r) * row_bytes);
       if (long_rows && i % 4 == 0) {
-        PrefetchRowsAhead8(w, row_bytes, 4 * sizeof(BlockQ8_0));
+        simd::PrefetchRowsAhead(w, 8 * row_bytes, 4 * sizeof(BlockQ8_0));
       }
       const __m256i p = _mm256_dpbusd_avx_epi32(neg, _mm256_xor_si256(LoadU256(w->qs), bias), xq);
       const __m256 d = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(r));
@@ -416,7 +409,7 @@ TIERKV_AVXVNNI_FN inline void DotQ4_0Rows8AvxVnni(const uint8_t* rows, size_t ro
     __m256i p[8];
     for (int r = 0; r < 8; ++r) {
       const auto* w = reinterpret_cast<const BlockQ4_0*>(col + static_cast<size_t>(r) * row_bytes);
-      if (long_rows && i % 4 == 0) PrefetchRowsAhead8(w, row_bytes, 128);
+      if (long_rows && i % 4 == 0) simd::PrefetchRowsAhead(w, 8 * row_bytes, 128);
       p[r] = _mm256_dpbusd_avx_epi32(neg, Nibbles32(w->qs), xq);
     }
     const __m256i isum = LaneTotalsRows8(p);
@@ -697,7 +690,7 @@ TIERKV_AVX2_FN inline void DotKRows8Avx2(const uint8_t* rows, size_t row_bytes, 
     const auto* w = reinterpret_cast<const typename F::Block*>(rows + static_cast<size_t>(r) * row_bytes);
     typename F::Acc sum{};
     for (int64_t i = 0; i < nb; ++i) {
-      if (long_rows) PrefetchRowsAhead8(&w[i], row_bytes, sizeof(w[i]));
+      if (long_rows) simd::PrefetchRowsAhead(&w[i], 8 * row_bytes, sizeof(w[i]));
       F::Unpack(w[i], &u);
       sum = F::Step(sum, u, x[i]);
     }

@@ -47,29 +47,12 @@ TIERKV_AVX512_FN inline float HsumPs512(__m512 v) {
 // 32000 x 256 Q8_0 matrix read from memory ran at a quarter of a plain read's speed).
 // Each group of short rows (under kShortRowBytes), before it is computed, asks for the
 // group kMatPrefetchBytes ahead; long rows are prefetched inside the block loops
-// (PrefetchRowsAhead below). The rule is on the row, not the group: a group of 16 Q8_0
+// (simd::PrefetchRowsAhead). The rule is on the row, not the group: a group of 16 Q8_0
 // rows of 256 columns is 4352 bytes, and while it went unprefetched (the rule was once
 // "groups of at most 4 KiB") the 32000 x 256 output projection read from memory took
 // 190 us instead of 130.
 constexpr size_t kMatPrefetchBytes = 4096;
 constexpr size_t kShortRowBytes = kLongRowBytes;
-
-// Long rows (kLongRowBytes and more): a multi-row kernel that reads R rows side by side,
-// block by block, asks for the same blocks of the next R rows (R * row_bytes ahead) into
-// L2, so that the next group is in L2 by the time it starts, and for its own rows'
-// blocks kRowAheadBytes ahead into L1. Until 2026-12-04 only the latter, 1 KiB ahead
-// (which had taken two threads' 32768 x 4096 matrices from memory from Q4_K 15.9 to 40.4
-// GB/s, Q4_0 10.2 to 21.8, on 2026-12-02): that left the first KiB of every row of every
-// group to demand misses, and one thread read Q4_K or Q6_K from memory at a third of a
-// plain read's speed. With the group ahead, on a Zen 5 (docs/benchmarks.md, "Matrix-vector
-// kernels"), Q6_K 32768 x 4096 from memory 4876 -> 3820 us on one thread and 2516 ->
-// 1940 on two; in cache as before (the L1 half: with the L2 half alone, Q6_K in L2 was
-// 10 - 15% slower).
-constexpr size_t kRowAheadBytes = 512;
-inline void PrefetchRowsAhead(const void* p, size_t group_bytes, size_t bytes) {
-  PrefetchLinesL2(static_cast<const char*>(p) + group_bytes, bytes);
-  PrefetchLines(static_cast<const char*>(p) + kRowAheadBytes, bytes);
-}
 
 inline void PrefetchGroup(const uint8_t* group, int rows, size_t row_bytes) {
   if (row_bytes < kShortRowBytes) PrefetchLines(group + kMatPrefetchBytes, static_cast<size_t>(rows) * row_bytes);
@@ -272,8 +255,8 @@ TIERKV_AVX512_FN inline void BatchDotRows2Tokens(const uint8_t* rows, size_t row
   constexpr int64_t kStep = kBatchStep<kType>;
   for (int64_t i = 0; i < n; i += kStep) {
     if (stream && (i * static_cast<int64_t>(kValueBytes<kType>)) % 1024 == 0) {
-      PrefetchRowsAhead(At<kType>(w[0], i), 2 * row_bytes, 1024);
-      PrefetchRowsAhead(At<kType>(w[1], i), 2 * row_bytes, 1024);
+      simd::PrefetchRowsAhead(At<kType>(w[0], i), 2 * row_bytes, 1024);
+      simd::PrefetchRowsAhead(At<kType>(w[1], i), 2 * row_bytes, 1024);
     }
     __m512 u[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     if constexpr (kType != WeightType::kBF16) {
@@ -397,7 +380,7 @@ TIERKV_VNNI_FN inline void AccQ8_0Rows4Zmm(const void* rows, size_t row_bytes, c
   const bool stream = row_bytes >= kShortRowBytes;
   for (int64_t i = 0; i < nb; ++i) {
     if (stream && i % 4 == 0) {
-      for (int r = 0; r < 4; ++r) PrefetchRowsAhead(&w[r][i], 4 * row_bytes, 4 * sizeof(BlockQ8_0));
+      for (int r = 0; r < 4; ++r) simd::PrefetchRowsAhead(&w[r][i], 4 * row_bytes, 4 * sizeof(BlockQ8_0));
     }
     const __m256i xq = Load256(x[i].qs);
     const __m512i xx = _mm512_inserti64x4(_mm512_castsi256_si512(xq), xq, 1);
@@ -499,7 +482,7 @@ TIERKV_VNNI_FN inline void DotQ8_0Rows8Tokens(const uint8_t* rows, size_t row_by
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ8_0);
     if (stream && i % 4 == 0) {
       for (int r = 0; r < 8; ++r) {
-        PrefetchRowsAhead(col + static_cast<size_t>(r) * row_bytes, 8 * row_bytes, 4 * sizeof(BlockQ8_0));
+        simd::PrefetchRowsAhead(col + static_cast<size_t>(r) * row_bytes, 8 * row_bytes, 4 * sizeof(BlockQ8_0));
       }
     }
     // Rows 2k and 2k + 1: their codes + 128 and their d_w, in the low and high halves.
@@ -551,7 +534,7 @@ TIERKV_VNNI_FN void DotQ4_0Rows4Vnni(const void* rows, size_t row_bytes, const B
   const bool stream = row_bytes >= kShortRowBytes;
   for (int64_t i = 0; i < nb; ++i) {
     if (stream && i % 8 == 0) {
-      // Each row 1 KiB ahead into L1 only: with PrefetchRowsAhead (the next 4 rows, a
+      // Each row 1 KiB ahead into L1 only: with simd::PrefetchRowsAhead (the next 4 rows, a
       // short distance for this fast kernel) one thread read 32768 x 4096 from memory 8%
       // slower (5247 -> 5724 us), two 4% faster.
       for (int r = 0; r < 4; ++r) {
@@ -881,7 +864,7 @@ TIERKV_VNNI_FN inline void DotK4RowsVnniT(const void* rows, size_t row_bytes, co
     auto row = [&](int r) { return RowBlocks<Block>(w0, row_bytes, r); };
     if (R > 1 && row_bytes >= kShortRowBytes) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) PrefetchRowsAhead(row(r), R * row_bytes, sizeof(Block));
+      for (int r = 0; r < R; ++r) simd::PrefetchRowsAhead(row(r), R * row_bytes, sizeof(Block));
     }
     auto one_row = [&](int r) TIERKV_VNNI_FN {
       __m512i u[4], sc[4];
@@ -994,7 +977,7 @@ TIERKV_VNNI_FN inline void DotQ6_KRowsVnniT(const void* rows, size_t row_bytes, 
     auto row = [&](int r) { return RowBlocks<BlockQ6_K>(w0, row_bytes, r); };
     if (R > 1 && row_bytes >= kShortRowBytes) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) PrefetchRowsAhead(row(r), R * row_bytes, sizeof(BlockQ6_K));
+      for (int r = 0; r < R; ++r) simd::PrefetchRowsAhead(row(r), R * row_bytes, sizeof(BlockQ6_K));
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
@@ -1122,7 +1105,7 @@ TIERKV_VNNI_FN inline void DotQ23_KRowsVnniT(const void* rows, size_t row_bytes,
     auto row = [&](int r) { return RowBlocks<Block>(w0, row_bytes, r); };
     if (R > 1 && row_bytes >= kShortRowBytes) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) PrefetchRowsAhead(row(r), R * row_bytes, sizeof(Block));
+      for (int r = 0; r < R; ++r) simd::PrefetchRowsAhead(row(r), R * row_bytes, sizeof(Block));
     }
     __m512i accs[R];
     alignas(32) int32_t summs[R];
@@ -1233,7 +1216,7 @@ TIERKV_VNNI_FN inline void DotIq4XsRows4Vnni(const void* rows, size_t row_bytes,
     for (int k = 0; k < 4; ++k) start[k] = NegBiasSums(Load512(x[i].qs + 64 * k), bias);
     __m256i isum[4];
     if (row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < 4; ++r) PrefetchRowsAhead(&w[r][i], 4 * row_bytes, sizeof(BlockIq4Xs));
+      for (int r = 0; r < 4; ++r) simd::PrefetchRowsAhead(&w[r][i], 4 * row_bytes, sizeof(BlockIq4Xs));
     }
     for (int r = 0; r < 4; ++r) {
       __m512i lv[4], sp[4];
@@ -1267,7 +1250,7 @@ TIERKV_VNNI_FN inline void DotIq4XsRows4Tokens(const uint8_t* rows, size_t row_b
       for (int k = 0; k < 4; ++k) start[t][k] = NegBiasSums(Load512(x[t][i].qs + 64 * k), bias);
     }
     if (row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < 4; ++r) PrefetchRowsAhead(&w[r][i], 4 * row_bytes, sizeof(BlockIq4Xs));
+      for (int r = 0; r < 4; ++r) simd::PrefetchRowsAhead(&w[r][i], 4 * row_bytes, sizeof(BlockIq4Xs));
     }
     __m256i isum[T][4];
     for (int r = 0; r < 4; ++r) {
@@ -1402,7 +1385,7 @@ TIERKV_VNNI_FN inline void DotKRows8Tokens(const uint8_t* rows, size_t row_bytes
   typename Family::State st[T] = {};
   for (int64_t i = 0; i < nb; ++i) {
     if (row_bytes >= kShortRowBytes) {
-      for (int r = 0; r < 8; ++r) PrefetchRowsAhead(&w[r][i], 8 * row_bytes, sizeof(Block));
+      for (int r = 0; r < 8; ++r) simd::PrefetchRowsAhead(&w[r][i], 8 * row_bytes, sizeof(Block));
     }
     __m256i bs[T];
     for (int t = 0; t < T; ++t) bs[t] = Family::Bsums(x[t][i]);
@@ -1527,7 +1510,7 @@ TIERKV_VNNI_FN inline void DotNibbleRows16Tokens(const uint8_t* rows, size_t row
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(BlockQ4_0);
     if (stream && i % 8 == 0) {
       for (int r = 0; r < 16; ++r) {
-        PrefetchRowsAhead(col + static_cast<size_t>(r) * row_bytes, 16 * row_bytes, 8 * sizeof(BlockQ4_0));
+        simd::PrefetchRowsAhead(col + static_cast<size_t>(r) * row_bytes, 16 * row_bytes, 8 * sizeof(BlockQ4_0));
       }
     }
     const __m512 dw = StridedHalves16(col, row_bytes);
@@ -1600,7 +1583,7 @@ TIERKV_VNNI_FN inline void DotQ5xRows8Tokens(const uint8_t* rows, size_t row_byt
     const uint8_t* col = rows + static_cast<size_t>(i) * sizeof(Block);
     if (stream && i % 4 == 0) {
       for (int r = 0; r < 8; ++r) {
-        PrefetchRowsAhead(col + static_cast<size_t>(r) * row_bytes, 8 * row_bytes, 4 * sizeof(Block));
+        simd::PrefetchRowsAhead(col + static_cast<size_t>(r) * row_bytes, 8 * row_bytes, 4 * sizeof(Block));
       }
     }
     const __m512 dw8 = _mm512_castps256_ps512(StridedHalves8(col + offsetof(Block, d), row_bytes));

@@ -13,8 +13,27 @@
 #include <cstring>
 
 #include "kernels/quant.h"
+#include "memory/prefetch.h"
 
 namespace tierkv::kernels::simd {
+
+// Long rows (kLongRowBytes and more), in the AVX2 and AVX-512 multi-row kernels alike
+// (no target attribute needed: prefetches only): a kernel that reads R rows side by
+// side, block by block, asks for the same blocks of the next R rows (group_bytes = R *
+// row_bytes ahead) into L2, so that the next group is in L2 by the time it starts, and
+// for its own rows' blocks kRowAheadBytes ahead into L1. Until 2026-12-04 only the latter, 1 KiB ahead
+// (which had taken two threads' 32768 x 4096 matrices from memory from Q4_K 15.9 to 40.4
+// GB/s, Q4_0 10.2 to 21.8, on 2026-12-02): that left the first KiB of every row of every
+// group to demand misses, and one thread read Q4_K or Q6_K from memory at a third of a
+// plain read's speed. With the group ahead, on a Zen 5 (docs/benchmarks.md, "Matrix-vector
+// kernels"), Q6_K 32768 x 4096 from memory 4876 -> 3820 us on one thread and 2516 ->
+// 1940 on two; in cache as before (the L1 half: with the L2 half alone, Q6_K in L2 was
+// 10 - 15% slower).
+constexpr size_t kRowAheadBytes = 512;
+inline void PrefetchRowsAhead(const void* p, size_t group_bytes, size_t bytes) {
+  PrefetchLinesL2(static_cast<const char*>(p) + group_bytes, bytes);
+  PrefetchLines(static_cast<const char*>(p) + kRowAheadBytes, bytes);
+}
 
 // The 16 signed group scales of a Q3_K super-block (6-bit code - 32), as int16 in group
 // order. Code g: low 4 bits in nibble g / 8 of scales[g % 8], high 2 bits at bit

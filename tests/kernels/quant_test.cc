@@ -622,7 +622,9 @@ TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
       const DotRowsFn many = quant_internal::Avx2DotRows(t, vnni);
       const DotFn one = quant_internal::Avx2Dot(t);
       ASSERT_NE(many, nullptr) << WeightTypeName(t);
-      if (vnni == AvxVnniActive()) EXPECT_EQ(GetDotRowsFn(t, SimdLevel::kAvx2), many);
+      if (vnni == AvxVnniActive()) {
+        EXPECT_EQ(GetDotRowsFn(t, SimdLevel::kAvx2), many);
+      }
       for (int64_t n : {64, 256, 512, 4096}) {
         if (n % GetWeightTypeInfo(t).block_size != 0) continue;
         for (int64_t n_rows : {1, 7, 8, 9, 16, 23}) {

@@ -7,8 +7,8 @@
 //
 //   matvec/<type>/rows:<R>/threads:<T>/path:<best|avx2|avx2vnni>
 //
-// path:avx2 is the AVX2 level without AVX-VNNI; path:avx2vnni (only on CPUs with
-// AVX-VNNI) the AVX2 level with it, what a CPU with AVX-VNNI and no AVX-512 runs.
+// path:avx2 is the AVX2 level without AVX-VNNI; path:avx2vnni (Q8_0 and Q4_0, only on
+// CPUs with AVX-VNNI) the AVX2 level with it, what a CPU with AVX-VNNI and no AVX-512 runs.
 //
 // W is R x 4096 with random codes and fixed, sane block scales (seed 1), x is N(0, 1)
 // converted once to the type's activation (not timed). R = 256 keeps W in the L2 of
@@ -290,7 +290,10 @@ void Register() {
     for (int64_t rows : {256, 2048, 8192, 32768}) {
       for (int threads : {1, 2}) {
         for (Path path : {Path::kBest, Path::kAvx2, Path::kAvx2Vnni}) {
-          if (path == Path::kAvx2Vnni && !kernels::AvxVnniActive()) continue;
+          // AVX-VNNI changes only Q8_0's and Q4_0's kernels: the other types' avx2vnni
+          // would time their avx2 path again.
+          const bool vnni_kernel = t == WeightType::kQ8_0 || t == WeightType::kQ4_0;
+          if (path == Path::kAvx2Vnni && !(vnni_kernel && kernels::AvxVnniActive())) continue;
           const std::string name = std::string("matvec/") + kernels::WeightTypeName(t) + "/rows:" +
                                    std::to_string(rows) + "/threads:" + std::to_string(threads) + "/path:" +
                                    PathName(path);

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "kernels/fp16.h"
+#include "memory/simd_env.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -14,7 +15,7 @@
 namespace tierkv::kernels {
 namespace {
 
-SimdLevel Detect() {
+SimdLevel DetectCpu() {
 #if defined(TIERKV_KERNELS_X86)
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -28,13 +29,15 @@ SimdLevel Detect() {
 #endif
 }
 
+SimdLevel Detect() { return std::min(DetectCpu(), static_cast<SimdLevel>(SimdCapFromEnv().level)); }
+
 std::atomic<int> g_forced{static_cast<int>(SimdLevel::kAvx512)};
 std::atomic<bool> g_avx_vnni_allowed{true};
 
 bool DetectAvxVnni() {
 #if defined(TIERKV_KERNELS_X86)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avxvnni");
+  return SimdCapFromEnv().avx_vnni && __builtin_cpu_supports("avxvnni");
 #else
   return false;
 #endif

@@ -16,7 +16,8 @@ enum class SimdLevel : int {
   kAvx512 = 2,  // AVX2 level plus AVX-512 F/BW/VL/DQ
 };
 
-// The best level this CPU supports.
+// The best level this CPU supports, capped by the environment variable TIERKV_SIMD
+// (scalar, avx2, avx2-novnni, avx512; read once: docs/kernels.md).
 SimdLevel DetectedSimdLevel();
 // The level the kernels use now: min(detected, forced) (forced defaults to the highest).
 SimdLevel ActiveSimdLevel();

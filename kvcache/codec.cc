@@ -26,6 +26,7 @@
 
 #include "memory/half.h"
 #include "memory/prefetch.h"
+#include "memory/simd_env.h"
 
 namespace tierkv {
 
@@ -123,7 +124,7 @@ bool UseAvx512Kernels() {
   if (g_force_no_avx512.load() || !UseAvx2Kernels()) return false;
 #if defined(TIERKV_CODEC_X86)
   // libgcc's check includes the OS's support for the 512-bit register state.
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has = __builtin_cpu_supports("avx512f") && SimdCapFromEnv().level >= 2;
   return has;
 #else
   return false;
@@ -134,7 +135,7 @@ bool UseAvx2Kernels() {
   if (g_force_generic.load()) return false;
 #if defined(TIERKV_CODEC_X86)
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          half_internal::CpuHasF16c();
+                          half_internal::CpuHasF16c() && SimdCapFromEnv().level >= 1;
   return has;
 #else
   return false;

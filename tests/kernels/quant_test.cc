@@ -565,22 +565,29 @@ void ExpectRowsBitIdenticalToAvx2(WeightType t, const std::vector<uint8_t>& rows
   }
 }
 
+// With AVX-VNNI allowed and not: Q4_0's long rows take the AVX-VNNI 8-row kernel where
+// the CPU has it and the 16-row AVX-512 one where it does not.
 TEST(QuantTest, VnniKernelsBitIdenticalToAvx2) {
   if (!quant_internal::HasAvx512Vnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU";
   std::mt19937 rng(23);
-  for (WeightType t : kQuantTypes) {
-    // 960 and 1792: the widest short rows (under 1 KiB) of Q8_0 and Q4_0, whose 16-row
-    // kernels keep every block's scales of a group on the stack.
-    for (int64_t n : {64, 256, 512, 960, 1024, 1792, 4096}) {
-      if (n % GetWeightTypeInfo(t).block_size != 0) continue;
-      for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 21, 35}) {
-        SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows));
-        const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
-        const std::vector<uint8_t> act = RandomActivation(t, n, rng, 3, -9.0f);
-        ExpectRowsBitIdenticalToAvx2(t, rows, n_rows, n, act);
+  for (bool avx_vnni : {true, false}) {
+    AllowAvxVnni(avx_vnni);
+    for (WeightType t : kQuantTypes) {
+      // 960 and 1792: the widest short rows (under 1 KiB) of Q8_0 and Q4_0, whose 16-row
+      // kernels keep every block's scales of a group on the stack.
+      for (int64_t n : {64, 256, 512, 960, 1024, 1792, 4096}) {
+        if (n % GetWeightTypeInfo(t).block_size != 0) continue;
+        for (int64_t n_rows : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 21, 35}) {
+          SCOPED_TRACE(std::string(WeightTypeName(t)) + " n=" + std::to_string(n) + " rows=" + std::to_string(n_rows) +
+                       (AvxVnniActive() ? " avx-vnni" : ""));
+          const std::vector<uint8_t> rows = RandomRows(t, n, n_rows, rng);
+          const std::vector<uint8_t> act = RandomActivation(t, n, rng, 3, -9.0f);
+          ExpectRowsBitIdenticalToAvx2(t, rows, n_rows, n, act);
+        }
       }
     }
   }
+  AllowAvxVnni(true);
 }
 
 // The AVX2 K-quant kernels sum in the scalar kernels' float order (their integer sums

@@ -3,32 +3,33 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 
 namespace tierkv {
-namespace {
 
-SimdEnvCap Read() {
+std::optional<SimdEnvCap> ParseSimdCap(std::string_view value) {
   SimdEnvCap cap;
-  const char* v = std::getenv("TIERKV_SIMD");
-  if (v == nullptr || *v == '\0') return cap;
-  if (std::strcmp(v, "scalar") == 0) {
+  if (value.empty() || value == "avx512") return cap;
+  if (value == "scalar") {
     cap.level = 0;
-  } else if (std::strcmp(v, "avx2") == 0) {
+  } else if (value == "avx2") {
     cap.level = 1;
-  } else if (std::strcmp(v, "avx2-novnni") == 0) {
+  } else if (value == "avx2-novnni") {
     cap.level = 1;
     cap.avx_vnni = false;
-  } else if (std::strcmp(v, "avx512") != 0) {
-    std::fprintf(stderr, "tierkv: ignoring TIERKV_SIMD=%s (expected scalar, avx2, avx2-novnni or avx512)\n", v);
+  } else {
+    return std::nullopt;
   }
   return cap;
 }
 
-}  // namespace
-
 const SimdEnvCap& SimdCapFromEnv() {
-  static const SimdEnvCap cap = Read();
+  static const SimdEnvCap cap = [] {
+    const char* v = std::getenv("TIERKV_SIMD");
+    if (v == nullptr) return SimdEnvCap{};
+    if (std::optional<SimdEnvCap> c = ParseSimdCap(v)) return *c;
+    std::fprintf(stderr, "tierkv: ignoring TIERKV_SIMD=%s (expected scalar, avx2, avx2-novnni or avx512)\n", v);
+    return SimdEnvCap{};
+  }();
   return cap;
 }
 

@@ -8,12 +8,18 @@
 // conversions, checksums and the bench tools' reads still pick their own paths).
 #pragma once
 
+#include <optional>
+#include <string_view>
+
 namespace tierkv {
 
 struct SimdEnvCap {
   int level = 2;          // 0 scalar, 1 AVX2 + FMA + F16C, 2 AVX-512 (no cap)
   bool avx_vnni = true;   // false for "avx2-novnni": the AVX2 kernels keep off AVX-VNNI
 };
+
+// The cap a value of TIERKV_SIMD names ("" is no cap); nullopt for an unknown value.
+std::optional<SimdEnvCap> ParseSimdCap(std::string_view value);
 
 // The cap; an unknown value is reported once on stderr and ignored.
 const SimdEnvCap& SimdCapFromEnv();

@@ -4,6 +4,7 @@
 // weight type, at every SIMD level the CPU has, against scalar double references written
 // here independently (element-wise formulas rather than the kernels' block loops).
 #include "kernels/quant.h"
+#include "memory/simd_env.h"
 
 #include <algorithm>
 #include <bit>
@@ -655,6 +656,15 @@ TEST(QuantTest, Avx2RowsBitIdenticalToAvx2OneRow) {
 }
 
 // ActiveKernelsName follows the capped level and the AVX-VNNI switch.
+// TIERKV_SIMD (memory/simd_env.h) caps the detected level and AVX-VNNI.
+TEST(QuantTest, DetectedLevelHonoursTheEnvironmentCap) {
+  const SimdEnvCap& cap = SimdCapFromEnv();
+  EXPECT_LE(static_cast<int>(DetectedSimdLevel()), cap.level);
+  if (!cap.avx_vnni) {
+    EXPECT_FALSE(AvxVnniActive());
+  }
+}
+
 TEST(QuantTest, ActiveKernelsNameFollowsTheLevel) {
   const SimdLevel before = ActiveSimdLevel();
   ForceSimdLevel(SimdLevel::kScalar);

@@ -267,6 +267,7 @@ class Model {
   Status Logits(std::span<float> logits);
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
+  Status MoeGroup(const Layer& L, int layer, std::span<const int> slots);
   Status ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::ActivationRow* const* acts, float* x);
   void Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights);
   int ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order);

@@ -439,7 +439,13 @@ void Model::CombineExperts(const float* weights, const float* rows, float* out) 
 
 // moe_out = sum over the selected experts, in router order, of weight * expert(xn).
 // Each expert's output has its own row and the rows are summed in router order, so the
-// result does not depend on the order the experts compute in.
+// result does not depend on the order the experts compute in, nor on which of them
+// compute together: the hits (every expert, unpaged) as one group, whose gate and up
+// products are one MatVecMany and whose down products another, then each miss alone as
+// its copy arrives (the copies of the later ones overlapping its compute). One expert
+// at a time, as before 2026-12-04, was three fork-joins an expert, and builtin:tiny-moe's
+// experts (65K multiply-adds a matrix, under kernels' parallel threshold) ran on one
+// thread while the other idled.
 Status Model::Moe(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
@@ -449,20 +455,60 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
   Route(layer, pos, s.router.data(), /*predicted_for_it=*/true, s.expert_ids.data(), s.expert_weights.data());
   // A token's misses are all queued at once (window n_expert_used).
-  ExpertOrder(layer, s.expert_ids, c.n_expert_used, &s.expert_order);
-  const size_t n_embd = static_cast<size_t>(c.n_embd);
-  s.expert_out.resize(static_cast<size_t>(c.n_expert_used) * n_embd);
-  for (int i : s.expert_order) {
-    kernels::MatrixView m[3];
-    Pin pin;
-    TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, s.expert_ids[static_cast<size_t>(i)], m, &pin));
-    const MatVecJob gu[] = {{&m[0], &s.act, s.gate.data()}, {&m[1], &s.act, s.up.data()}};
-    kernels::MatVecMany(gu, pool_.get());
-    kernels::SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), c.n_ff_exp);
-    s.act2.Set(s.gate.data(), c.n_ff_exp);
-    kernels::MatVec(m[2], s.act2, s.expert_out.data() + static_cast<size_t>(i) * n_embd, pool_.get());
+  const int hits = ExpertOrder(layer, s.expert_ids, c.n_expert_used, &s.expert_order);
+  const size_t k = static_cast<size_t>(c.n_expert_used);
+  s.expert_out.resize(k * static_cast<size_t>(c.n_embd));
+  const std::span<const int> order(s.expert_order);
+  for (size_t p = 0; p < order.size();) {
+    const size_t n = p < static_cast<size_t>(hits) ? static_cast<size_t>(hits) - p : 1;
+    TIERKV_RETURN_IF_ERROR(MoeGroup(L, layer, order.subspan(p, n)));
+    p += n;
   }
   CombineExperts(s.expert_weights.data(), s.expert_out.data(), s.moe_out.data());
+  return Status::Ok();
+}
+
+// The experts in `slots` (indices into s.expert_ids) on s.act: each pinned for the
+// group, gate and up products in one pass, SwiGLU, down products in one pass into its
+// row of s.expert_out. Per expert the same products as one expert alone, bit for bit.
+Status Model::MoeGroup(const Layer& L, int layer, std::span<const int> slots) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t k = static_cast<size_t>(c.n_expert_used), n_embd = static_cast<size_t>(c.n_embd);
+  const size_t n_ff = static_cast<size_t>(c.n_ff_exp);
+  s.expert_gate.resize(k * n_ff);
+  s.expert_up.resize(k * n_ff);
+  if (s.expert_hidden.size() < k) s.expert_hidden.resize(k);
+  s.expert_views.resize(3 * k);
+  s.expert_pins.resize(k);
+  const auto release = [&] {
+    for (int i : slots) s.expert_pins[static_cast<size_t>(i)].Release();
+  };
+  for (int i : slots) {
+    const size_t u = static_cast<size_t>(i);
+    const Status st = AcquireExpert(L, layer, s.expert_ids[u], s.expert_views.data() + 3 * u, &s.expert_pins[u]);
+    if (!st.ok()) {
+      release();
+      return st;
+    }
+  }
+  s.expert_jobs.clear();
+  for (int i : slots) {
+    const size_t u = static_cast<size_t>(i);
+    s.expert_jobs.push_back({&s.expert_views[3 * u], &s.act, s.expert_gate.data() + u * n_ff});
+    s.expert_jobs.push_back({&s.expert_views[3 * u + 1], &s.act, s.expert_up.data() + u * n_ff});
+  }
+  kernels::MatVecMany(s.expert_jobs, pool_.get());
+  s.expert_jobs.clear();
+  for (int i : slots) {
+    const size_t u = static_cast<size_t>(i);
+    float* g = s.expert_gate.data() + u * n_ff;
+    kernels::SwiGlu(g, s.expert_up.data() + u * n_ff, g, c.n_ff_exp);
+    s.expert_hidden[u].Set(g, c.n_ff_exp);
+    s.expert_jobs.push_back({&s.expert_views[3 * u + 2], &s.expert_hidden[u], s.expert_out.data() + u * n_embd});
+  }
+  kernels::MatVecMany(s.expert_jobs, pool_.get());
+  release();
   return Status::Ok();
 }
 

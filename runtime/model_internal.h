@@ -95,6 +95,13 @@ struct Model::Scratch {
   std::vector<int> expert_ids;
   std::vector<int> expert_order;   // the order the selected experts compute in
   std::vector<float> expert_out;   // [n_expert_used][n_embd]: each expert's output
+  // Moe's group of experts computing together: per slot its gate and up outputs
+  // ([n_expert_used][n_ff_exp]), hidden activation, matrices and pin.
+  std::vector<float> expert_gate, expert_up;
+  std::vector<kernels::ActivationRow> expert_hidden;
+  std::vector<kernels::MatrixView> expert_views;
+  std::vector<Pin> expert_pins;
+  std::vector<kernels::MatVecJob> expert_jobs;
   std::vector<float> expert_weights;
 };
 

@@ -510,6 +510,11 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
 }
 
 void QuantizeActivation(WeightType act, const float* x, void* out, int64_t n) {
+  if (ActiveSimdLevel() >= SimdLevel::kAvx2) {
+    if (quant_internal::QuantizeFn q = quant_internal::Avx2Quantize(act)) {
+      return q(x, out, n / (act == WeightType::kQ8_K ? kQkK : kQk0));
+    }
+  }
   switch (act) {
     case WeightType::kF32: std::memcpy(out, x, sizeof(float) * static_cast<size_t>(n)); return;
     case WeightType::kF16: F32ToF16Array(x, static_cast<uint16_t*>(out), static_cast<size_t>(n)); return;

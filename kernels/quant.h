@@ -333,6 +333,10 @@ DotRowsTokensFn Avx512LlamaGemmRowsTokens(WeightType weight);  // Q4_K (GetLlama
 // AVX-VNNI forms, which give the same bits.
 DotRowsFn Avx2DotRows(WeightType weight, bool avx_vnni);
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight);
+// Activation quantizers of nb blocks with the scalar ones' bytes (Q8_0, Q8_1, Q8_K;
+// Q8_K's ties-away form stays scalar); nullptr for the other types.
+using QuantizeFn = void (*)(const float* x, void* out, int64_t nb);
+QuantizeFn Avx2Quantize(WeightType act);
 // Whether the AVX512-VNNI kernels run (the CPU has AVX512_VNNI and AVX-512 is
 // detected); tests use this to know which kernels they compare.
 bool HasAvx512Vnni();

@@ -744,6 +744,99 @@ TIERKV_AVX2_FN float DotIq4XsAvx2(const void* row, const void* act, int64_t n) {
   return HsumPs(acc);
 }
 
+// ---- activation quantization ----------------------------------------------------------
+// quant.cc's QuantizeQ8_0, QuantizeQ8_1 and QuantizeQ8_K (round half to even) with 8-lane
+// vectors, the same bytes: the max of |x| is exact in any order (vmaxps with the running
+// max as its second operand keeps that max for a NaN lane, as fmax and the scalar '>'
+// do); the scales are the scalar expressions; each code is the same f32 product rounded
+// by vcvtps2dq, to nearest even in the default rounding mode as nearbyint does. They
+// run on the thread that prepares a product's activations, before the product goes
+// parallel: the scalar loops (a libm call for fmax and one for nearbyint a value) were
+// a fifth of builtin:tiny-moe's prefill (docs/benchmarks.md).
+
+TIERKV_AVX2_FN inline __m256 AbsPs(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+
+// max |x[j]| over n values (n % 8 == 0), from 0, NaN values skipped.
+TIERKV_AVX2_FN inline float MaxAbs(const float* x, int n) {
+  __m256 m = _mm256_setzero_ps();
+  for (int j = 0; j < n; j += 8) m = _mm256_max_ps(AbsPs(_mm256_loadu_ps(x + j)), m);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+// The 32 codes of x[0..32) * s rounded to nearest even (at most 127 with kClamp), as
+// int8 in element order.
+template <bool kClamp>
+TIERKV_AVX2_FN inline __m256i RoundCodes32(const float* x, __m256 s) {
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k) {
+    q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), s));
+    if constexpr (kClamp) q[k] = _mm256_min_epi32(q[k], _mm256_set1_epi32(127));
+  }
+  // packs work per 128-bit lane: the bytes come out as dwords q0[0..3] q1[0..3] q2[0..3]
+  // q3[0..3] | q0[4..7] q1[4..7] q2[4..7] q3[4..7]; the permute puts them in order.
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// One Q8_0 block (QuantizeBlock32): codes and fp16 d; returns the f32 d.
+TIERKV_AVX2_FN inline float QuantizeBlock32Avx2(const float* x, int8_t* qs, uint16_t* d16) {
+  const float amax = MaxAbs(x, kQk0);
+  const float d = amax / 127.0f;
+  *d16 = static_cast<uint16_t>(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qs), RoundCodes32<false>(x, _mm256_set1_ps(id)));
+  return d;
+}
+
+TIERKV_AVX2_FN void QuantizeQ8_0Avx2(const float* x, void* out, int64_t nb) {
+  auto* y = static_cast<BlockQ8_0*>(out);
+  for (int64_t i = 0; i < nb; ++i, x += kQk0) QuantizeBlock32Avx2(x, y[i].qs, &y[i].d);
+}
+
+TIERKV_AVX2_FN void QuantizeQ8_1Avx2(const float* x, void* out, int64_t nb) {
+  auto* y = static_cast<BlockQ8_1*>(out);
+  for (int64_t i = 0; i < nb; ++i, x += kQk0) {
+    const float d = QuantizeBlock32Avx2(x, y[i].qs, &y[i].d);
+    int sum = 0;
+    for (int j = 0; j < kQk0; ++j) sum += y[i].qs[j];
+    y[i].s = static_cast<uint16_t>(_cvtss_sh(d * static_cast<float>(sum), _MM_FROUND_TO_NEAREST_INT));
+  }
+}
+
+TIERKV_AVX2_FN void QuantizeQ8_KAvx2(const float* x, void* out, int64_t nb) {
+  auto* y = static_cast<BlockQ8_K*>(out);
+  for (int64_t i = 0; i < nb; ++i, x += kQkK) {
+    const float amax = MaxAbs(x, kQkK);
+    if (amax == 0.0f) {
+      std::memset(&y[i], 0, sizeof(BlockQ8_K));
+      continue;
+    }
+    // The scale comes from the first value of that magnitude, with its sign.
+    const __m256 va = _mm256_set1_ps(amax);
+    int j = 0;
+    for (;; j += 8) {
+      const int eq = _mm256_movemask_ps(_mm256_cmp_ps(AbsPs(_mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+      if (eq != 0) {
+        j += __builtin_ctz(static_cast<unsigned>(eq));
+        break;
+      }
+    }
+    const float iscale = -127.0f / x[j];
+    const __m256 s = _mm256_set1_ps(iscale);
+    for (int c = 0; c < kQkK; c += 32) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y[i].qs + c), RoundCodes32<true>(x + c, s));
+    }
+    for (int g = 0; g < kQkK / 16; ++g) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += y[i].qs[16 * g + l];
+      y[i].bsums[g] = static_cast<int16_t>(sum);
+    }
+    y[i].d = 1.0f / iscale;
+  }
+}
+
 #undef TIERKV_AVX2_FN
 
 }  // namespace
@@ -783,6 +876,15 @@ DotRowsFn Avx2DotRows(WeightType weight, bool avx_vnni) {
   }
 }
 
+QuantizeFn Avx2Quantize(WeightType act) {
+  switch (act) {
+    case WeightType::kQ8_0: return QuantizeQ8_0Avx2;
+    case WeightType::kQ8_1: return QuantizeQ8_1Avx2;
+    case WeightType::kQ8_K: return QuantizeQ8_KAvx2;
+    default: return nullptr;
+  }
+}
+
 DotRowsTokensFn Avx2DotRowsTokens(WeightType weight) {
   switch (weight) {
     case WeightType::kQ4_K: return DotKRowsTokensAvx2<K45Avx2<false>>;
@@ -802,6 +904,7 @@ namespace tierkv::kernels::quant_internal {
 DotFn Avx2Dot(WeightType) { return nullptr; }
 DotRowsFn Avx2DotRows(WeightType, bool) { return nullptr; }
 DotRowsTokensFn Avx2DotRowsTokens(WeightType) { return nullptr; }
+QuantizeFn Avx2Quantize(WeightType) { return nullptr; }
 }  // namespace tierkv::kernels::quant_internal
 
 #endif

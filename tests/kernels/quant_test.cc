@@ -415,6 +415,53 @@ TEST(QuantTest, Q8_KActivation) {
   }
 }
 
+// The AVX2 activation quantizers give the scalar ones' bytes: random rows with outliers,
+// values on rounding ties (k + 0.5 after scaling: amax 127 makes the scale 1), zero and
+// NaN-free blocks, and Q8_K blocks whose largest magnitude appears with both signs (the
+// first one's sign sets the scale).
+TEST(QuantTest, ActivationQuantizersSameBytesAtEveryLevel) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::uniform_int_distribution<int> pick(0, 255);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1024;
+    std::vector<float> x(n);
+    for (float& v : x) v = normal(rng);
+    switch (trial % 5) {
+      case 1:  // ties: amax 127 in every 32-value block, the rest k + 0.5
+        for (int64_t j = 0; j < n; ++j) x[j] = j % 32 == 0 ? 127.0f : static_cast<float>(pick(rng) - 128) + 0.5f;
+        break;
+      case 2:  // a zero block of each size
+        std::fill(x.begin(), x.begin() + 256, 0.0f);
+        break;
+      case 3: {  // the largest magnitude twice, opposite signs, in random order
+        const int a = pick(rng), b = (a + 1 + pick(rng) % 255) % 256;
+        x[static_cast<size_t>(a)] = 40.0f;
+        x[static_cast<size_t>(b)] = -40.0f;
+        x[256 + static_cast<size_t>(b)] = 40.0f;
+        x[256 + static_cast<size_t>(a)] = -40.0f;
+        break;
+      }
+      case 4:  // tiny and huge values
+        for (float& v : x) v *= trial % 2 == 0 ? 1e-30f : 1e20f;
+        break;
+      default: break;
+    }
+    for (WeightType act : {WeightType::kQ8_0, WeightType::kQ8_1, WeightType::kQ8_K}) {
+      SCOPED_TRACE(std::string(WeightTypeName(act)) + " trial " + std::to_string(trial));
+      std::vector<uint8_t> want(RowBytes(act, n)), got(RowBytes(act, n), 0xAA);
+      ForceSimdLevel(SimdLevel::kScalar);
+      QuantizeActivation(act, x.data(), want.data(), n);
+      ForceSimdLevel(SimdLevel::kAvx2);
+      ASSERT_NE(quant_internal::Avx2Quantize(act), nullptr);
+      QuantizeActivation(act, x.data(), got.data(), n);
+      ForceSimdLevel(SimdLevel::kAvx512);
+      EXPECT_EQ(got, want);
+    }
+  }
+}
+
 // Dot products: every level against the double dot of the dequantized weight row and
 // the dequantized (already rounded) activation row.
 TEST(QuantTest, DotProductsAllLevels) {

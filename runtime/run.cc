@@ -28,8 +28,13 @@
 
 namespace tierkv {
 
-bool LlamaSumsByDefault(int n_ctx) {
-  return n_ctx <= kLlamaSumsAutoCtx && kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx2;
+bool LlamaSumsByDefault(int n_ctx, int64_t attention_macs_per_key) {
+  return n_ctx <= kLlamaSumsAutoCtx && static_cast<int64_t>(n_ctx) * attention_macs_per_key <= kLlamaSumsAutoAttentionMacs &&
+         kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx2;
+}
+
+int64_t AttentionMacsPerKey(const ModelConfig& config) {
+  return int64_t{config.n_layer} * config.n_head * config.head_dim * 2;
 }
 
 namespace {
@@ -411,9 +416,11 @@ Result<RunReport> RunSession(const RunOptions& o) {
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
-  const bool llama_sums = o.kv_type == KvCodec::kF16 &&
-                          (o.llama_sums == RunOptions::LlamaSums::kOn ||
-                           (o.llama_sums == RunOptions::LlamaSums::kAuto && LlamaSumsByDefault(n_ctx)));
+  bool llama_sums = o.kv_type == KvCodec::kF16 && o.llama_sums == RunOptions::LlamaSums::kOn;
+  if (o.kv_type == KvCodec::kF16 && o.llama_sums == RunOptions::LlamaSums::kAuto) {
+    TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
+    llama_sums = LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config));
+  }
   mo.llama_attention_sums = llama_sums;
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.rope = o.rope;

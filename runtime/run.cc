@@ -388,10 +388,11 @@ Result<RunReport> RunSession(const RunOptions& o) {
   const int n_prompt_tokens = static_cast<int>(r.prompt_tokens.size());
   int n_predict = o.n_predict;
   int n_ctx = o.n_ctx;
+  // The model's shape: its trained context and its attention's size (the defaults below).
+  TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
   if ((n_predict < 0 || interactive) && n_ctx <= 0) {
     // -n -1 and -i: until an end-of-generation token or a full context (-c, else the
     // model's trained context, as llama.cpp's default -c 0 takes).
-    TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
     n_ctx = config.context_length;
   }
   if (n_predict < 0 || interactive) {
@@ -416,12 +417,10 @@ Result<RunReport> RunSession(const RunOptions& o) {
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
-  bool llama_sums = o.kv_type == KvCodec::kF16 && o.llama_sums == RunOptions::LlamaSums::kOn;
-  if (o.kv_type == KvCodec::kF16 && o.llama_sums == RunOptions::LlamaSums::kAuto) {
-    TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
-    llama_sums = LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config));
-  }
-  mo.llama_attention_sums = llama_sums;
+  mo.llama_attention_sums = o.kv_type == KvCodec::kF16 &&
+                            (o.llama_sums == RunOptions::LlamaSums::kOn ||
+                             (o.llama_sums == RunOptions::LlamaSums::kAuto &&
+                              LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config))));
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.rope = o.rope;
   // mm is declared before the model so that the model is destroyed first, while the
@@ -471,7 +470,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);
-  r.llama_sums = llama_sums;
+  r.llama_sums = mo.llama_attention_sums;
   r.threads = model->pool().size();
 
   // Session restore and prefix reuse.

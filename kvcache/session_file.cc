@@ -375,6 +375,23 @@ bool ShouldCompact(KvCache& cache, SeqId s, uint64_t file_id, uint64_t data_end)
   return garbage > total * record;
 }
 
+// The file a save writes: path, or the file its chain of symbolic links ends at. A save
+// that writes a new file (the first, or a compaction) renames it over that file, so the
+// links keep pointing at the session.
+std::string SaveTarget(const std::string& path) {
+  std::string target = path;
+  for (int hops = 0; hops < 40; ++hops) {  // a loop: opening the path reports ELOOP
+    std::array<char, 4096> buf;
+    const ssize_t n = readlink(target.c_str(), buf.data(), buf.size());
+    if (n < 0 || static_cast<size_t>(n) == buf.size()) break;  // not a link
+    std::string next(buf.data(), static_cast<size_t>(n));
+    const size_t slash = target.rfind('/');
+    if (next.front() != '/' && slash != std::string::npos) next = target.substr(0, slash + 1) + next;
+    target = std::move(next);
+  }
+  return target;
+}
+
 }  // namespace
 
 Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& tokens, const ModelFingerprint& model,
@@ -397,8 +414,11 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   Slot prev;
   uint64_t append_at = kHeaderBytes;
   uint64_t old_size = 0;  // the file's size before an append
-  std::string write_path = path;
+  const std::string target = SaveTarget(path);
+  std::string write_path = target;
   bool fresh = false;
+  struct stat old_stat {};
+  bool replacing = false;  // a compaction: the new file takes over the old one's mode and owner
   int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
   if (fd >= 0) {
     auto loaded = Load(path, fd);
@@ -419,13 +439,17 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     prev = loaded->slot;
     append_at = prev.data_end;
     old_size = loaded->file_bytes;
-    if (ShouldCompact(cache, s, header.file_id, append_at)) {
+    // A file with other hard links is only appended to: a new file renamed over this
+    // name would leave the other names on the old session.
+    const bool linked = fstat(fd, &old_stat) != 0 || old_stat.st_nlink > 1;
+    if (!linked && ShouldCompact(cache, s, header.file_id, append_at)) {
       // More garbage than live blocks after this save: write the session afresh, aside,
       // and rename it over this file (which stays intact until then). Blocks not yet
       // paged in are read from this file through the restore's open descriptor.
       close(fd);
       fd = -1;
       out.compacted = true;
+      replacing = true;
     }
   } else if (errno != ENOENT) {
     return Status::FromErrno(errno, "opening " + path);
@@ -433,9 +457,19 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   if (fd < 0) {
     fresh = true;
     append_at = kHeaderBytes;
-    write_path = path + ".tmp." + std::to_string(getpid());
-    fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    write_path = target + ".tmp." + std::to_string(getpid());
+    fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // as the umask allows
     if (fd < 0) return Status::FromErrno(errno, "creating " + write_path);
+    if (replacing) {
+      // The same owner where this process may give it (root), and the same mode.
+      (void)!fchown(fd, old_stat.st_uid, old_stat.st_gid);
+      if (fchmod(fd, old_stat.st_mode & 07777) != 0) {
+        const int err = errno;
+        close(fd);
+        unlink(write_path.c_str());
+        return Status::FromErrno(err, "setting the mode of " + write_path);
+      }
+    }
     header.file_id = NewFileId();
     header.model = model;
     header.geometry = g;
@@ -579,7 +613,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   out.file_bytes = next.data_end;
   close(fd);
   if (fresh) {
-    if (Status st = io->Rename(write_path, path); !st.ok()) {
+    if (Status st = io->Rename(write_path, target); !st.ok()) {
       unlink(write_path.c_str());
       return st.Annotate("saving session " + path);
     }

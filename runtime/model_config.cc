@@ -117,7 +117,9 @@ Result<ModelConfig> ReadConfig(const GgufFile& file) {
     return Bad("rope.dimension_count " + std::to_string(c.rope_dims) + " must be even and within head_dim " +
                std::to_string(c.head_dim));
   }
-  if (!(c.rope_freq_base > 0.0f)) return Bad("rope.freq_base must be positive");
+  if (!(c.rope_freq_base > 0.0f) || !std::isfinite(c.rope_freq_base)) {
+    return Bad("rope.freq_base must be a positive number, not " + std::to_string(c.rope_freq_base));
+  }
 
   // Rope scaling (llama.cpp's keys; rope.scale_linear is the older spelling of linear).
   const GgufValue* type = file.Find(std::string(arch) + ".rope.scaling.type");

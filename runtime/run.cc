@@ -77,7 +77,7 @@ Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m, const
   return Status::InvalidArgument(
       "impossible budget: a context of " + std::to_string(n_ctx) + " tokens needs " + FormatBytes(blocks * frame) +
       " of KV cache (" + std::to_string(blocks) + " blocks of " + FormatBytes(frame) + "), more than all tiers hold (" +
-      held + "); raise --host, add --disk SIZE, or lower -c");
+      held + "); raise --host, add --disk SIZE, or lower -c (by default the prompt plus -n)");
 }
 
 // The RoPE settings that shape the cached K (stored after RoPE), as text.
@@ -131,12 +131,22 @@ Status CheckMemoryBudgets(const MemoryOptions& m) {
                                    " of memory available; lower --host (or --host auto), add --disk SIZE, or give "
                                    "--no-warmup --mlock off to reserve it untouched");
   }
+  const uint64_t host_in_ram = m.warmup || m.mlock != MlockMode::kOff ? m.host_bytes : 0;
+  // --device sim's arena is host memory too, touched by the warm-up.
+  const uint64_t sim_in_ram = m.device == DeviceKind::kSim && m.warmup ? m.device_bytes : 0;
+  const std::string with_host = host_in_ram > 0 ? " with --host " + FormatBytes(host_in_ram) : "";
+  if (sim_in_ram > 0 && sim_in_ram + host_in_ram > available) {
+    return Status::InvalidArgument("impossible budget: --vram " + FormatBytes(sim_in_ram) +
+                                   " of --device sim (held in host memory)" + with_host + " is more than the " +
+                                   FormatBytes(available) +
+                                   " of memory available; lower --vram or --host, or give --no-warmup");
+  }
   struct statfs fs {};
   if (m.disk_bytes > 0 && statfs(m.disk_dir.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
-    const uint64_t host_in_ram = m.warmup || m.mlock != MlockMode::kOff ? m.host_bytes : 0;
-    if (m.disk_bytes + host_in_ram > available) {
+    if (m.disk_bytes + host_in_ram + sim_in_ram > available) {
       return Status::InvalidArgument("impossible budget: --disk " + FormatBytes(m.disk_bytes) + " in " + m.disk_dir +
-                                     " (RAM-backed)" + (host_in_ram > 0 ? " with --host " + FormatBytes(host_in_ram) : "") +
+                                     " (RAM-backed)" + with_host +
+                                     (sim_in_ram > 0 ? " and --vram " + FormatBytes(sim_in_ram) + " of --device sim" : "") +
                                      " is more than the " + FormatBytes(available) +
                                      " of memory available; lower --disk or --host, or put --disk-dir on a disk");
     }

@@ -5,6 +5,7 @@
 // one line on stderr and a non-zero exit (usage errors: exit 2, runtime/cli/usage_command.h).
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -32,7 +33,11 @@ int main(int argc, char** argv) {
   tierkv::AddRunCommand(app, exit_code);
   tierkv::AddExpertbenchCommand(app, exit_code);
 
-  tierkv::NormalizeLlamaFlags(argc, argv);
+  app.set_version_flag("--version", "tierkv " TIERKV_VERSION);
+  if (const std::string bad = tierkv::NormalizeLlamaFlags(argc, argv); !bad.empty()) {
+    std::fprintf(stderr, "error: %s\n", bad.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -41,5 +46,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
-  return exit_code;
+  return tierkv::FinishOutput(exit_code, stdout);
 }

@@ -1,8 +1,11 @@
 // runtime/cli/run_command.cc
 #include "runtime/cli/run_command.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -12,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -47,7 +51,8 @@ struct RunFlags {
   std::string system_prompt, chat_template;
   bool chat_template_given = false;  // --chat-template, even as ""
   bool sim_gbps_given = false, disk_dir_given = false;
-  int64_t seed = 0;
+  std::string seed = "0";
+  bool session_given = false;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false, llama_sums = false, no_llama_sums = false;
   std::string weights = "auto";
@@ -57,6 +62,9 @@ struct RunFlags {
   float rope_scale = 0, rope_freq_scale = 0, rope_freq_base = 0;
   float yarn_attn_factor = 0, yarn_beta_fast = 0, yarn_beta_slow = 0;
   int yarn_orig_ctx = 0;
+  int gpu_layers = -1;
+  std::string flash_attn;
+  bool no_conversation = false, no_mmap = false;
 };
 
 // llama.cpp's RoPE flags. --rope-scale N and --rope-freq-scale 1/N say the same.
@@ -91,6 +99,38 @@ Result<RopeOverrides> ToRope(const RunFlags& f) {
   return r;
 }
 
+// -f FILE: the whole file, or standard input for "-" (echo ... | tierkv run -f -). A
+// pipe is fine (-f <(cmd)); a directory, or a read that fails part way (EIO), is an
+// error rather than a shorter prompt.
+Result<std::string> ReadPromptFile(const std::string& path) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    if (std::cin.bad()) return Status::IoError("reading the prompt from standard input failed");
+    return ss.str();
+  }
+  const std::string flag = "--prompt-file " + path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(flag + ": a directory, not a file");
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno(errno, flag);
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return Status::FromErrno(err, "reading " + flag);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return text;
+}
+
 Result<RunOptions> ToOptions(const RunFlags& f) {
   RunOptions o;
   if (f.model.empty()) return Status::InvalidArgument("--model is required");
@@ -98,26 +138,8 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (!f.prompt_file.empty() && !f.prompt.empty()) {
     return Status::InvalidArgument("give the prompt once: -p TEXT or -f FILE, not both");
   }
-  if (f.prompt_file == "-") {
-    // -f - reads the prompt from standard input (echo ... | tierkv run -f -).
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    o.prompt = ss.str();
-  } else if (!f.prompt_file.empty()) {
-    // A pipe is fine (-f <(cmd)); a directory would read as an empty prompt.
-    std::error_code ec;
-    if (std::filesystem::is_directory(f.prompt_file, ec)) {
-      return Status::InvalidArgument("--prompt-file " + f.prompt_file + ": a directory, not a file");
-    }
-    errno = 0;
-    std::ifstream in(f.prompt_file, std::ios::binary);
-    if (!in) {
-      if (errno != 0) return Status::FromErrno(errno, "--prompt-file " + f.prompt_file);
-      return Status::NotFound("--prompt-file " + f.prompt_file + ": cannot open");
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    o.prompt = ss.str();
+  if (!f.prompt_file.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(o.prompt, ReadPromptFile(f.prompt_file));
   } else {
     o.prompt = f.prompt;
   }
@@ -154,12 +176,16 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.n_ctx = f.ctx;
   o.sampler = f.sampling;
   // -s -1: a random seed, as in llama.cpp (reported on stderr, so the run can be repeated).
-  if (f.seed < -1) return Status::InvalidArgument("-s/--seed must be -1 (random) or a seed >= 0");
-  if (f.seed == -1) {
+  if (f.seed == "-1") {
     o.sampler.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
     spdlog::info("sampling seed {}", o.sampler.seed);
   } else {
-    o.sampler.seed = static_cast<uint64_t>(f.seed);
+    const char* end = f.seed.data() + f.seed.size();
+    const auto [ptr, ec] = std::from_chars(f.seed.data(), end, o.sampler.seed);
+    if (f.seed.empty() || ec != std::errc() || ptr != end) {
+      return Status::InvalidArgument("-s/--seed must be -1 (random) or a seed 0.." +
+                                     std::to_string(std::numeric_limits<uint64_t>::max()) + ", not '" + f.seed + "'");
+    }
   }
   TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
   if (f.threads < 0) return Status::InvalidArgument("-t/--threads must not be negative (0: all cores)");
@@ -167,8 +193,12 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   // starting its threads in a minute (decided 2026-12-04).
   o.threads = ThreadsWithinCpus(f.threads);
   if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
+  if (f.dump_logits > 0 && !f.json) {
+    return Status::InvalidArgument("--dump-logits reports in the JSON output: give --json as well");
+  }
   o.dump_logits = f.dump_logits;
   o.session = f.session;
+  if (f.session_given && f.session.empty()) return Status::InvalidArgument("--session must name a file");
   if (!f.session.empty()) {
     // Found now rather than at the save, after the whole run: a session path that is not a
     // file, or a directory where it cannot be written.
@@ -181,7 +211,8 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     }
     const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
     if (!fs::is_directory(dir, ec)) {
-      return Status::InvalidArgument("--session " + f.session + ": directory " + dir.string() + " does not exist");
+      return Status::InvalidArgument("--session " + f.session + ": " + dir.string() +
+                                     (fs::exists(dir, ec) ? " is not a directory" : ": directory does not exist"));
     }
     // A file made there and removed: access(W_OK) says yes to root even where nothing
     // can be created (/proc).
@@ -211,19 +242,25 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   TIERKV_ASSIGN_OR_RETURN(o.kv_type, ParseKvCodec(kv));
   MemoryOptions& m = o.memory;
   TIERKV_ASSIGN_OR_RETURN(m.device, ParseDeviceKind(f.device));
-  TIERKV_ASSIGN_OR_RETURN(m.device_bytes, ParseSize(f.vram));
+  // A size names its flag: "--vram auto: size 'auto' does not start with a number".
+  const auto size = [](const char* flag, const std::string& text) -> Result<uint64_t> {
+    auto bytes = ParseSize(text);
+    if (!bytes.ok()) return bytes.status().Annotate(std::string(flag) + " " + text);
+    return bytes;
+  };
+  TIERKV_ASSIGN_OR_RETURN(m.device_bytes, size("--vram", f.vram));
   if (m.device == DeviceKind::kNone && m.device_bytes > 0) {
     spdlog::warn("--vram {} is ignored: --device none has no device tier (use --device cuda or sim)", f.vram);
     m.device_bytes = 0;
   }
   o.auto_host = f.host == "auto";
   if (!o.auto_host) {
-    TIERKV_ASSIGN_OR_RETURN(m.host_bytes, ParseSize(f.host));
+    TIERKV_ASSIGN_OR_RETURN(m.host_bytes, size("--host", f.host));
   }
-  TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, ParseSize(f.disk));
+  TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, size("--disk", f.disk));
   o.auto_frame = f.frame == "auto";
   if (!o.auto_frame) {
-    TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, ParseSize(f.frame));
+    TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, size("--frame", f.frame));
     TIERKV_RETURN_IF_ERROR(MemoryManager::CheckFrameBytes(m.frame_bytes).Annotate("--frame " + f.frame));
   }
   TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock));
@@ -245,7 +282,21 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.llama_sums = f.llama_sums      ? RunOptions::LlamaSums::kOn
                  : f.no_llama_sums ? RunOptions::LlamaSums::kOff
                                    : RunOptions::LlamaSums::kAuto;
-  if (f.weights == "auto") {
+  if (f.no_conversation && o.chat) {
+    return Status::InvalidArgument("-no-cnv (no chat) contradicts --chat, -sys, --chat-template or --continue");
+  }
+  if (f.gpu_layers > 0 && m.device == DeviceKind::kNone) {
+    spdlog::warn("-ngl {} is ignored: tierkv places layers by tier budgets (--device cuda --vram SIZE)", f.gpu_layers);
+  }
+  if (!f.flash_attn.empty() && f.flash_attn != "on" && f.flash_attn != "off" && f.flash_attn != "auto") {
+    return Status::InvalidArgument("--flash-attn must be on, off or auto, not '" + f.flash_attn + "'");
+  }
+  if (f.no_mmap && f.weights != "auto" && f.weights != "paged") {
+    return Status::InvalidArgument("--no-mmap (paged weights) contradicts --weights " + f.weights);
+  }
+  if (f.no_mmap) {
+    o.weights = RunOptions::Weights::kPaged;
+  } else if (f.weights == "auto") {
     o.weights = RunOptions::Weights::kAuto;
   } else if (f.weights == "paged") {
     o.weights = RunOptions::Weights::kPaged;
@@ -338,14 +389,38 @@ constexpr double kProgressSeconds = 10.0;
 
 }  // namespace
 
-void NormalizeLlamaFlags(int argc, char** argv) {
-  static char k[] = "--cache-type-k", v[] = "--cache-type-v", cnv[] = "--chat", sys[] = "--system-prompt";
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "-ctk") == 0) argv[i] = k;
-    else if (std::strcmp(argv[i], "-ctv") == 0) argv[i] = v;
-    else if (std::strcmp(argv[i], "-cnv") == 0 || std::strcmp(argv[i], "--conversation") == 0) argv[i] = cnv;
-    else if (std::strcmp(argv[i], "-sys") == 0) argv[i] = sys;
+std::string NormalizeLlamaFlags(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "run") != 0) return "";
+  static char k[] = "--cache-type-k", v[] = "--cache-type-v", cnv[] = "--chat", sys[] = "--system-prompt",
+              ngl[] = "--n-gpu-layers", fa[] = "--flash-attn", no_cnv[] = "--no-conversation";
+  static const std::pair<const char*, char*> kLong[] = {
+      {"-ctk", k}, {"-ctv", v}, {"-cnv", cnv}, {"--conversation", cnv}, {"-sys", sys},
+      {"-ngl", ngl}, {"-fa", fa}, {"-no-cnv", no_cnv}};
+  // Options whose value is free text: "-p -xyz" is a prompt, not a flag.
+  static const char* kText[] = {"-p", "--prompt", "-r", "--reverse-prompt", "--system-prompt", "-sys",
+                                "--chat-template", "-f", "--prompt-file", "--file", "-m", "--model", "--session"};
+  for (int i = 2; i < argc; ++i) {
+    if (std::any_of(std::begin(kText), std::end(kText), [&](const char* t) { return std::strcmp(argv[i - 1], t) == 0; })) {
+      continue;
+    }
+    const char* a = argv[i];
+    bool mapped = false;
+    for (const auto& [from, to] : kLong) {
+      if (std::strcmp(a, from) == 0) {
+        argv[i] = to;
+        mapped = true;
+        break;
+      }
+    }
+    // Any other single-dash word (-ub, -ncmoe) is a llama.cpp flag tierkv lacks; CLI11
+    // would read it as a short flag and its value (-n "gl").
+    const size_t len = std::strlen(a);
+    if (!mapped && len > 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
+        std::all_of(a + 1, a + len, [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '-'; })) {
+      return std::string("unknown flag ") + a + " (llama.cpp's flags that tierkv run reads are listed by tierkv run --help)";
+    }
   }
+  return "";
 }
 
 void AddRunCommand(CLI::App& app, int& exit_code) {
@@ -357,7 +432,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-n,--n-predict", f->n,
                   "tokens to generate (default 32; -1 = until end of generation or a full context); with -i, per "
                   "reply (default -1)");
-  run->add_option("-c,--ctx", f->ctx, "context length (default: prompt + n; with -n -1 or -i the model's)");
+  run->add_option("-c,--ctx,--ctx-size", f->ctx, "context length (default: prompt + n; with -n -1 or -i the model's)");
   run->add_option("--temp", f->sampling.temperature, "temperature; 0 = greedy (default)");
   run->add_option("--top-k", f->sampling.top_k, "top-k (default 40; <= 0 off)");
   run->add_option("--top-p", f->sampling.top_p, "top-p (default 0.95; 1 off)");
@@ -419,6 +494,13 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--yarn-attn-factor", f->yarn_attn_factor, "YaRN: attention magnitude factor (default 1)");
   run->add_option("--yarn-beta-fast", f->yarn_beta_fast, "YaRN: low correction dimension (default: the model's, 32)");
   run->add_option("--yarn-beta-slow", f->yarn_beta_slow, "YaRN: high correction dimension (default: the model's, 1)");
+  // llama.cpp's flags that have no work to do here, accepted so that its command lines run.
+  run->add_option("--n-gpu-layers,--gpu-layers", f->gpu_layers,
+                  "llama.cpp's -ngl: ignored (tierkv places weights and KV pages by the --device/--vram budgets)");
+  run->add_option("--flash-attn", f->flash_attn, "llama.cpp's -fa [on|off|auto]: ignored (attention is always fused)")
+      ->expected(0, 1);
+  run->add_flag("--no-conversation", f->no_conversation, "llama.cpp's -no-cnv: the default (a raw prompt, no chat)");
+  run->add_flag("--no-mmap", f->no_mmap, "llama.cpp's --no-mmap: the same as --weights paged");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
   run->callback([f, run, &exit_code] {
@@ -426,6 +508,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
     f->chat_template_given = run->count("--chat-template") > 0;
     f->sim_gbps_given = run->count("--sim-gbps") > 0;
     f->disk_dir_given = run->count("--disk-dir") > 0;
+    f->session_given = run->count("--session") > 0;
     auto options = ToOptions(*f);
     if (!options.ok()) {
       std::fprintf(stderr, "error: %s\n", options.status().message().c_str());

@@ -1,7 +1,9 @@
 // runtime/cli/usage_command.cc
 #include "runtime/cli/usage_command.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,21 @@ int ThreadsWithinCpus(int threads) {
   if (threads <= cpus) return threads;
   spdlog::warn("-t {}: this process may run on {} CPU{}; using {} threads", threads, cpus, cpus == 1 ? "" : "s", cpus);
   return cpus;
+}
+
+int FinishOutput(int exit_code, std::FILE* out) {
+  errno = 0;
+  const bool flushed = std::fflush(out) == 0;
+  const int err = errno;
+  if (flushed && std::ferror(out) == 0) return exit_code;
+  if (exit_code != 0) return exit_code;  // the command's own error line was the one
+  // A write that failed inside an earlier printf leaves no errno behind.
+  if (err != 0) {
+    std::fprintf(stderr, "error: writing standard output: %s\n", std::strerror(err));
+  } else {
+    std::fputs("error: writing standard output failed\n", stderr);
+  }
+  return 1;
 }
 
 }  // namespace tierkv

@@ -6,6 +6,8 @@
 // and exit code 2. --help still prints the help and exits 0.
 #pragma once
 
+#include <cstdio>
+
 #include <CLI/CLI.hpp>
 
 namespace tierkv {
@@ -17,5 +19,10 @@ int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** a
 // (kernels::AvailableCpus), with a warning when lowered: the pool's workers spin between
 // a step's jobs, so more threads than CPUs only take turns (docs/cli.md).
 int ThreadsWithinCpus(int threads);
+
+// The exit code once a command's output is flushed: a report that could not be written
+// whole (a full disk, /dev/full) is a failure, "error: writing standard output: <reason>"
+// and exit 1, where the command itself had succeeded.
+int FinishOutput(int exit_code, std::FILE* out);
 
 }  // namespace tierkv

@@ -383,6 +383,56 @@ TEST(SessionFileTest, CrashDuringCompactionLeavesTheOldFile) {
   EXPECT_TRUE(completed);
 }
 
+// A compaction replaces the file's contents, not what the user set up around it: the
+// mode stays, a save through a symbolic link rewrites the link's target (the link stays
+// a link), and a file with other hard links is appended to instead, so that every name
+// sees the new session.
+TEST(SessionFileTest, CompactionKeepsModeLinksAndHardLinks) {
+  TempDir files;
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  const std::string base = files.path() + "/base.tkv";
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, base).ok());
+  const auto before = ReadFile(base);
+  auto compact = [&](const std::string& path) {  // every record forgotten: all garbage
+    ForgetSaves(*a.cache, s);
+    SessionSaveStats st;
+    const Status saved = SessionFile::Save(*a.cache, s, Tokens(20), kModel, path, &st);
+    EXPECT_TRUE(saved.ok()) << saved.ToString();
+    EXPECT_TRUE(SessionFile::Verify(path).ok()) << path;
+    return st;
+  };
+  namespace fs = std::filesystem;
+  {
+    const std::string path = files.path() + "/mode.tkv";
+    WriteFile(path, before);
+    ASSERT_EQ(chmod(path.c_str(), 0600), 0);
+    ASSERT_TRUE(compact(path).compacted);
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u);
+  }
+  {
+    const std::string real = files.path() + "/real.tkv", link = files.path() + "/link.tkv";
+    WriteFile(real, before);
+    fs::create_symlink("real.tkv", link);  // relative, as ln -s makes it
+    ASSERT_TRUE(compact(link).compacted);
+    EXPECT_TRUE(fs::is_symlink(link));
+    EXPECT_NE(ReadFile(real), before) << "the target was rewritten (a new file id)";
+    EXPECT_FALSE(fs::exists(files.path() + "/link.tkv.tmp." + std::to_string(getpid())));
+  }
+  {
+    const std::string one = files.path() + "/one.tkv", two = files.path() + "/two.tkv";
+    WriteFile(one, before);
+    fs::create_hard_link(one, two);
+    EXPECT_FALSE(compact(one).compacted);
+    EXPECT_GT(fs::file_size(one), before.size()) << "appended";
+    EXPECT_EQ(ReadFile(one), ReadFile(two));
+    EXPECT_EQ(fs::hard_link_count(one), 2u);
+  }
+}
+
 TEST(SessionFileTest, FlippedByteInAnyBlockIsNamedAndRefusedAtPageIn) {
   TempDir files;
   const std::string path = files.path() + "/s.tkv";

@@ -41,8 +41,12 @@ inline CliResult ParseCli(CLI::App& app, const int& exit_code, std::vector<std::
   std::vector<char*> argv;
   for (std::string& a : owned) argv.push_back(a.data());
   const int argc = static_cast<int>(argv.size());
-  NormalizeLlamaFlags(argc, argv.data());
   CliResult r;
+  if (const std::string bad = NormalizeLlamaFlags(argc, argv.data()); !bad.empty()) {
+    r.exit_code = 2;
+    r.err = "error: " + bad + "\n";
+    return r;
+  }
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   try {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -329,6 +330,27 @@ TEST(ModelArchTest, RmsEpsilonMustBePositive) {
       ASSERT_FALSE(cfg.ok());
       EXPECT_NE(cfg.status().message().find("attention.layer_norm_rms_epsilon must be a positive number"),
                 std::string::npos)
+          << cfg.status().message();
+    }
+  }
+}
+
+// A RoPE base that is not a positive finite number (+inf made every rotation angle 0 or
+// NaN) is refused the same way.
+TEST(ModelArchTest, RopeFreqBaseMustBeAPositiveNumber) {
+  for (const float base : {std::numeric_limits<float>::infinity(), std::nanf(""), -10000.0f, 0.0f, 10000.0f}) {
+    SCOPED_TRACE(base);
+    Arch a;
+    a.name = "llama";
+    a.rope_base = base;
+    const auto file = WriteGguf(a, MakeWeights(a, 7));
+    ASSERT_NE(file, nullptr);
+    auto cfg = ReadModelConfig(*file);
+    if (base == 10000.0f) {
+      EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+    } else {
+      ASSERT_FALSE(cfg.ok());
+      EXPECT_NE(cfg.status().message().find("rope.freq_base must be a positive number"), std::string::npos)
           << cfg.status().message();
     }
   }

@@ -75,19 +75,31 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"-r", "User:", "-r", ""}, "-r: a reverse prompt must not be empty"},
       {{"-c", "-7"}, "-c/--ctx must not be negative"},
       {{"-t", "-3"}, "-t/--threads must not be negative"},
-      {{"-s", "-5"}, "-s/--seed must be -1 (random) or a seed >= 0"},
+      {{"-s", "-5"}, "-s/--seed must be -1 (random) or a seed 0..18446744073709551615, not '-5'"},
+      {{"-s", "18446744073709551616"}, "-s/--seed must be -1 (random) or a seed 0..18446744073709551615"},
+      {{"--vram", "auto"}, "--vram auto: size 'auto' does not start with a number"},
+      {{"--disk", "12XB"}, "--disk 12XB: size '12XB'"},
+      {{"--session", ""}, "--session must name a file"},
+      {{"--session", "/dev/null/s.tkv"}, "--session /dev/null/s.tkv: /dev/null is not a directory"},
+      {{"--dump-logits", "2"}, "--dump-logits reports in the JSON output: give --json as well"},
       {{"--sim-gbps", "nan"}, "--sim-gbps must be a bandwidth >= 0"},
       {{"--sim-gbps", "-1"}, "--sim-gbps must be a bandwidth >= 0"},
       {{"--frame", "1KiB"}, "--frame 1KiB: frame size 1.00 KiB must be 64 KiB .. 4 MiB"},
       {{"--kv-type", "f16", "-ctk", "q8_0"}, "--kv-type f16 and -ctk q8_0 differ"},
       {{"--chat-template", ""}, "--chat-template must not be empty"},
-      {{"--session", "/nonexistent-dir/s.tkv"}, "--session /nonexistent-dir/s.tkv: directory /nonexistent-dir does not exist"},
+      {{"--session", "/nonexistent-dir/s.tkv"}, "--session /nonexistent-dir/s.tkv: /nonexistent-dir: directory does not exist"},
       {{"--session", "/"}, "--session /: a directory"},
       {{"--session", "/proc/s.tkv"}, "--session /proc/s.tkv: cannot create a file in /proc"},
       // Usage errors CLI11 finds (runtime/cli/usage_command.h).
       {{"--bogus"}, "The following argument was not expected: --bogus (tierkv run --help lists the options)"},
       {{"-n", "abc"}, "Could not convert: --n-predict = abc"},
       {{"-p", "twice"}, "--prompt: At Most 1 required but received 2"},
+      // llama.cpp's flags: single-dash words tierkv lacks are named (not read as -n "gl").
+      {{"-ub", "512"}, "unknown flag -ub"},
+      {{"-ncmoe", "4"}, "unknown flag -ncmoe"},
+      {{"-fa", "maybe"}, "--flash-attn must be on, off or auto, not 'maybe'"},
+      {{"-no-cnv", "--chat"}, "-no-cnv (no chat) contradicts --chat"},
+      {{"--no-mmap", "--weights", "mapped"}, "--no-mmap (paged weights) contradicts --weights mapped"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.flags[0]);
@@ -97,6 +109,22 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
     EXPECT_EQ(Lines(r.err), 1) << r.err;
   }
+}
+
+// llama.cpp command lines run: -ngl (with no device: a warning), -fa with or without a
+// value, -no-cnv, --ctx-size, and -p with a dash-word as its text.
+TEST(RunCommandTest, LlamaCppFlagsAreRead) {
+  const CliResult r = RunCli(Quick({"-ngl", "99", "-fa", "--ctx-size", "24", "-no-cnv", "--json"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("-ngl 99 is ignored"), std::string::npos) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["n_ctx"], 24) << r.out;
+  const CliResult on = RunCli(Quick({"-fa", "on", "--n-gpu-layers", "0", "--json"}));
+  ASSERT_EQ(on.exit_code, 0) << on.err;
+  EXPECT_EQ(on.err.find("ignored"), std::string::npos) << on.err;
+  std::vector<std::string> dash = Quick({"--json"});
+  dash[std::find(dash.begin(), dash.end(), "ab") - dash.begin()] = "-xyz";
+  const CliResult text = RunCli(dash);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
 }
 
 // A prompt file that is a directory is refused (it would read as an empty prompt); one
@@ -118,6 +146,10 @@ TEST(RunCommandTest, PathsThatAreNotFilesAreRefused) {
   };
   expect(RunCli(with({"-f", dir})), 2, "--prompt-file " + dir + ": a directory, not a file");
   expect(RunCli(with({"-f", dir + "/no-such-prompt.txt"})), 2, "No such file or directory");
+  // A read that fails part way (/proc/self/mem at offset 0: EIO) is not an empty prompt.
+  if (std::filesystem::exists("/proc/self/mem")) {
+    expect(RunCli(with({"-f", "/proc/self/mem"})), 2, "reading --prompt-file /proc/self/mem: Input/output error");
+  }
   const std::string fifo = dir + "/run_command_test.fifo";
   std::filesystem::remove(fifo);
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
@@ -132,6 +164,17 @@ TEST(RunCommandTest, HostBeyondAvailableMemoryIsRefused) {
   const CliResult r = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--host", "4096TiB"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(r.err.rfind("error: impossible budget: --host ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("of memory available"), std::string::npos) << r.err;
+  EXPECT_EQ(Lines(r.err), 1) << r.err;
+}
+
+// --device sim holds its "VRAM" in host memory, which the warm-up touches: a budget past
+// the available memory is refused the same way, before anything is reserved.
+TEST(RunCommandTest, SimDeviceBeyondAvailableMemoryIsRefused) {
+  const CliResult r =
+      RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--device", "sim", "--vram", "4096TiB"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("error: impossible budget: --vram 4096 TiB of --device sim", 0), 0u) << r.err;
   EXPECT_NE(r.err.find("of memory available"), std::string::npos) << r.err;
   EXPECT_EQ(Lines(r.err), 1) << r.err;
 }

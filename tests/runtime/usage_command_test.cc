@@ -6,6 +6,7 @@
 #include "runtime/cli/usage_command.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,34 @@ TEST(UsageCommandTest, HelpStillExitsZero) {
   EXPECT_EQ(u.exit_code, 0);
   EXPECT_NE(u.out.find("--model"), std::string::npos) << u.out;
   EXPECT_TRUE(u.err.empty()) << u.err;
+}
+
+// Output that cannot be written (here /dev/full: ENOSPC at the flush) fails the command
+// that printed it, with one line naming why; a command that already failed keeps its code.
+TEST(UsageCommandTest, UnwritableOutputFailsTheCommand) {
+  std::FILE* full = std::fopen("/dev/full", "w");
+  if (full == nullptr) GTEST_SKIP() << "no /dev/full";
+  ::testing::internal::CaptureStderr();  // first: it flushes every stream
+  std::fputs("{\"report\": 1}\n", full);
+  const int code = FinishOutput(0, full);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(err, "error: writing standard output: No space left on device\n");
+  std::fclose(full);
+
+  full = std::fopen("/dev/full", "w");
+  ASSERT_NE(full, nullptr);
+  ::testing::internal::CaptureStderr();
+  std::fputs("partial report\n", full);
+  EXPECT_EQ(FinishOutput(2, full), 2);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  std::fclose(full);
+
+  std::FILE* fine = std::tmpfile();
+  ASSERT_NE(fine, nullptr);
+  std::fputs("report\n", fine);
+  EXPECT_EQ(FinishOutput(0, fine), 0);
+  std::fclose(fine);
 }
 
 }  // namespace

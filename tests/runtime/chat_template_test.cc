@@ -14,6 +14,7 @@
 
 #include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -90,7 +91,7 @@ TEST(ChatTemplateTest, ContinuationClosesTheReplyAndOpensTheNextTurn) {
 // The reference qwen3 vocabulary carries Qwen3's Jinja template: chatml, and a turn
 // becomes <|im_start|> ... <|im_end|> special tokens when parsed.
 TEST(ChatTemplateTest, QwenTemplateIsChatmlAndItsMarkersAreSpecialTokens) {
-  if (!fs::exists(kQwenModel)) GTEST_SKIP() << kQwenModel << " is absent";
+  TIERKV_NEED_REFERENCE(kQwenModel);
   auto file = GgufFile::Open(kQwenModel);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   auto tmpl = (*file)->GetString("tokenizer.chat_template");

@@ -5,6 +5,8 @@
 // captured.
 #pragma once
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -58,6 +60,12 @@ inline CliResult ParseCli(CLI::App& app, const int& exit_code, std::vector<std::
   r.err = ::testing::internal::GetCapturedStderr();
   r.out = ::testing::internal::GetCapturedStdout();
   return r;
+}
+
+// A file's bytes ("" when it cannot be read): "loses no data" is checked byte for byte.
+inline std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 }  // namespace tierkv::testing

@@ -22,6 +22,7 @@
 
 #include "runtime/ggml_types.h"
 #include "runtime/gguf.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -230,7 +231,7 @@ void WithPatch(std::vector<uint8_t>& buf, uint64_t offset, uint64_t value, size_
 // stride > 1 keeps every stride-th boundary and field: for files whose parse is dear.
 void RunCorpus(const std::string& model, int flips, int evenly_spaced, size_t stride, int min_cases) {
   const std::string path = kModels + "/" + model + ".gguf";
-  if (!fs::exists(path)) GTEST_SKIP() << path << " not found (../shared/reference missing)";
+  TIERKV_NEED_REFERENCE(path);
   std::vector<uint8_t> buf = ReadFile(path);
   const std::vector<uint8_t> original = buf;
   const Layout l = Walker(buf).Walk();

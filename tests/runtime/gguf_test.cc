@@ -28,6 +28,7 @@
 #include "runtime/cli/info_command.h"
 #include "runtime/ggml_types.h"
 #include "tests/runtime/cli_test_util.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -772,8 +773,7 @@ std::vector<std::string> ReferenceModels() {
 }
 
 #define SKIP_WITHOUT_REFERENCE()                                                                   \
-  if (ReferenceModels().empty())                                                                   \
-  GTEST_SKIP() << "no reference models in " << kShared << "/reference/models (../shared missing)"
+  if (ReferenceModels().empty()) TIERKV_NEED_REFERENCE(kShared + "/reference/models/ref-llama-q8_0.gguf")
 
 nlohmann::json LoadVectors(const std::string& name) {
   std::ifstream in(kShared + "/reference/vectors/" + name + ".json");
@@ -1073,7 +1073,7 @@ TEST(InfoCommand, JsonReportForTheReferenceModels) {
 TEST(InfoCommand, TextReport) {
   SKIP_WITHOUT_REFERENCE();
   const std::string path = kShared + "/reference/models/ref-llama-q4_k_m.gguf";
-  if (!fs::exists(path)) GTEST_SKIP() << path << " not found";
+  TIERKV_NEED_REFERENCE(path);
   CliResult r = RunCli({"info", "-m", path});  // -m works like the positional argument
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string& out = r.out;

@@ -35,6 +35,7 @@
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
 #include "runtime/model.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -139,7 +140,7 @@ std::string FileSha256(const GgufFile& f) {
 
 struct RefCase {
   std::string model;  // "ref-llama-f16"
-  int index = -1;     // case index in the JSON; -1: no vectors (skip)
+  int index = -1;     // case index in the JSON; -1: no vectors (skip); -2: unreadable vectors (fail)
   std::string id;     // "P1"
   bool llama_sums = false;  // ModelOptions::llama_attention_sums (both are run)
 };
@@ -160,7 +161,7 @@ std::vector<RefCase> ListCases() {
     }
     const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.contains("cases")) {
-      out.push_back({m, -1, "none"});
+      out.push_back({m, -2, "unreadable"});  // there, but not vectors: a failure
       continue;
     }
     for (bool sums : {false, true}) {
@@ -171,7 +172,7 @@ std::vector<RefCase> ListCases() {
   return out;
 }
 
-std::string CaseName(const testing::TestParamInfo<RefCase>& info) {
+std::string CaseName(const ::testing::TestParamInfo<RefCase>& info) {
   std::string s = info.param.model + "_" + info.param.id + (info.param.llama_sums ? "_llama_sums" : "");
   for (char& ch : s) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
@@ -187,7 +188,7 @@ struct Stats {
   size_t within_p99 = 0;
 };
 
-class ModelReferenceTest : public testing::TestWithParam<RefCase> {};
+class ModelReferenceTest : public ::testing::TestWithParam<RefCase> {};
 
 // Compares one output (the prediction after the token at `pos`) with a reference entry
 // {top: [[id, logit]...], logsumexp}.
@@ -214,8 +215,10 @@ void CompareOutput(const json& ref, const std::vector<float>& logits, const json
 
 TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   const RefCase& rc = GetParam();
-  if (rc.model == "none") GTEST_SKIP() << "no reference models in " << (kRefDir / "models");
-  if (rc.index < 0) GTEST_SKIP() << "no vectors/" << rc.model << ".json beside the model";
+  if (rc.model == "none") TIERKV_NEED_REFERENCE(kRefDir / "models" / "ref-llama-q8_0.gguf");
+  // A model may come without vectors (nothing to compare); vectors that are there must read.
+  if (rc.index == -1) GTEST_SKIP() << "no vectors/" << rc.model << ".json beside the model";
+  ASSERT_GE(rc.index, 0) << "vectors/" << rc.model << ".json is not JSON with \"cases\"";
 
   std::ifstream in(kRefDir / "vectors" / (rc.model + ".json"));
   const json j = json::parse(in);
@@ -341,7 +344,7 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   RecordProperty("max_logit_err", std::to_string(st.max_err));
 }
 
-INSTANTIATE_TEST_SUITE_P(Reference, ModelReferenceTest, testing::ValuesIn(ListCases()), CaseName);
+INSTANTIATE_TEST_SUITE_P(Reference, ModelReferenceTest, ::testing::ValuesIn(ListCases()), CaseName);
 
 }  // namespace
 }  // namespace tierkv

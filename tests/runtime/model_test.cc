@@ -22,6 +22,7 @@
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -29,15 +30,14 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kRefDir = fs::path(TIERKV_SHARED_DIR) / "reference";
 
-std::shared_ptr<const GgufFile> OpenRef(const std::string& name) {
-  auto f = GgufFile::Open((kRefDir / "models" / (name + ".gguf")).string());
-  if (!f.ok()) return nullptr;
-  return std::shared_ptr<const GgufFile>(std::move(f).value());
-}
+fs::path RefPath(const std::string& name) { return kRefDir / "models" / (name + ".gguf"); }
 
-#define REQUIRE_REF(file, name)                                                   \
-  std::shared_ptr<const GgufFile> file = OpenRef(name);                            \
-  if (file == nullptr) GTEST_SKIP() << "reference model " << name << " not found"
+// A reference model that is there must load: its absence skips the test, its failure fails it.
+#define REQUIRE_REF(file, name)                                                          \
+  TIERKV_NEED_REFERENCE(RefPath(name));                                                  \
+  auto file##_opened = GgufFile::Open(RefPath(name).string());                           \
+  ASSERT_TRUE(file##_opened.ok()) << file##_opened.status().ToString();                  \
+  const std::shared_ptr<const GgufFile> file(std::move(file##_opened).value())
 
 struct Runner {
   std::unique_ptr<MemoryManager> mm;
@@ -83,8 +83,9 @@ TEST(ModelTest, ConfigMatchesVectors) {
   for (const char* name : {"ref-llama-q4_k_m", "ref-qwen3moe-f16"}) {
     SCOPED_TRACE(name);
     REQUIRE_REF(file, name);
+    TIERKV_NEED_REFERENCE(kRefDir / "vectors" / (std::string(name) + ".json"));
     std::ifstream in(kRefDir / "vectors" / (std::string(name) + ".json"));
-    if (!in) GTEST_SKIP() << "no vectors";
+    ASSERT_TRUE(in) << "cannot read the vectors of " << name;
     const nlohmann::json m = nlohmann::json::parse(in)["model"];
     auto cfg = ReadModelConfig(*file);
     ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();

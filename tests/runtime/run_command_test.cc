@@ -7,11 +7,17 @@
 // context and --ignore-eos never samples an end-of-generation token.
 #include "runtime/cli/run_command.h"
 
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -27,6 +33,7 @@
 #include "kvcache/session_file.h"
 #include "runtime/run.h"
 #include "tests/runtime/cli_test_util.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -240,7 +247,7 @@ TEST(RunCommandTest, AutoHostGrowsToTheContext) {
 // with one line, and an unknown --chat-template is a bad flag.
 TEST(RunCommandTest, ChatUsesTheModelsTemplate) {
   const std::string ref = std::string(TIERKV_SHARED_DIR) + "/reference/models/";
-  if (!std::filesystem::exists(ref + "ref-qwen3moe-q8_0.gguf")) GTEST_SKIP() << "no reference models";
+  TIERKV_NEED_REFERENCE(ref + "ref-qwen3moe-q8_0.gguf");
   const std::vector<std::string> base = {"run", "-n", "2", "--no-warmup", "--mlock", "off", "-p", "Hi", "--json"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = base;
@@ -274,7 +281,7 @@ TEST(RunCommandTest, ChatUsesTheModelsTemplate) {
 // new turn, and all of the saved part is reused.
 TEST(RunCommandTest, ContinueAppendsATurnToTheSavedConversation) {
   const std::string model = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-q8_0.gguf";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << "no reference models";
+  TIERKV_NEED_REFERENCE(model);
   const std::string session = ::testing::TempDir() + "/continue_chat.tkv";
   std::filesystem::remove(session);
   auto turn = [&](const char* text) {
@@ -328,12 +335,12 @@ TEST(RunCommandTest, ContinueAppendsATurnToTheSavedConversation) {
     std::fputs("garbage!", f);
     std::fclose(f);
   }
-  const auto before = std::filesystem::file_size(session);
+  const std::string before = testing::FileBytes(session);
   const CliResult corrupt = turn("Again");
   EXPECT_EQ(corrupt.exit_code, 1);
   EXPECT_NE(corrupt.err.find(session), std::string::npos) << corrupt.err;
   EXPECT_EQ(Lines(corrupt.err), 1) << corrupt.err;
-  EXPECT_EQ(std::filesystem::file_size(session), before);
+  EXPECT_TRUE(testing::FileBytes(session) == before) << "the corrupt file is kept as it was";
   std::filesystem::remove(session);
 }
 
@@ -342,7 +349,7 @@ TEST(RunCommandTest, ContinueAppendsATurnToTheSavedConversation) {
 // replies), and the session is saved after each reply.
 TEST(RunCommandTest, InteractiveChatIsTheConversationContinueMakes) {
   const std::string model = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-q8_0.gguf";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << "no reference models";
+  TIERKV_NEED_REFERENCE(model);
   const std::string live = ::testing::TempDir() + "/interactive.tkv", steps = ::testing::TempDir() + "/steps.tkv";
   std::filesystem::remove(live);
   std::filesystem::remove(steps);
@@ -376,6 +383,121 @@ TEST(RunCommandTest, InteractiveChatIsTheConversationContinueMakes) {
   EXPECT_EQ(Lines(both.err), 1) << both.err;
   std::filesystem::remove(live);
   std::filesystem::remove(steps);
+}
+
+// A damaged session file at the command line: a flipped byte in a block is refused when
+// the block is paged in, a truncated file when it is opened; each is one line naming the
+// problem, exit 1, and the file's bytes stay as they were (nothing is "repaired" away).
+TEST(RunCommandTest, DamagedSessionIsRefusedAndKept) {
+  const std::string session = ::testing::TempDir() + "/run_command_damaged.tkv";
+  std::filesystem::remove(session);
+  const std::vector<std::string> run = {"run", "-m", "builtin:tiny-moe", "-p", "The sea was calm and the night was long",
+                                        "-n", "2", "--no-warmup", "--mlock", "off", "--session", session};
+  ASSERT_EQ(RunCli(run).exit_code, 0);
+  const std::string good = testing::FileBytes(session);
+  ASSERT_GT(good.size(), 4096u + 64);
+  auto write = [&](const std::string& bytes) {
+    std::ofstream(session, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  auto refused = [&](const std::string& what, const std::string& message) {
+    SCOPED_TRACE(what);
+    const std::string before = testing::FileBytes(session);
+    const CliResult r = RunCli(run);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_TRUE(testing::FileBytes(session) == before) << "the file changed";
+  };
+  std::string flipped = good;
+  flipped[4096 + 32 + 7] ^= 0x10;  // the first record's block bytes, past its 32-byte header
+  write(flipped);
+  refused("flipped block", "checksum");
+  write(good.substr(0, good.size() - 40));  // the manifest's tail is gone
+  refused("truncated", session);
+  write(good);
+  EXPECT_EQ(RunCli(run).exit_code, 0) << "the good file still restores";
+  std::filesystem::remove(session);
+}
+
+// A save that runs out of room (here the file-size limit, RLIMIT_FSIZE: EFBIG, as a full
+// disk gives ENOSPC) fails the run with one line; the session file keeps the bytes of
+// its last save and no temporary file is left.
+TEST(RunCommandTest, SaveThatCannotWriteKeepsTheOldSession) {
+  const std::string session = ::testing::TempDir() + "/run_command_full.tkv";
+  std::filesystem::remove(session);
+  auto run = [&](const std::string& prompt) {
+    return RunCli({"run", "-m", "builtin:tiny-moe", "-p", prompt, "-n", "2", "--no-warmup", "--mlock", "off",
+                   "--session", session});
+  };
+  ASSERT_EQ(run("The sea").exit_code, 0);
+  const std::string saved = testing::FileBytes(session);
+  ASSERT_FALSE(saved.empty());
+  struct rlimit old {};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  struct rlimit low = old;
+  // The tail block grows, so the save writes the session afresh beside the old one (a
+  // compaction: its garbage would outgrow the live blocks); half the old size stops it.
+  low.rlim_cur = saved.size() / 2;
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  const CliResult r = run("The sea was calm and the night was long, and the ship sailed on");
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("saving session " + session), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+  EXPECT_EQ(Lines(r.err.substr(r.err.find("error: "))), 1) << r.err;
+  EXPECT_TRUE(testing::FileBytes(session) == saved) << "the last save's bytes are kept";
+  EXPECT_TRUE(SessionFile::Verify(session).ok());
+  EXPECT_FALSE(std::filesystem::exists(session + ".tmp." + std::to_string(getpid()))) << "the temporary file is removed";
+  std::filesystem::remove(session);
+}
+
+// Drops CAP_IPC_LOCK from this thread's effective set for its lifetime (root ignores
+// RLIMIT_MEMLOCK with it) and lowers RLIMIT_MEMLOCK, so that mlock fails as it does for
+// an unprivileged user with the usual 8 MiB limit.
+class MlockRefused {
+ public:
+  MlockRefused() {
+    header_.version = _LINUX_CAPABILITY_VERSION_3;
+    if (syscall(SYS_capget, &header_, saved_) != 0 || getrlimit(RLIMIT_MEMLOCK, &limit_) != 0) return;
+    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
+    dropped[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &= ~CAP_TO_MASK(CAP_IPC_LOCK);
+    struct rlimit low = limit_;
+    low.rlim_cur = 64 * 1024;
+    ok_ = syscall(SYS_capset, &header_, dropped) == 0 && setrlimit(RLIMIT_MEMLOCK, &low) == 0;
+  }
+  ~MlockRefused() {
+    setrlimit(RLIMIT_MEMLOCK, &limit_);
+    syscall(SYS_capset, &header_, saved_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  __user_cap_header_struct header_{};
+  __user_cap_data_struct saved_[2]{};
+  struct rlimit limit_ {};
+  bool ok_ = false;
+};
+
+// A host tier that cannot be locked: --mlock require refuses the run with one line
+// naming mlock and the limit; --mlock try warns the same way and runs unpinned.
+TEST(RunCommandTest, FailedMlockFailsUnderRequireAndWarnsUnderTry) {
+  auto run = [](const char* mode) {
+    return RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--host", "16MiB", "--mlock", mode});
+  };
+  MlockRefused refused;
+  ASSERT_TRUE(refused.ok()) << "cannot lower RLIMIT_MEMLOCK here";
+  const CliResult require = run("require");
+  EXPECT_EQ(require.exit_code, 1) << require.err;
+  EXPECT_EQ(require.err.rfind("error: host tier: mlock of 16.0 MiB failed: ", 0), 0u) << require.err;
+  EXPECT_NE(require.err.find("RLIMIT_MEMLOCK soft limit 64.0 KiB"), std::string::npos) << require.err;
+  EXPECT_EQ(Lines(require.err), 1) << require.err;
+  const CliResult attempt = run("try");
+  EXPECT_EQ(attempt.exit_code, 0) << attempt.err;
+  EXPECT_NE(attempt.err.find("mlock of 16.0 MiB failed"), std::string::npos) << attempt.err;
+  EXPECT_NE(attempt.err.find("continuing unpinned [--mlock try]"), std::string::npos) << attempt.err;
 }
 
 // -f - reads the prompt from standard input.

@@ -16,6 +16,8 @@
 #include "kernels/cpu_features.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
+#include "tests/runtime/cli_test_util.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -162,7 +164,9 @@ TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
   EXPECT_EQ(cut->prefill_tokens, 64);
   EXPECT_TRUE(cut->saved);
   EXPECT_FALSE(stop.load());
-  EXPECT_EQ(SessionFile::Inspect(session)->tokens.size(), 64u);
+  const auto saved = SessionFile::Inspect(session);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->tokens.size(), 64u);
 
   RunOptions again = Tiny(prompt, 6);
   again.session = session;
@@ -175,7 +179,7 @@ TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
   EXPECT_EQ(resumed->prompt_tokens, whole->prompt_tokens);
 
   // A stop before anything new is computed leaves the session file as it was.
-  const auto bytes = std::filesystem::file_size(session);
+  const std::string bytes = testing::FileBytes(session);
   stop = true;
   RunOptions none = Tiny(prompt + "More.", 6);
   none.session = session;
@@ -184,7 +188,7 @@ TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->interrupted);
   EXPECT_FALSE(r->saved);
-  EXPECT_EQ(std::filesystem::file_size(session), bytes);
+  EXPECT_TRUE(testing::FileBytes(session) == bytes) << "the session file changed";
   std::filesystem::remove(session);
 }
 
@@ -306,7 +310,9 @@ TEST(RunTest, InteractiveTurnsExtendOneContext) {
     ASSERT_EQ(c->turns.size(), 1u);
     const size_t before = c->prompt_tokens.size() + c->generated_tokens.size();  // the first reply, fed
     EXPECT_EQ(c->kv_tokens, static_cast<int>(before));
-    EXPECT_EQ(SessionFile::Inspect(session)->tokens.size(), before);
+    const auto saved = SessionFile::Inspect(session);
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    EXPECT_EQ(saved->tokens.size(), before);
     std::filesystem::remove(session);
   }
 
@@ -332,7 +338,7 @@ TEST(RunTest, InteractiveTurnsExtendOneContext) {
 // AVX2 level too (its Q8_0 products sum in the same order there). Elsewhere the file's
 // tolerance.
 TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
-  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  TIERKV_NEED_REFERENCE(kRef);
   const bool avx512 = kernels::DetectedSimdLevel() >= kernels::SimdLevel::kAvx512;
   const bool avx2 = kernels::DetectedSimdLevel() >= kernels::SimdLevel::kAvx2;
   for (const bool llama_sums : {false, true}) {
@@ -401,7 +407,7 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
 // -b: the prompt in chunks of any size reports the same logits and tokens, bit for bit,
 // as one token at a time.
 TEST(RunTest, PrefillBatchSizeDoesNotChangeTheResult) {
-  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  TIERKV_NEED_REFERENCE(kRef);
   std::ifstream in(kRef + "/vectors/ref-qwen3moe-q8_0.json");
   const auto ref = nlohmann::json::parse(in);
   std::vector<RunReport> reports;
@@ -448,7 +454,7 @@ TEST(FingerprintTest, CoversTheWeightsAndNamesTheTypes) {
   EXPECT_NE(fp(image(2, 9)).hash, a.hash);
   EXPECT_NE(a.description.find("F32"), std::string::npos) << a.description;
 
-  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  TIERKV_NEED_REFERENCE(kRef);
   auto open = [](const std::string& model) {
     auto file = GgufFile::Open(kRef + "/models/" + model + ".gguf");
     EXPECT_TRUE(file.ok()) << file.status().ToString();
@@ -464,7 +470,7 @@ TEST(FingerprintTest, CoversTheWeightsAndNamesTheTypes) {
 }
 
 TEST(RunTest, SessionRoundTripReusesThePrefixAndRefusesAnotherModel) {
-  if (!std::filesystem::exists(kRef)) GTEST_SKIP() << "no reference vectors at " << kRef;
+  TIERKV_NEED_REFERENCE(kRef);
   const std::string path = ::testing::TempDir() + "/run_test_session.tkv";
   std::filesystem::remove(path);
   RunOptions a = Options("ref-llama-q4_0");
@@ -488,14 +494,15 @@ TEST(RunTest, SessionRoundTripReusesThePrefixAndRefusesAnotherModel) {
   EXPECT_GT(longer->reused_prefix_tokens, 3);
   EXPECT_LT(longer->reused_prefix_tokens, static_cast<int>(longer->prompt_tokens.size()));
   // Another model: refused, the file untouched.
-  const auto size = std::filesystem::file_size(path);
+  const std::string saved_bytes = testing::FileBytes(path);
+  ASSERT_FALSE(saved_bytes.empty());
   RunOptions c = Options("ref-qwen3moe-q8_0");
   c.prompt = "hi";
   c.session = path;
   auto wrong = RunSession(c);
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("wrong model"), std::string::npos) << wrong.status().message();
-  EXPECT_EQ(std::filesystem::file_size(path), size);
+  EXPECT_TRUE(testing::FileBytes(path) == saved_bytes) << "the session file changed";
   std::filesystem::remove(path);
 }
 

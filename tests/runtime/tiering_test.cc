@@ -15,6 +15,7 @@
 #include "runtime/builtin_model.h"
 #include "runtime/model.h"
 #include "tests/memory/mm_test_util.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -98,7 +99,7 @@ std::vector<float> Decode(std::shared_ptr<const GgufFile> file, KvCodec codec, c
 }
 
 TEST(TieringTest, ForcedEvictionEveryStepGivesBitIdenticalLogits) {
-  if (!std::filesystem::exists(kModels)) GTEST_SKIP() << "no reference models at " << kModels;
+  TIERKV_NEED_REFERENCE(kModels);
   auto file = GgufFile::Open(kModels + "/ref-llama-q8_0.gguf");
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   std::shared_ptr<const GgufFile> shared = std::move(file).value();
@@ -125,7 +126,7 @@ TEST(TieringTest, ForcedEvictionEveryStepGivesBitIdenticalLogits) {
 // the same bits resident and with every block streamed through a tiny device tier, and
 // a chunk's queries taken a few at a time change nothing.
 TEST(TieringTest, LlamaSumsGiveBitIdenticalLogitsWhenStreamed) {
-  if (!std::filesystem::exists(kModels)) GTEST_SKIP() << "no reference models at " << kModels;
+  TIERKV_NEED_REFERENCE(kModels);
   auto file = GgufFile::Open(kModels + "/ref-llama-f16.gguf");
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   std::shared_ptr<const GgufFile> shared = std::move(file).value();
@@ -155,7 +156,7 @@ TEST(TieringTest, LlamaSumsGiveBitIdenticalLogitsWhenStreamed) {
 // time through a tiny device tier (the two passes apart), and with the chunk's queries
 // taken a few at a time.
 TEST(TieringTest, PrefillChunksGiveBitIdenticalLogits) {
-  if (!std::filesystem::exists(kModels)) GTEST_SKIP() << "no reference models at " << kModels;
+  TIERKV_NEED_REFERENCE(kModels);
   auto file = GgufFile::Open(kModels + "/ref-llama-q8_0.gguf");
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   std::shared_ptr<const GgufFile> shared = std::move(file).value();

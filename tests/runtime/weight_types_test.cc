@@ -24,6 +24,7 @@
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
 #include "tests/runtime/model_test_util.h"
+#include "tests/runtime/reference_util.h"
 
 namespace tierkv {
 namespace {
@@ -366,8 +367,9 @@ ModelPair Requantize(const GgufFile& src, WeightType type) {
 }
 
 TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
+  TIERKV_NEED_REFERENCE(kRefModel);
   auto opened = GgufFile::Open(kRefModel.string());
-  if (!opened.ok()) GTEST_SKIP() << "reference model not found: " << kRefModel;
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   const std::shared_ptr<const GgufFile> src = std::move(opened).value();
   // Token ids of P1 of the reference set, then a few more.
   const std::vector<int> tokens = {1, 450, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203,
@@ -430,8 +432,9 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
 // refused when the model loads, with one line naming the tensor, its type and the types
 // that are read.
 TEST(WeightTypesTest, UnreadableTypeIsRefusedNamingTheTensor) {
+  TIERKV_NEED_REFERENCE(kRefModel);
   auto opened = GgufFile::Open(kRefModel.string());
-  if (!opened.ok()) GTEST_SKIP() << "reference model not found: " << kRefModel;
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   const std::unique_ptr<GgufFile> src = std::move(opened).value();
   GgufWriter w;
   CopyScalarMetadata(*src, w);

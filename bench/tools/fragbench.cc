@@ -133,7 +133,7 @@ void AddFragbenchCommand(CLI::App& app, int& exit_code) {
     const Status st = run();
     if (!st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
-      exit_code = 1;
+      exit_code = FailureExitCode(st);
     }
   });
 }

@@ -108,7 +108,7 @@ std::vector<std::string> WorkloadNames() { return {"default", "chat", "long"}; }
 Result<Workload> GenerateWorkload(const WorkloadOptions& options) {
   const std::vector<LengthClass>* mix = FindMix(options.name);
   if (mix == nullptr) {
-    return Status::InvalidArgument("unknown workload '" + options.name +
+    return Status::InvalidArgument("--workload: unknown workload '" + options.name +
                                    "' (expected default, chat or long, or use --trace FILE)");
   }
   if (options.sessions == 0) return Status::InvalidArgument("--sessions must be at least 1");

@@ -5,6 +5,8 @@
 // those of the code paths a decode uses, including their merging of adjacent ops.
 #include "bench/tools/probe.h"
 
+#include "bench/tools/cli_checks.h"
+
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -331,7 +333,7 @@ DeviceReport ProbeDevice(const ProbeOptions& options, TierBackend& src, TierBack
 
 Status ValidateOptions(const ProbeOptions& o) {
   if (o.buffer_bytes < kMinBufferBytes || o.buffer_bytes % kDirectAlign != 0) {
-    return Status::InvalidArgument("the probe buffer (--size) must be at least " + FormatBytes(kMinBufferBytes) +
+    return Status::InvalidArgument("--size must be at least " + FormatBytes(kMinBufferBytes) +
                                    " and a multiple of 4 KiB, not " + std::to_string(o.buffer_bytes) + " bytes");
   }
   if (o.op_bytes == 0 || o.op_bytes % kDirectAlign != 0) {
@@ -617,14 +619,14 @@ void AddProbeCommand(CLI::App& app, int& exit_code) {
     auto size = ParseSize(args->size);
     if (!size.ok()) {
       std::fprintf(stderr, "error: --size: %s\n", size.status().message().c_str());
-      exit_code = 1;
+      exit_code = 2;
       return;
     }
     args->options.buffer_bytes = *size;
     auto report = RunProbe(args->options);
     if (!report.ok()) {
       std::fprintf(stderr, "error: probe: %s\n", report.status().message().c_str());
-      exit_code = 1;
+      exit_code = FailureExitCode(report.status());
       return;
     }
     const std::string out = args->json ? FormatProbeJson(*report) : FormatProbeTable(*report);

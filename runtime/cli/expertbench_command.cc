@@ -313,7 +313,7 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
     Status st = RunExpertbench(*o, stdout, stderr);
     if (!st.ok()) {
       std::fprintf(stderr, "error: expertbench: %s\n", st.message().c_str());
-      exit_code = 1;
+      exit_code = tools::FailureExitCode(st);
       return;
     }
     std::fflush(stdout);

@@ -670,19 +670,25 @@ TEST_F(FragbenchCli, ErrorsAreOneLineAndNonZero) {
   EXPECT_TRUE(out_.empty());
   std::remove(trace.c_str());
 
-  const std::pair<std::string, std::string> cases[] = {
-      {"fragbench --trace x.csv --sessions 5", "--sessions applies to generated workloads"},
-      {"fragbench --trace x.csv --workload long", "--trace and --workload exclude each other"},
-      {"fragbench --workload huge", "unknown workload 'huge'"},
-      {"fragbench --arena 1GiB --sessions 20", "--arena 1.00 GiB cannot hold one contiguous reservation"},
-      {"fragbench --arena lots", "--arena"},
-      {"fragbench --bytes-per-token 0", "--bytes-per-token must be between"},
-      {"fragbench --allocators paged,tcmalloc", "unknown allocator 'tcmalloc'"},
-      {"fragbench --max-tokens 100000 --sessions 300", "more than --max-tokens 100000"},
-      {"fragbench --trace /nonexistent/t.csv", "cannot open trace /nonexistent/t.csv"},
+  // A bad flag value exits 2, as CLI11's usage errors do; a workload or trace that cannot
+  // be replayed exits 1.
+  const struct {
+    std::string args, what;
+    int code;
+  } cases[] = {
+      {"fragbench --trace x.csv --sessions 5", "--sessions applies to generated workloads", 2},
+      {"fragbench --trace x.csv --workload long", "--trace and --workload exclude each other", 2},
+      {"fragbench --workload huge", "--workload: unknown workload 'huge'", 2},
+      {"fragbench --arena 1GiB --sessions 20", "--arena 1.00 GiB cannot hold one contiguous reservation", 2},
+      {"fragbench --arena lots", "--arena", 2},
+      {"fragbench --bytes-per-token 0", "--bytes-per-token must be between", 2},
+      {"fragbench --allocators paged,tcmalloc", "unknown allocator 'tcmalloc'", 2},
+      {"fragbench --sessions 0", "--sessions must be at least 1", 2},
+      {"fragbench --max-tokens 100000 --sessions 300", "more than --max-tokens 100000", 1},
+      {"fragbench --trace /nonexistent/t.csv", "cannot open trace /nonexistent/t.csv", 1},
   };
-  for (const auto& [args, what] : cases) {
-    EXPECT_EQ(Run(args), 1) << args;
+  for (const auto& [args, what, code] : cases) {
+    EXPECT_EQ(Run(args), code) << args;
     EXPECT_THAT(err_, StartsWith("error: ")) << args;
     EXPECT_THAT(err_, HasSubstr(what)) << args;
     EXPECT_EQ(std::count(err_.begin(), err_.end(), '\n'), 1) << args << ": " << err_;

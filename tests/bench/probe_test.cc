@@ -345,8 +345,11 @@ TEST(ProbeCliTest, BadSizeIsAnError) {
   ::testing::internal::CaptureStderr();
   const int code = RunCli({"probe", "--disk-dir", tmp.path(), "--size", "12 parsecs"});
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(code, 1);
+  EXPECT_EQ(code, 2) << "a bad flag value is a usage error";
   EXPECT_NE(err.find("--size"), std::string::npos) << err;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCli({"probe", "--disk-dir", tmp.path(), "--size", "0"}), 2);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("--size must be at least 64.0 KiB"), std::string::npos);
 }
 
 TEST(ProbeCliTest, JsonOnStdout) {

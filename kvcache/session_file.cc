@@ -735,6 +735,7 @@ SessionSummary SessionFile::Summarize(const Loaded& loaded) {
   s.file_bytes = loaded.file_bytes;
   s.block_bytes = loaded.header.block_bytes;
   s.live_bytes = kHeaderBytes + s.n_records * (kRecordHeaderBytes + s.block_bytes) + loaded.slot.manifest_bytes;
+  s.note = loaded.note;
   return s;
 }
 

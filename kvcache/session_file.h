@@ -79,6 +79,7 @@ struct SessionSummary {  // what `session inspect` prints
   uint64_t file_bytes = 0;
   uint64_t block_bytes = 0;
   uint64_t live_bytes = 0;       // header + referenced records + manifest
+  std::string note;              // the newest save was unreadable and an older one is used: why ("" else)
 };
 
 class SessionFile : public PageSource, public std::enable_shared_from_this<SessionFile> {

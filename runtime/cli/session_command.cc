@@ -25,7 +25,8 @@ nlohmann::json SummaryJson(const SessionSummary& s) {
           {"blocks", s.n_records},
           {"block_bytes", s.block_bytes},
           {"file_bytes", s.file_bytes},
-          {"live_bytes", s.live_bytes}};
+          {"live_bytes", s.live_bytes},
+          {"note", s.note}};
 }
 
 void PrintSummary(const SessionSummary& s, const std::string& path) {
@@ -39,6 +40,9 @@ void PrintSummary(const SessionSummary& s, const std::string& path) {
   std::printf("file      %s, of which %s referenced by the last save (%.1f%% garbage from earlier saves)\n",
               FormatBytes(s.file_bytes).c_str(), FormatBytes(s.live_bytes).c_str(),
               s.file_bytes ? 100.0 * (1.0 - static_cast<double>(s.live_bytes) / static_cast<double>(s.file_bytes)) : 0.0);
+  // The commit in use is an older one (the newest was torn or damaged): run restores it
+  // with a warning, verify fails on it.
+  if (!s.note.empty()) std::printf("note      %s\n", s.note.c_str());
   if (!s.tokens.empty()) {
     std::printf("token ids");
     for (size_t i = 0; i < s.tokens.size() && i < 16; ++i) std::printf(" %d", s.tokens[i]);

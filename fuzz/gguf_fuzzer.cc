@@ -1,11 +1,11 @@
 // fuzz/gguf_fuzzer.cc
 //
-// libFuzzer entry point for the GGUF reader. Not part of the CMake build; build and run
-// it by hand with clang (docs/gguf.md, "Fuzzing"):
+// libFuzzer entry point for the GGUF reader. The CMake build compiles it with a plain
+// main() (fuzz/standalone_main.cc: `build/<kind>/fuzz/gguf_fuzzer FILE...` replays
+// inputs); fuzzing needs clang's libFuzzer, by hand (docs/gguf.md, "Fuzzing"):
 //
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. \
-//     fuzz/gguf_fuzzer.cc runtime/gguf.cc runtime/ggml_types.cc runtime/unicode.cc memory/status.cc \
-//     -o /tmp/gguf_fuzzer
+//   src="fuzz/gguf_fuzzer.cc runtime/gguf.cc runtime/ggml_types.cc runtime/unicode.cc memory/status.cc"
+//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. $src -o /tmp/gguf_fuzzer
 //   /tmp/gguf_fuzzer -max_len=65536 corpus_dir/
 //
 // Every input must give an error Status or a file whose tensors lie inside the input;

@@ -15,8 +15,9 @@
 // each task its own output (rows of a matvec, heads of attention) and never reduce
 // across tasks in completion order.
 //
-// Thread-safety: ParallelFor may be called from any thread; concurrent calls are
-// serialised. A task that calls ParallelFor on the pool it runs on gets the nested
+// Thread-safety: ParallelFor may be called from any thread; concurrent calls that use
+// the workers are serialised (one runs at a time); a call of one task, or on a pool
+// without workers, runs on its caller at once, beside any other. A task that calls ParallelFor on the pool it runs on gets the nested
 // loop inline on its own thread (no deadlock, no extra parallelism).
 #pragma once
 

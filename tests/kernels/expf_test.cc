@@ -74,18 +74,22 @@ __attribute__((target("avx2,fma"))) void Exp8Array(const float* x, float* out, s
   for (size_t i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, ExpGgml8(_mm256_loadu_ps(x + i)));
 }
 
-TEST(ExpfTest, VectorFormsAreTheScalarDefinition) {
-  std::vector<float> x = SweepInputs();
-  x.resize(x.size() / 16 * 16);
+// The vector forms give ExpGgml's bits, lane by lane. Skipped, not passed, where the CPU
+// (or TIERKV_SIMD) cannot run them.
+TEST(ExpfTest, Avx2FormIsTheScalarDefinition) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx2) GTEST_SKIP() << "no AVX2+FMA: ExpGgml8 cannot run here";
+  const std::vector<float> x = SweepInputs();
   std::vector<float> got(x.size());
-  if (DetectedSimdLevel() >= SimdLevel::kAvx512) {
-    Exp16Array(x.data(), got.data(), x.size());
-    for (size_t i = 0; i < x.size(); ++i) ExpectSameBits(got[i], ExpGgml(x[i]), x[i]);
-  }
-  if (DetectedSimdLevel() >= SimdLevel::kAvx2) {
-    Exp8Array(x.data(), got.data(), x.size());
-    for (size_t i = 0; i < x.size(); ++i) ExpectSameBits(got[i], ExpGgml(x[i]), x[i]);
-  }
+  Exp8Array(x.data(), got.data(), x.size());
+  for (size_t i = 0; i < x.size() / 8 * 8; ++i) ExpectSameBits(got[i], ExpGgml(x[i]), x[i]);
+}
+
+TEST(ExpfTest, Avx512FormIsTheScalarDefinition) {
+  if (DetectedSimdLevel() < SimdLevel::kAvx512) GTEST_SKIP() << "no AVX-512: ExpGgml16 cannot run here";
+  const std::vector<float> x = SweepInputs();
+  std::vector<float> got(x.size());
+  Exp16Array(x.data(), got.data(), x.size());
+  for (size_t i = 0; i < x.size() / 16 * 16; ++i) ExpectSameBits(got[i], ExpGgml(x[i]), x[i]);
 }
 #endif
 

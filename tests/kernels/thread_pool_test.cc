@@ -5,6 +5,7 @@
 #include "kernels/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -53,17 +54,37 @@ TEST(ThreadPoolTest, NestedCallsRunInline) {
   EXPECT_EQ(total.load(), 40);
 }
 
+// "Concurrent calls are serialised": one caller's job at a time, so tasks of two callers
+// never run at once (tasks of one job do). Each running task adds 1 to its caller's
+// 16-bit field of `running`; the fetch_add sees every field at once, so an overlap with
+// another caller's task is seen by whichever task starts second. Tasks spin a little
+// (~2 us) so that overlaps, if the pool allowed them, would be long.
 TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
+  constexpr int kCallers = 3;
   ThreadPool pool(3);
   std::atomic<int64_t> total{0};
+  std::atomic<uint64_t> running{0};  // [kCallers] 16-bit counts of running tasks
+  std::atomic<int> overlaps{0};
   std::vector<std::thread> callers;
-  for (int c = 0; c < 3; ++c) {
-    callers.emplace_back([&] {
-      for (int rep = 0; rep < 200; ++rep) pool.ParallelFor(17, [&](int64_t i) { total.fetch_add(i); });
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      const uint64_t mine = uint64_t{1} << (16 * c), mine_mask = uint64_t{0xffff} << (16 * c);
+      for (int rep = 0; rep < 200; ++rep) {
+        pool.ParallelFor(17, [&](int64_t i) {
+          const uint64_t now = running.fetch_add(mine) + mine;
+          if ((now & ~mine_mask) != 0) overlaps.fetch_add(1);
+          const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(2);
+          while (std::chrono::steady_clock::now() < until) {
+          }
+          total.fetch_add(i);
+          running.fetch_sub(mine);
+        });
+      }
     });
   }
   for (auto& t : callers) t.join();
-  EXPECT_EQ(total.load(), 3 * 200 * (16 * 17 / 2));
+  EXPECT_EQ(total.load(), kCallers * 200 * (16 * 17 / 2));
+  EXPECT_EQ(overlaps.load(), 0) << "tasks of two callers ran at the same time";
 }
 
 // AvailableCpus follows the affinity mask (taskset, container CPU sets), and a pool of 0

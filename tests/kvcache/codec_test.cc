@@ -326,21 +326,52 @@ TEST(CodecRoundTripTest, TqRelativeErrorWithinBounds) {
 }
 
 TEST(CodecRoundTripTest, ZeroAndNonFiniteVectors) {
-  for (const CodecDim& cd : kAllCodecDims) {
-    std::unique_ptr<VectorCodec> c = MakeCodec(cd.codec, cd.head_dim);
-    const int d = cd.head_dim;
-    std::vector<float> x(d, 0.0f), back(d, 1.0f);
-    std::vector<uint8_t> enc(c->vector_bytes());
-    c->Encode(x.data(), enc.data());
-    c->Decode(enc.data(), back.data());
-    for (int i = 0; i < d; ++i) ASSERT_EQ(back[i], 0.0f) << Name(cd);
-    x[d / 2] = NAN;
-    c->Encode(x.data(), enc.data());
-    c->Decode(enc.data(), back.data());
-    bool any_nan = false;
-    for (float v : back) any_nan |= std::isnan(v);
-    if (cd.codec != KvCodec::kQ8_0 && cd.codec != KvCodec::kQ4_0) {
-      EXPECT_TRUE(any_nan) << Name(cd) << ": a NaN input must not decode to finite values";
+  struct ResetKernels {
+    ~ResetKernels() { ForceGenericKernels(false); }
+  } reset;  // also after a failed ASSERT
+  for (bool generic : {false, true}) {
+    ForceGenericKernels(generic);
+    SCOPED_TRACE(generic ? "generic kernels" : "default kernels");
+    for (const CodecDim& cd : kAllCodecDims) {
+      std::unique_ptr<VectorCodec> c = MakeCodec(cd.codec, cd.head_dim);
+      const int d = cd.head_dim;
+      std::vector<float> x(d, 0.0f), back(d, 1.0f);
+      std::vector<uint8_t> enc(c->vector_bytes());
+      c->Encode(x.data(), enc.data());
+      c->Decode(enc.data(), back.data());
+      for (int i = 0; i < d; ++i) ASSERT_EQ(back[i], 0.0f) << Name(cd);
+      x[d / 2] = NAN;
+      c->Encode(x.data(), enc.data());
+      c->Decode(enc.data(), back.data());
+      if (cd.codec != KvCodec::kQ8_0 && cd.codec != KvCodec::kQ4_0) {
+        bool any_nan = false;
+        for (float v : back) any_nan |= std::isnan(v);
+        EXPECT_TRUE(any_nan) << Name(cd) << ": a NaN input must not decode to finite values";
+        continue;
+      }
+      // q8_0 / q4_0 (docs/codecs.md): the NaN is left out of the block's scale (here 0,
+      // the other values being 0) and clamped, so the block stays finite: all zeros.
+      for (int i = 0; i < d; ++i) ASSERT_EQ(back[i], 0.0f) << Name(cd) << " element " << i;
+      // Among finite values the NaN still leaves the scale alone, so every other element
+      // decodes as with a 0 in its place; q8_0 stores it as -127 (decoded -127 d).
+      std::vector<float> y = RandomRows(1, d, 9, false), with_zero(d);
+      y[d / 2] = 0.0f;
+      c->Encode(y.data(), enc.data());
+      c->Decode(enc.data(), with_zero.data());
+      y[d / 2] = NAN;
+      c->Encode(y.data(), enc.data());
+      c->Decode(enc.data(), back.data());
+      for (int i = 0; i < d; ++i) {
+        ASSERT_TRUE(std::isfinite(back[i])) << Name(cd) << " element " << i;
+        if (i != d / 2) {
+          ASSERT_EQ(back[i], with_zero[i]) << Name(cd) << " element " << i;
+        }
+      }
+      if (cd.codec == KvCodec::kQ8_0) {
+        const uint8_t* block = enc.data() + (d / 2) / 32 * 34;  // {fp16 d; int8 qs[32]}
+        EXPECT_EQ(static_cast<int8_t>(block[2 + (d / 2) % 32]), -127) << Name(cd);
+        EXPECT_EQ(back[d / 2], -127.0f * LoadHalf(block)) << Name(cd);
+      }
     }
   }
 }
@@ -435,6 +466,7 @@ TEST(CodecFusedTest, MatchesDecodeWithEveryKernel) {
 }
 
 TEST(CodecFusedTest, GenericAndDefaultKernelsAgree) {
+  if (!codec_internal::UseAvx2Kernels()) GTEST_SKIP() << "no AVX2+FMA+F16C: the default kernels are the generic ones";
   for (const CodecDim& cd : kAllCodecDims) {
     const int d = cd.head_dim;
     const int n = 8;
@@ -444,7 +476,9 @@ TEST(CodecFusedTest, GenericAndDefaultKernelsAgree) {
     std::unique_ptr<VectorCodec> generic = MakeCodec(cd.codec, d);
     ForceGenericKernels(false);
     std::unique_ptr<VectorCodec> fast = MakeCodec(cd.codec, d);
-    EXPECT_STREQ(generic->kernel_name(), "generic");
+    ASSERT_STREQ(generic->kernel_name(), "generic");
+    // Otherwise this compares the generic kernels with themselves.
+    ASSERT_STRNE(fast->kernel_name(), "generic") << Name(cd);
     std::vector<uint8_t> e1(n * fast->vector_bytes()), e2(e1.size());
     generic->EncodeMany(k.data(), n, e1.data());
     fast->EncodeMany(k.data(), n, e2.data());

@@ -3,9 +3,11 @@
 // Status / Result (memory/status.h), ParseSize / FormatBytes (memory/size.h) and the
 // tier names (memory/types.h).
 #include <cerrno>
+#include <concepts>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -297,9 +299,15 @@ TEST(TypesTest, TierNamesAndOrder) {
 TEST(TypesTest, StrongIdValidityAndOrder) {
   EXPECT_FALSE(PageId().valid());
   EXPECT_TRUE(PageId(0).valid());
-  EXPECT_EQ(PageId(3), PageId(3));
+  EXPECT_EQ(PageId(), PageId(PageId::kInvalid));  // the default is the invalid id
+  EXPECT_EQ(PageId(3).value, 3u);
+  EXPECT_NE(PageId(3), PageId(4));  // equal only with the same value
   EXPECT_LT(FrameId(2), FrameId(5));
   EXPECT_EQ(std::hash<PageId>()(PageId(9)), std::hash<uint32_t>()(9u));
+  // Pages and frames cannot be mixed up, nor made from a bare integer implicitly.
+  static_assert(!std::is_convertible_v<PageId, FrameId> && !std::is_constructible_v<FrameId, PageId>);
+  static_assert(!std::equality_comparable_with<PageId, FrameId>);
+  static_assert(!std::is_convertible_v<uint32_t, PageId>);
 }
 
 }  // namespace

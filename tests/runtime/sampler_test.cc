@@ -67,13 +67,21 @@ TEST(SamplerTest, SameSeedSameTokensAndTopKLimitsTheChoice) {
 }
 
 TEST(SamplerTest, TopPKeepsTheSmallestSufficientSetAndTemperatureShapesFrequencies) {
-  // p = softmax([2, 1, 0, -5]) ~ [0.665, 0.245, 0.090, 0.0006]: top-p 0.8 keeps {0, 1}.
+  // p = softmax([2, 1, 0, -5]) ~ [0.665, 0.245, 0.090, 0.0006]: top-p 0.8 keeps {0, 1}
+  // (at temperature 1, whatever the temperature). The draw between them is at the
+  // temperature: P(0) = 1 / (1 + exp(-1 / T)) = 0.881, 0.731, 0.622 at T = 0.5, 1, 2.
+  // 4000 draws: a standard deviation of 0.007 (<= 0.03 / 4); the three lie >= 0.1 apart,
+  // so a sampler that ignored the temperature fails at T = 0.5 and 2.
   const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -5.0f};
-  Sampler s(Opts(1.0f, 0, 0.8f, 7));
-  std::map<int32_t, int> seen = Draws(s, logits, 4000);
-  EXPECT_EQ(seen.size(), 2u);
-  const double p0 = seen[0] / 4000.0;
-  EXPECT_NEAR(p0, 0.665 / (0.665 + 0.245), 0.03);
+  for (const float t : {0.5f, 1.0f, 2.0f}) {
+    SCOPED_TRACE("T = " + std::to_string(t));
+    Sampler s(Opts(t, 0, 0.8f, 7));
+    std::map<int32_t, int> seen = Draws(s, logits, 4000);
+    EXPECT_EQ(seen.size(), 2u);
+    EXPECT_EQ(seen[0] + seen[1], 4000);
+    const double p0 = seen[0] / 4000.0;
+    EXPECT_NEAR(p0, 1.0 / (1.0 + std::exp(-1.0 / t)), 0.03);
+  }
 }
 
 TEST(SamplerTest, TopPAndMinPActOnTheDistributionAtTemperatureOne) {

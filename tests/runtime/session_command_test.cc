@@ -28,14 +28,23 @@ int RunCli(std::vector<std::string> args) {
   return exit_code;
 }
 
-TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
+// A session of 20 tokens in a small geometry, ready to save to path.
+struct Saved {
   testing::TempDir dir;
-  auto mm = testing::MakeManager({}, dir.path());
-  auto cache = KvCache::Create(mm.get(), testing::SmallGeometry()).value();
-  const SeqId s = cache->NewSequence();
-  testing::AppendTokens(*cache, s, 0, 20, 1);
-  const std::string path = dir.path() + "/s.tkv";
-  std::vector<int32_t> tokens(20, 7);
+  std::unique_ptr<MemoryManager> mm = testing::MakeManager({}, dir.path());
+  std::unique_ptr<KvCache> cache = KvCache::Create(mm.get(), testing::SmallGeometry()).value();
+  SeqId s = [this] {
+    const SeqId seq = cache->NewSequence();
+    testing::AppendTokens(*cache, seq, 0, 20, 1);
+    return seq;
+  }();
+  std::string path = dir.path() + "/s.tkv";
+  std::vector<int32_t> tokens = std::vector<int32_t>(20, 7);
+};
+
+TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
+  Saved saved;
+  auto& [dir, mm, cache, s, path, tokens] = saved;
   ASSERT_TRUE(SessionFile::Save(*cache, s, tokens, {1, "m"}, path).ok());
 
   ::testing::internal::CaptureStdout();
@@ -70,13 +79,8 @@ TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
 // it with a warning; verify, the strict check, fails naming the same reason. (A torn
 // commit slot is a save that never committed: every command ignores it alike.)
 TEST(SessionCommandTest, DamagedNewestSaveIsNotedByInspectAndFailsVerify) {
-  testing::TempDir dir;
-  auto mm = testing::MakeManager({}, dir.path());
-  auto cache = KvCache::Create(mm.get(), testing::SmallGeometry()).value();
-  const SeqId s = cache->NewSequence();
-  testing::AppendTokens(*cache, s, 0, 20, 1);
-  const std::string path = dir.path() + "/s.tkv";
-  std::vector<int32_t> tokens(20, 7);
+  Saved saved;
+  auto& [dir, mm, cache, s, path, tokens] = saved;
   ASSERT_TRUE(SessionFile::Save(*cache, s, tokens, {1, "m"}, path).ok());
   tokens.push_back(8);
   testing::AppendTokens(*cache, s, 20, 21, 1);

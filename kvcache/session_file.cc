@@ -383,7 +383,7 @@ std::string SaveTarget(const std::string& path) {
   for (int hops = 0; hops < 40; ++hops) {  // a loop: opening the path reports ELOOP
     std::array<char, 4096> buf;
     const ssize_t n = readlink(target.c_str(), buf.data(), buf.size());
-    if (n < 0 || static_cast<size_t>(n) == buf.size()) break;  // not a link
+    if (n <= 0 || static_cast<size_t>(n) == buf.size()) break;  // not a link
     std::string next(buf.data(), static_cast<size_t>(n));
     const size_t slash = target.rfind('/');
     if (next.front() != '/' && slash != std::string::npos) next = target.substr(0, slash + 1) + next;

@@ -62,7 +62,7 @@ struct RunFlags {
   float rope_scale = 0, rope_freq_scale = 0, rope_freq_base = 0;
   float yarn_attn_factor = 0, yarn_beta_fast = 0, yarn_beta_slow = 0;
   int yarn_orig_ctx = 0;
-  int gpu_layers = -1;
+  std::string gpu_layers;  // llama.cpp's -ngl: a count, auto or all
   std::string flash_attn;
   bool no_conversation = false, no_mmap = false;
 };
@@ -285,7 +285,12 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.no_conversation && o.chat) {
     return Status::InvalidArgument("-no-cnv (no chat) contradicts --chat, -sys, --chat-template or --continue");
   }
-  if (f.gpu_layers > 0 && m.device == DeviceKind::kNone) {
+  if (!f.gpu_layers.empty() && f.gpu_layers != "auto" && f.gpu_layers != "all" &&
+      f.gpu_layers.find_first_not_of("0123456789") != std::string::npos) {
+    return Status::InvalidArgument("-ngl/--n-gpu-layers must be a layer count, auto or all, not '" + f.gpu_layers + "'");
+  }
+  const bool wants_layers = !f.gpu_layers.empty() && f.gpu_layers.find_first_not_of('0') != std::string::npos;
+  if (wants_layers && m.device == DeviceKind::kNone) {
     spdlog::warn("-ngl {} is ignored: tierkv places layers by tier budgets (--device cuda --vram SIZE)", f.gpu_layers);
   }
   if (!f.flash_attn.empty() && f.flash_attn != "on" && f.flash_attn != "off" && f.flash_attn != "auto") {

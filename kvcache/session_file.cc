@@ -259,7 +259,10 @@ struct SessionFile::Loaded {
   uint64_t file_bytes = 0;
   std::vector<int32_t> tokens;
   std::vector<Record> records;  // [layer][block], layer-major
-  std::string note;             // why an older commit was used, if it was
+  // The newest commit is damaged (its manifest fails its checksum or lies past the end:
+  // never a crash, which commits only a synced manifest) and this is the one before it:
+  // why. Inspect shows the older one with this note; restore, save and verify refuse.
+  std::string newest_damage;
 };
 
 Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
@@ -340,7 +343,7 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
       }
     }
     L.slot = s;
-    if (s.seq != slots[0].seq) L.note = last_error.message() + "; using the previous save " + std::to_string(s.seq);
+    if (s.seq != slots[0].seq) L.newest_damage = last_error.message();
     return L;
   }
   return last_error;
@@ -375,10 +378,9 @@ bool ShouldCompact(KvCache& cache, SeqId s, uint64_t file_id, uint64_t data_end)
   return garbage > total * record;
 }
 
-// The file a save writes: path, or the file its chain of symbolic links ends at. A save
-// that writes a new file (the first, or a compaction) renames it over that file, so the
-// links keep pointing at the session.
-std::string SaveTarget(const std::string& path) {
+}  // namespace
+
+std::string SessionFile::SaveTarget(const std::string& path) {
   std::string target = path;
   for (int hops = 0; hops < 40; ++hops) {  // a loop: opening the path reports ELOOP
     std::array<char, 4096> buf;
@@ -392,7 +394,13 @@ std::string SaveTarget(const std::string& path) {
   return target;
 }
 
-}  // namespace
+std::string SessionFile::TempPathFor(const std::string& target) {
+  const std::string suffix = ".tmp." + std::to_string(getpid());
+  const size_t slash = target.rfind('/');
+  const size_t name = slash == std::string::npos ? 0 : slash + 1;
+  if (target.size() - name + suffix.size() <= 255) return target + suffix;
+  return target.substr(0, name) + ".tierkv-save" + suffix;
+}
 
 Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& tokens, const ModelFingerprint& model,
                          const std::string& path, SessionSaveStats* stats, SessionIo* io) {
@@ -414,7 +422,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   Slot prev;
   uint64_t append_at = kHeaderBytes;
   uint64_t old_size = 0;  // the file's size before an append
-  const std::string target = SaveTarget(path);
+  const std::string target = SessionFile::SaveTarget(path);
   std::string write_path = target;
   bool fresh = false;
   struct stat old_stat {};
@@ -425,6 +433,10 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     if (!loaded.ok()) {
       close(fd);
       return loaded.status().Annotate("refusing to overwrite " + path);
+    }
+    if (!loaded->newest_damage.empty()) {
+      close(fd);
+      return Status::Corruption(loaded->newest_damage + "; refusing to overwrite " + path);
     }
     header = loaded->header;
     if (header.model.hash != model.hash) {
@@ -457,7 +469,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   if (fd < 0) {
     fresh = true;
     append_at = kHeaderBytes;
-    write_path = target + ".tmp." + std::to_string(getpid());
+    write_path = TempPathFor(target);
     fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // as the umask allows
     if (fd < 0) return Status::FromErrno(errno, "creating " + write_path);
     if (replacing) {
@@ -638,7 +650,11 @@ Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::st
   int fd = -1;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
-  if (!loaded->note.empty()) spdlog::warn("{}", loaded->note);
+  if (!loaded->newest_damage.empty()) {
+    close(fd);
+    return Status::Corruption(loaded->newest_damage + " (the save before it, " + std::to_string(loaded->slot.seq) +
+                              ", is intact); refusing to restore or overwrite it");
+  }
   const Header& h = loaded->header;
   if (Status s = CheckModel(path, h.model, model); !s.ok()) {
     close(fd);
@@ -735,7 +751,9 @@ SessionSummary SessionFile::Summarize(const Loaded& loaded) {
   s.file_bytes = loaded.file_bytes;
   s.block_bytes = loaded.header.block_bytes;
   s.live_bytes = kHeaderBytes + s.n_records * (kRecordHeaderBytes + s.block_bytes) + loaded.slot.manifest_bytes;
-  s.note = loaded.note;
+  if (!loaded.newest_damage.empty()) {
+    s.note = loaded.newest_damage + "; shown: the save before it, " + std::to_string(loaded.slot.seq);
+  }
   return s;
 }
 
@@ -751,9 +769,10 @@ Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
   int fd = -1;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
-  if (!loaded->note.empty()) {
+  if (!loaded->newest_damage.empty()) {
     close(fd);
-    return Status::Corruption(loaded->note);
+    return Status::Corruption(loaded->newest_damage + " (the save before it, " + std::to_string(loaded->slot.seq) +
+                              ", is intact)");
   }
   if (summary) *summary = Summarize(*loaded);
   SessionFile file(path, fd, loaded->header.block_bytes, std::move(loaded->records));  // owns fd now

@@ -79,7 +79,7 @@ struct SessionSummary {  // what `session inspect` prints
   uint64_t file_bytes = 0;
   uint64_t block_bytes = 0;
   uint64_t live_bytes = 0;       // header + referenced records + manifest
-  std::string note;              // the newest save was unreadable and an older one is used: why ("" else)
+  std::string note;              // the newest save is damaged and the one before it is shown: why ("" else)
 };
 
 class SessionFile : public PageSource, public std::enable_shared_from_this<SessionFile> {
@@ -104,6 +104,15 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   // Ok when a session saved for `saved` may be restored into `model`; else the "wrong
   // model" error Restore gives, naming both (for a check before Restore, from Inspect).
   static Status CheckModel(const std::string& path, const ModelFingerprint& saved, const ModelFingerprint& model);
+
+  // The file a save to `path` writes: path, or the file its chain of symbolic links
+  // ends at (a save that writes a new file renames it over that one, and the links
+  // stay). Found before a run so that its directory can be checked up front.
+  static std::string SaveTarget(const std::string& path);
+  // Where a save that writes a new file (the first, or a compaction) writes it before
+  // the rename over `target`: beside it, target + ".tmp.PID", or a short name in its
+  // directory where that would pass the 255-byte name limit.
+  static std::string TempPathFor(const std::string& target);
 
   // Reads header, slots and manifest (no block data).
   static Result<SessionSummary> Inspect(const std::string& path);

@@ -271,6 +271,7 @@ nlohmann::json RunReport::ToJson() const {
                   {"reused_prefix_tokens", reused_prefix_tokens},
                   {"saved", saved}};
   j["n_ctx"] = n_ctx;
+  j["seed"] = seed;
   j["interrupted"] = interrupted;
   j["stopped"] = stopped;
   j["reverse_prompt"] = reverse_prompt;
@@ -460,7 +461,8 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.paged_weights = PageWeights(o, memory, *model, n_ctx);
   if (o.auto_frame) {
     uint64_t session_block_bytes = 0;
-    if (!o.session.empty() && std::filesystem::exists(o.session)) {
+    std::error_code ec;
+    if (!o.session.empty() && std::filesystem::exists(o.session, ec)) {
       // A file that cannot be read is left to the restore below, which names the problem.
       if (auto summary = SessionFile::Inspect(o.session); summary.ok()) session_block_bytes = summary->block_bytes;
     }
@@ -558,6 +560,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   };
 
   SamplerOptions sampling = o.sampler;
+  r.seed = o.sampler.seed;
   if (o.ignore_eos) {
     // As llama.cpp's --ignore-eos: end-of-generation tokens are never drawn.
     for (int32_t id = 0; id < static_cast<int32_t>(n_vocab); ++id) {

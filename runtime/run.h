@@ -142,6 +142,7 @@ struct RunReport {
   std::string text;  // the generated text
   double warmup_s = 0, restore_s = 0, prefill_s = 0, decode_s = 0;
   int prefill_tokens = 0;  // prompt tokens computed (not reused from the session)
+  uint64_t seed = 0;       // the sampling seed used (-s -1's random one included), to repeat the run
   std::vector<TierStats> tiers;
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
   double copy_busy_s = 0;     // the copy stream's busy time over the same span

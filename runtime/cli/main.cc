@@ -20,6 +20,7 @@
 #include "runtime/cli/usage_command.h"
 
 int main(int argc, char** argv) {
+  if (!tierkv::KeepStandardFdsOpen()) return 1;  // no /dev/null: nowhere safe to write
   spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv"));
   spdlog::set_pattern("%^%l%$: %v");
 
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return tierkv::ReportParseError(app, e, argc, argv);
+    return tierkv::FinishOutput(tierkv::ReportParseError(app, e, argc, argv), stdout);  // --help, --version print
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -21,6 +21,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
@@ -29,6 +30,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kvcache/session_file.h"
 #include "memory/memory_manager.h"
 #include "memory/size.h"
 #include "runtime/chat_template.h"
@@ -52,7 +54,7 @@ struct RunFlags {
   bool chat_template_given = false;  // --chat-template, even as ""
   bool sim_gbps_given = false, disk_dir_given = false;
   std::string seed = "0";
-  bool session_given = false;
+  bool session_given = false, prompt_file_given = false, system_prompt_given = false;
   double sim_gbps = 0;
   bool no_warmup = false, json = false, no_prefetch = false, llama_sums = false, no_llama_sums = false;
   std::string weights = "auto";
@@ -99,36 +101,87 @@ Result<RopeOverrides> ToRope(const RunFlags& f) {
   return r;
 }
 
+// A prompt file larger than this is refused: more text than any context holds (a byte
+// a token is 256 M tokens), and -f /dev/zero would otherwise read until memory runs out.
+constexpr size_t kMaxPromptBytes = size_t{256} << 20;
+
 // -f FILE: the whole file, or standard input for "-" (echo ... | tierkv run -f -). A
-// pipe is fine (-f <(cmd)); a directory, or a read that fails part way (EIO), is an
-// error rather than a shorter prompt.
+// pipe is fine (-f <(cmd)); a directory, a read that fails part way (EIO, EISDIR) or
+// an endless file is an error rather than a shorter prompt.
 Result<std::string> ReadPromptFile(const std::string& path) {
-  if (path == "-") {
-    std::stringstream ss;
-    ss << std::cin.rdbuf();
-    if (std::cin.bad()) return Status::IoError("reading the prompt from standard input failed");
-    return ss.str();
+  const bool stdin_ = path == "-";
+  const std::string what = stdin_ ? "the prompt from standard input (-f -)" : "--prompt-file " + path;
+  int fd = STDIN_FILENO;
+  if (!stdin_) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(what + ": a directory, not a file");
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, what);
   }
-  const std::string flag = "--prompt-file " + path;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(flag + ": a directory, not a file");
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, flag);
   std::string text;
-  char buf[1 << 16];
+  std::vector<char> buf(size_t{1} << 16);
+  Status st = Status::Ok();
   for (;;) {
-    const ssize_t n = read(fd, buf, sizeof buf);
+    const ssize_t n = read(fd, buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const int err = errno;
-      close(fd);
-      return Status::FromErrno(err, "reading " + flag);
+      st = Status::FromErrno(errno, "reading " + what);
+      break;
     }
     if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
+    if (text.size() + static_cast<size_t>(n) > kMaxPromptBytes) {
+      st = Status::InvalidArgument(what + ": more than " + FormatBytes(kMaxPromptBytes) + ", more than any context holds");
+      break;
+    }
+    text.append(buf.data(), static_cast<size_t>(n));
   }
-  close(fd);
+  if (!stdin_) close(fd);
+  if (!st.ok()) return st;
   return text;
+}
+
+// --session FILE, found now rather than at the save after the whole run: a path that is
+// not a regular file, a file this process cannot write, or a directory where the save
+// cannot create its new file (the directory of the file a chain of links ends at).
+Status CheckSessionPath(const std::string& session) {
+  namespace fs = std::filesystem;
+  const std::string flag = "--session " + session;
+  std::error_code ec;
+  const fs::path target(SessionFile::SaveTarget(session));
+  const fs::file_status st = fs::status(target, ec);
+  // A missing file or directory is found below; a loop of links or a name too long is
+  // named here.
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    return Status::InvalidArgument(flag + ": " + ec.message());
+  }
+  const bool exists = fs::exists(st);
+  if (exists && !fs::is_regular_file(st)) {
+    return Status::InvalidArgument(flag + ": " + (fs::is_directory(st) ? "a directory" : "not a regular file"));
+  }
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) {
+    return Status::InvalidArgument(flag + ": " + dir.string() +
+                                   (fs::exists(dir, ec) ? " is not a directory" : ": directory does not exist"));
+  }
+  if (exists) {
+    // An append rewrites it in place (O_RDWR: refused for read-only, immutable and
+    // append-only files alike).
+    const int fd = open(target.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, flag + ": cannot write the file");
+    close(fd);
+  }
+  // The save's own new file made there and removed: access(W_OK) says yes to root even
+  // where nothing can be created (/proc).
+  const std::string probe = SessionFile::TempPathFor(target.string());
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno != EEXIST) {
+    return Status::FromErrno(errno, flag + ": cannot create a file in " + dir.string());
+  }
+  if (fd >= 0) {
+    close(fd);
+    unlink(probe.c_str());
+  }
+  return Status::Ok();
 }
 
 Result<RunOptions> ToOptions(const RunFlags& f) {
@@ -137,6 +190,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.model = f.model;
   if (!f.prompt_file.empty() && !f.prompt.empty()) {
     return Status::InvalidArgument("give the prompt once: -p TEXT or -f FILE, not both");
+  }
+  if (f.prompt_file_given && f.prompt_file.empty()) return Status::InvalidArgument("--prompt-file must name a file");
+  if (f.system_prompt_given && f.system_prompt.empty()) {
+    return Status::InvalidArgument("--system-prompt (-sys) must not be empty");
   }
   if (!f.prompt_file.empty()) {
     TIERKV_ASSIGN_OR_RETURN(o.prompt, ReadPromptFile(f.prompt_file));
@@ -199,33 +256,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.dump_logits = f.dump_logits;
   o.session = f.session;
   if (f.session_given && f.session.empty()) return Status::InvalidArgument("--session must name a file");
-  if (!f.session.empty()) {
-    // Found now rather than at the save, after the whole run: a session path that is not a
-    // file, or a directory where it cannot be written.
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::path path(f.session);
-    if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
-      return Status::InvalidArgument("--session " + f.session + ": " +
-                                     (fs::is_directory(path, ec) ? "a directory" : "not a regular file"));
-    }
-    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-    if (!fs::is_directory(dir, ec)) {
-      return Status::InvalidArgument("--session " + f.session + ": " + dir.string() +
-                                     (fs::exists(dir, ec) ? " is not a directory" : ": directory does not exist"));
-    }
-    // A file made there and removed: access(W_OK) says yes to root even where nothing
-    // can be created (/proc).
-    const fs::path probe = dir / (".tierkv-probe." + std::to_string(getpid()));
-    const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && errno != EEXIST) {
-      return Status::FromErrno(errno, "--session " + f.session + ": cannot create a file in " + dir.string());
-    }
-    if (fd >= 0) {
-      close(fd);
-      unlink(probe.c_str());
-    }
-  }
+  if (!f.session.empty()) TIERKV_RETURN_IF_ERROR(CheckSessionPath(f.session));
   // --kv-type, -ctk and -ctv name one codec (K and V share it): those given must agree.
   std::string kv, kv_flag;
   for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--kv-type", &f.kv_type},
@@ -285,15 +316,18 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.no_conversation && o.chat) {
     return Status::InvalidArgument("-no-cnv (no chat) contradicts --chat, -sys, --chat-template or --continue");
   }
+  const std::string layers = !f.gpu_layers.empty() && f.gpu_layers[0] == '-' ? f.gpu_layers.substr(1) : f.gpu_layers;
   if (!f.gpu_layers.empty() && f.gpu_layers != "auto" && f.gpu_layers != "all" &&
-      f.gpu_layers.find_first_not_of("0123456789") != std::string::npos) {
+      (layers.empty() || layers.find_first_not_of("0123456789") != std::string::npos)) {
     return Status::InvalidArgument("-ngl/--n-gpu-layers must be a layer count, auto or all, not '" + f.gpu_layers + "'");
   }
-  const bool wants_layers = !f.gpu_layers.empty() && f.gpu_layers.find_first_not_of('0') != std::string::npos;
+  const bool wants_layers = !f.gpu_layers.empty() && f.gpu_layers[0] != '-' && f.gpu_layers.find_first_not_of('0') != std::string::npos;
   if (wants_layers && m.device == DeviceKind::kNone) {
     spdlog::warn("-ngl {} is ignored: tierkv places layers by tier budgets (--device cuda --vram SIZE)", f.gpu_layers);
   }
-  if (!f.flash_attn.empty() && f.flash_attn != "on" && f.flash_attn != "off" && f.flash_attn != "auto") {
+  static const char* kFlashValues[] = {"on", "off", "auto", "1", "0", "-1", "true", "false", "enabled", "disabled"};
+  if (!f.flash_attn.empty() &&
+      std::none_of(std::begin(kFlashValues), std::end(kFlashValues), [&](const char* v) { return f.flash_attn == v; })) {
     return Status::InvalidArgument("--flash-attn must be on, off or auto, not '" + f.flash_attn + "'");
   }
   if (f.no_mmap && f.weights != "auto" && f.weights != "paged") {
@@ -408,21 +442,29 @@ std::string NormalizeLlamaFlags(int argc, char** argv) {
     if (std::any_of(std::begin(kText), std::end(kText), [&](const char* t) { return std::strcmp(argv[i - 1], t) == 0; })) {
       continue;
     }
-    const char* a = argv[i];
+    // The word before any "=value" (-ngl=99).
+    const std::string_view a = argv[i];
+    const std::string_view word = a.substr(0, a.find('='));
     bool mapped = false;
     for (const auto& [from, to] : kLong) {
-      if (std::strcmp(a, from) == 0) {
+      if (word != from) continue;
+      if (word.size() == a.size()) {
         argv[i] = to;
-        mapped = true;
-        break;
+      } else {  // "--n-gpu-layers=99", kept for the rest of the process as argv is
+        static std::vector<std::unique_ptr<std::string>> joined;
+        joined.push_back(std::make_unique<std::string>(std::string(to) + std::string(a.substr(word.size()))));
+        argv[i] = joined.back()->data();
       }
+      mapped = true;
+      break;
     }
     // Any other single-dash word (-ub, -ncmoe) is a llama.cpp flag tierkv lacks; CLI11
     // would read it as a short flag and its value (-n "gl").
-    const size_t len = std::strlen(a);
-    if (!mapped && len > 2 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
-        std::all_of(a + 1, a + len, [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '-'; })) {
-      return std::string("unknown flag ") + a + " (llama.cpp's flags that tierkv run reads are listed by tierkv run --help)";
+    if (!mapped && word.size() > 2 && word[0] == '-' && std::isalpha(static_cast<unsigned char>(word[1])) &&
+        std::all_of(word.begin() + 1, word.end(),
+                    [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '-'; })) {
+      return "unknown flag " + std::string(word) +
+             " (llama.cpp's flags that tierkv run reads are listed by tierkv run --help)";
     }
   }
   return "";
@@ -434,7 +476,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
   run->add_option("-p,--prompt", f->prompt, "prompt text");
   run->add_option("-f,--prompt-file,--file", f->prompt_file, "read the prompt from a file (- = standard input)");
-  run->add_option("-n,--n-predict", f->n,
+  run->add_option("-n,--n-predict,--predict", f->n,
                   "tokens to generate (default 32; -1 = until end of generation or a full context); with -i, per "
                   "reply (default -1)");
   run->add_option("-c,--ctx,--ctx-size", f->ctx, "context length (default: prompt + n; with -n -1 or -i the model's)");
@@ -478,7 +520,8 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--cache-type-v", f->kv_type_v, "llama.cpp's -ctv (must equal -ctk)");
   run->add_option("--session", f->session, "session file: restored (longest common prefix reused) and saved");
   run->add_option("-t,--threads", f->threads, "kernel threads (default: all cores)");
-  run->add_option("--mlock", f->mlock, "off | try | require (default try)");
+  run->add_option("--mlock", f->mlock, "off | try | require (default try; bare --mlock, as llama.cpp's: try)")
+      ->expected(0, 1);
   run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
   run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
   run->add_flag("--llama-sums", f->llama_sums,
@@ -514,6 +557,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
     f->sim_gbps_given = run->count("--sim-gbps") > 0;
     f->disk_dir_given = run->count("--disk-dir") > 0;
     f->session_given = run->count("--session") > 0;
+    if (run->count("--mlock") > 0 && f->mlock.empty()) f->mlock = "try";  // bare --mlock
+    f->prompt_file_given = run->count("--prompt-file") > 0;
+    f->system_prompt_given = run->count("--system-prompt") > 0;
     auto options = ToOptions(*f);
     if (!options.ok()) {
       std::fprintf(stderr, "error: %s\n", options.status().message().c_str());

@@ -1,6 +1,9 @@
 // runtime/cli/usage_command.cc
 #include "runtime/cli/usage_command.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +67,19 @@ int ThreadsWithinCpus(int threads) {
   if (threads <= cpus) return threads;
   spdlog::warn("-t {}: this process may run on {} CPU{}; using {} threads", threads, cpus, cpus == 1 ? "" : "s", cpus);
   return cpus;
+}
+
+bool KeepStandardFdsOpen() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (opened < 0) return false;
+    if (opened != fd) {  // a lower one was closed too and took it: the loop fills that first
+      close(opened);
+      return false;
+    }
+  }
+  return true;
 }
 
 int FinishOutput(int exit_code, std::FILE* out) {

@@ -20,6 +20,12 @@ int ReportParseError(CLI::App& app, const CLI::ParseError& e, int argc, char** a
 // a step's jobs, so more threads than CPUs only take turns (docs/cli.md).
 int ThreadsWithinCpus(int threads);
 
+// Opens /dev/null on each of the standard descriptors 0, 1 and 2 that is closed, before
+// anything else opens a file: otherwise the first file opened (a disk tier's arena, a
+// session file) would take the number, and text meant for stderr would be written into
+// it. Returns false if one could not be opened.
+bool KeepStandardFdsOpen();
+
 // The exit code once a command's output is flushed: a report that could not be written
 // whole (a full disk, /dev/full) is a failure, "error: writing standard output: <reason>"
 // and exit 1, where the command itself had succeeded.

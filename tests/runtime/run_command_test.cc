@@ -7,6 +7,7 @@
 // context and --ignore-eos never samples an end-of-generation token.
 #include "runtime/cli/run_command.h"
 
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -103,6 +104,8 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"-p", "twice"}, "--prompt: At Most 1 required but received 2"},
       // llama.cpp's flags: single-dash words tierkv lacks are named (not read as -n "gl").
       {{"-ub", "512"}, "unknown flag -ub"},
+      {{"-ub=512"}, "unknown flag -ub ("},
+      {{"-sys", ""}, "--system-prompt (-sys) must not be empty"},
       {{"-ncmoe", "4"}, "unknown flag -ncmoe"},
       {{"-fa", "maybe"}, "--flash-attn must be on, off or auto, not 'maybe'"},
       {{"-no-cnv", "--chat"}, "-no-cnv (no chat) contradicts --chat"},
@@ -130,12 +133,39 @@ TEST(RunCommandTest, LlamaCppFlagsAreRead) {
   const CliResult all = RunCli(Quick({"-ngl", "all"}));
   EXPECT_EQ(all.exit_code, 0) << all.err;
   EXPECT_NE(all.err.find("-ngl all is ignored"), std::string::npos) << all.err;
+  // The -flag=value spelling, llama.cpp's other values, bare --mlock (llama.cpp's: lock
+  // if the system lets it, as --mlock try) and --predict.
+  std::vector<std::string> spelled = Quick({"-ngl=-1", "-ctk=q8_0", "-fa=1", "--predict", "3", "--json"});
+  spelled.erase(std::find(spelled.begin(), spelled.end(), "--mlock"), std::find(spelled.begin(), spelled.end(), "--mlock") + 2);
+  spelled.erase(std::find(spelled.begin(), spelled.end(), "-n"), std::find(spelled.begin(), spelled.end(), "-n") + 2);
+  spelled.push_back("--mlock");
+  const CliResult eq = RunCli(spelled);
+  ASSERT_EQ(eq.exit_code, 0) << eq.err;
+  const nlohmann::json je = nlohmann::json::parse(eq.out);
+  EXPECT_EQ(je["kv"]["type"], "q8_0") << eq.out;
+  EXPECT_EQ(je["generated_tokens"].size(), 3u) << eq.out;
+  EXPECT_EQ(je["seed"], 0u) << "the default seed is reported";
+  EXPECT_EQ(eq.err.find("-ngl -1 is ignored"), std::string::npos) << eq.err;
   ASSERT_EQ(on.exit_code, 0) << on.err;
   EXPECT_EQ(on.err.find("ignored"), std::string::npos) << on.err;
   std::vector<std::string> dash = Quick({"--json"});
   dash[std::find(dash.begin(), dash.end(), "ab") - dash.begin()] = "-xyz";
   const CliResult text = RunCli(dash);
   ASSERT_EQ(text.exit_code, 0) << text.err;
+}
+
+// -s -1 draws a random seed; --json reports it, and giving it back with -s repeats the
+// run's draws.
+TEST(RunCommandTest, RandomSeedIsReportedAndRepeats) {
+  const CliResult drawn = RunCli(Quick({"-s", "-1", "--temp", "1.5", "--min-p", "0", "-n", "8", "--json"}));
+  ASSERT_EQ(drawn.exit_code, 0) << drawn.err;
+  const nlohmann::json jd = nlohmann::json::parse(drawn.out);
+  const uint64_t seed = jd["seed"];
+  EXPECT_NE(drawn.err.find("sampling seed " + std::to_string(seed)), std::string::npos) << drawn.err;
+  const CliResult again =
+      RunCli(Quick({"-s", std::to_string(seed), "--temp", "1.5", "--min-p", "0", "-n", "8", "--json"}));
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(nlohmann::json::parse(again.out)["generated_tokens"], jd["generated_tokens"]);
 }
 
 // A prompt file that is a directory is refused (it would read as an empty prompt); one
@@ -161,10 +191,19 @@ TEST(RunCommandTest, PathsThatAreNotFilesAreRefused) {
   if (std::filesystem::exists("/proc/self/mem")) {
     expect(RunCli(with({"-f", "/proc/self/mem"})), 2, "reading --prompt-file /proc/self/mem: Input/output error");
   }
+  // An endless one (it used to be read until memory ran out), and an empty name.
+  expect(RunCli(with({"-f", "/dev/zero"})), 2, "--prompt-file /dev/zero: more than 256 MiB");
+  expect(RunCli(with({"-f", ""})), 2, "--prompt-file must name a file");
   const std::string fifo = dir + "/run_command_test.fifo";
   std::filesystem::remove(fifo);
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
   expect(RunCli(with({"-p", "ab", "--session", fifo})), 2, "--session " + fifo + ": not a regular file");
+  // A link whose target's directory does not exist: found before the run, not at its save.
+  const std::string dangling = dir + "/run_command_test_dangling.tkv";
+  std::filesystem::remove(dangling);
+  std::filesystem::create_symlink("/nonexistent-dir/s.tkv", dangling);
+  expect(RunCli(with({"-p", "ab", "--session", dangling})), 2, "/nonexistent-dir: directory does not exist");
+  std::filesystem::remove(dangling);
   expect(RunCli({"run", "-m", fifo, "-p", "ab", "--mlock", "off"}), 1, fifo + ": not a regular file");
   std::filesystem::remove(fifo);
 }
@@ -421,6 +460,15 @@ TEST(RunCommandTest, DamagedSessionIsRefusedAndKept) {
   refused("truncated", session);
   write(good);
   EXPECT_EQ(RunCli(run).exit_code, 0) << "the good file still restores";
+  // A later save whose manifest is then damaged: refused as it is, not rolled back to an
+  // earlier save (where the file holds one) and overwritten.
+  std::vector<std::string> longer = run;
+  longer[std::find(longer.begin(), longer.end(), "-p") - longer.begin() + 1] += " and the stars were out";
+  ASSERT_EQ(RunCli(longer).exit_code, 0);
+  std::string twice = testing::FileBytes(session);
+  twice.back() ^= 0x01;  // the last byte: the second save's manifest
+  write(twice);
+  refused("damaged newest save", "fails its checksum");
   std::filesystem::remove(session);
 }
 
@@ -507,18 +555,43 @@ TEST(RunCommandTest, FailedMlockFailsUnderRequireAndWarnsUnderTry) {
   EXPECT_NE(attempt.err.find("continuing unpinned [--mlock try]"), std::string::npos) << attempt.err;
 }
 
-// -f - reads the prompt from standard input.
+// Runs args with file descriptor 0 replaced by fd for the call.
+CliResult RunCliWithStdin(int fd, std::vector<std::string> args) {
+  const int saved = dup(STDIN_FILENO);
+  EXPECT_GE(saved, 0);
+  EXPECT_EQ(dup2(fd, STDIN_FILENO), STDIN_FILENO);
+  CliResult r = RunCli(std::move(args));
+  dup2(saved, STDIN_FILENO);
+  close(saved);
+  return r;
+}
+
+// -f - reads the prompt from standard input; one that cannot be read (a directory) is an
+// error naming it, not an empty prompt.
 TEST(RunCommandTest, PromptFromStandardInput) {
-  std::istringstream fake("The sea was calm");
-  std::streambuf* old = std::cin.rdbuf(fake.rdbuf());
-  const CliResult piped = RunCli({"run", "-m", "builtin:tiny-moe", "-f", "-", "-n", "1", "--no-warmup", "--mlock",
-                                  "off", "--json"});
-  std::cin.rdbuf(old);
+  const std::vector<std::string> args = {"run", "-m", "builtin:tiny-moe", "-f", "-", "-n", "1", "--no-warmup",
+                                         "--mlock", "off", "--json"};
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const std::string text = "The sea was calm";
+  ASSERT_EQ(write(pipe_fds[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(pipe_fds[1]);
+  const CliResult piped = RunCliWithStdin(pipe_fds[0], args);
+  close(pipe_fds[0]);
   ASSERT_EQ(piped.exit_code, 0) << piped.err;
   const CliResult given = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "The sea was calm", "-n", "1", "--no-warmup",
                                   "--mlock", "off", "--json"});
   ASSERT_EQ(given.exit_code, 0) << given.err;
   EXPECT_EQ(nlohmann::json::parse(piped.out)["prompt_tokens"], nlohmann::json::parse(given.out)["prompt_tokens"]);
+
+  const int dir = open(::testing::TempDir().c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(dir, 0);
+  const CliResult unreadable = RunCliWithStdin(dir, args);
+  close(dir);
+  EXPECT_EQ(unreadable.exit_code, 2);
+  EXPECT_NE(unreadable.err.find("reading the prompt from standard input (-f -): Is a directory"), std::string::npos)
+      << unreadable.err;
+  EXPECT_EQ(Lines(unreadable.err), 1) << unreadable.err;
 }
 
 TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {

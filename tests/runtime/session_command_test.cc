@@ -75,9 +75,9 @@ TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
 
 // A file whose newest save is damaged (its manifest fails its checksum under an intact
 // commit slot: not a crash, which never commits an unsynced manifest) still holds the
-// save before it: inspect shows that save with a note saying why, exit 0, as run restores
-// it with a warning; verify, the strict check, fails naming the same reason. (A torn
-// commit slot is a save that never committed: every command ignores it alike.)
+// save before it: inspect shows that save with a note saying why, exit 0; verify fails
+// naming the reason, as run and save refuse the file (tests/runtime/run_command_test.cc).
+// (A torn commit slot is a save that never committed: every command ignores it alike.)
 TEST(SessionCommandTest, DamagedNewestSaveIsNotedByInspectAndFailsVerify) {
   Saved saved;
   auto& [dir, mm, cache, s, path, tokens] = saved;
@@ -98,11 +98,11 @@ TEST(SessionCommandTest, DamagedNewestSaveIsNotedByInspectAndFailsVerify) {
   EXPECT_NE(out.find("commit 1"), std::string::npos) << out;
   EXPECT_NE(out.find("tokens    20\n"), std::string::npos) << out;
   EXPECT_NE(out.find("\nnote      "), std::string::npos) << out;
-  EXPECT_NE(out.find("using the previous save 1"), std::string::npos) << out;
+  EXPECT_NE(out.find("shown: the save before it, 1"), std::string::npos) << out;
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(RunCli({"session", "verify", path}), 1);
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("using the previous save 1"), std::string::npos) << err;
+  EXPECT_NE(err.find("fails its checksum (the save before it, 1, is intact)"), std::string::npos) << err;
   EXPECT_EQ(err.find('\n'), err.size() - 1) << "one line: " << err;
 }
 

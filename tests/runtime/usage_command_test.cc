@@ -5,6 +5,11 @@
 // problem, exit code 2; --help still exits 0.
 #include "runtime/cli/usage_command.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -90,6 +95,25 @@ TEST(UsageCommandTest, UnwritableOutputFailsTheCommand) {
   std::fputs("report\n", fine);
   EXPECT_EQ(FinishOutput(0, fine), 0);
   std::fclose(fine);
+}
+
+// With stderr (and stdin) closed, the first file the run opens would take fd 2 and
+// receive the streamed text: they are put on /dev/null first. In a child process.
+TEST(UsageCommandTest, ClosedStandardFdsAreReopenedOnDevNull) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(0);
+    close(2);
+    const bool ok = KeepStandardFdsOpen();
+    const int next = open("/dev/null", O_RDONLY);  // what a disk tier's open would get
+    struct stat st {};
+    const bool null_2 = fstat(2, &st) == 0 && S_ISCHR(st.st_mode);
+    _exit(ok && next > 2 && null_2 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 }  // namespace

@@ -263,6 +263,10 @@ struct SessionFile::Loaded {
   // never a crash, which commits only a synced manifest) and this is the one before it:
   // why. Inspect shows the older one with this note; restore, save and verify refuse.
   std::string newest_damage;
+  // newest_damage and the save that is intact, for an error.
+  std::string Damage() const {
+    return newest_damage + " (the save before it, " + std::to_string(slot.seq) + ", is intact)";
+  }
 };
 
 Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
@@ -436,7 +440,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     }
     if (!loaded->newest_damage.empty()) {
       close(fd);
-      return Status::Corruption(loaded->newest_damage + "; refusing to overwrite " + path);
+      return Status::Corruption(loaded->Damage() + "; refusing to overwrite " + path);
     }
     header = loaded->header;
     if (header.model.hash != model.hash) {
@@ -652,8 +656,7 @@ Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::st
   if (!loaded.ok()) return loaded.status();
   if (!loaded->newest_damage.empty()) {
     close(fd);
-    return Status::Corruption(loaded->newest_damage + " (the save before it, " + std::to_string(loaded->slot.seq) +
-                              ", is intact); refusing to restore or overwrite it");
+    return Status::Corruption(loaded->Damage() + "; refusing to restore or overwrite it");
   }
   const Header& h = loaded->header;
   if (Status s = CheckModel(path, h.model, model); !s.ok()) {
@@ -771,8 +774,7 @@ Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
   if (!loaded.ok()) return loaded.status();
   if (!loaded->newest_damage.empty()) {
     close(fd);
-    return Status::Corruption(loaded->newest_damage + " (the save before it, " + std::to_string(loaded->slot.seq) +
-                              ", is intact)");
+    return Status::Corruption(loaded->Damage());
   }
   if (summary) *summary = Summarize(*loaded);
   SessionFile file(path, fd, loaded->header.block_bytes, std::move(loaded->records));  // owns fd now

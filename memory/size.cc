@@ -46,6 +46,10 @@ Result<uint64_t> ParseSize(std::string_view text) {
   else if (unit == "gb") mult = 1e9;
   else if (unit == "tb") mult = 1e12;
   else return Status::InvalidArgument("size '" + original + "' has unknown unit '" + unit + "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  // Fractions of a larger unit round to whole bytes; a fraction of a byte is a mistake.
+  if (mult == 1 && number != std::floor(number)) {
+    return Status::InvalidArgument("size '" + original + "' is not a whole number of bytes");
+  }
   const double bytes = number * mult;
   // 2^64 is exactly representable; anything below it converts to uint64_t exactly
   // (llround would go through a signed type and overflow above 2^63).

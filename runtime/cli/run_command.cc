@@ -13,13 +13,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -316,12 +314,14 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.no_conversation && o.chat) {
     return Status::InvalidArgument("-no-cnv (no chat) contradicts --chat, -sys, --chat-template or --continue");
   }
-  const std::string layers = !f.gpu_layers.empty() && f.gpu_layers[0] == '-' ? f.gpu_layers.substr(1) : f.gpu_layers;
-  if (!f.gpu_layers.empty() && f.gpu_layers != "auto" && f.gpu_layers != "all" &&
-      (layers.empty() || layers.find_first_not_of("0123456789") != std::string::npos)) {
-    return Status::InvalidArgument("-ngl/--n-gpu-layers must be a layer count, auto or all, not '" + f.gpu_layers + "'");
+  // -ngl: a layer count (negative, as llama.cpp takes it, for none asked), auto or all.
+  const std::string& ngl = f.gpu_layers;
+  const size_t digits_from = !ngl.empty() && ngl[0] == '-' ? 1 : 0;
+  const bool count = ngl.size() > digits_from && ngl.find_first_not_of("0123456789", digits_from) == std::string::npos;
+  if (!ngl.empty() && !count && ngl != "auto" && ngl != "all") {
+    return Status::InvalidArgument("-ngl/--n-gpu-layers must be a layer count, auto or all, not '" + ngl + "'");
   }
-  const bool wants_layers = !f.gpu_layers.empty() && f.gpu_layers[0] != '-' && f.gpu_layers.find_first_not_of('0') != std::string::npos;
+  const bool wants_layers = count ? digits_from == 0 && ngl.find_first_not_of('0') != std::string::npos : !ngl.empty();
   if (wants_layers && m.device == DeviceKind::kNone) {
     spdlog::warn("-ngl {} is ignored: tierkv places layers by tier budgets (--device cuda --vram SIZE)", f.gpu_layers);
   }

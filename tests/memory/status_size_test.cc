@@ -223,6 +223,8 @@ TEST(ParseSizeTest, ErrorsSayWhy) {
   ExpectInvalid("1e3", "unknown unit 'e3'");
   ExpectInvalid("4KiBs", "unknown unit 'kibs'");
   ExpectInvalid(".", "malformed number");
+  ExpectInvalid("1.5", "not a whole number of bytes");
+  ExpectInvalid("0.5B", "not a whole number of bytes");
   // Huge values do not wrap around.
   ExpectInvalid("16777216TiB", "too large");  // exactly 2^64
   ExpectInvalid("99999999999999999999", "too large");

@@ -631,7 +631,6 @@ void AddProbeCommand(CLI::App& app, int& exit_code) {
     }
     const std::string out = args->json ? FormatProbeJson(*report) : FormatProbeTable(*report);
     std::fwrite(out.data(), 1, out.size(), stdout);
-    std::fflush(stdout);
     exit_code = 0;
   });
 }

@@ -316,7 +316,6 @@ void AddExpertbenchCommand(CLI::App& app, int& exit_code) {
       exit_code = tools::FailureExitCode(st);
       return;
     }
-    std::fflush(stdout);
     exit_code = 0;
   });
 }

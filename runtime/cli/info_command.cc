@@ -412,7 +412,6 @@ void AddInfoCommand(CLI::App& app, int& exit_code) {
       return;
     }
     std::fwrite(out->data(), 1, out->size(), stdout);
-    std::fflush(stdout);
     exit_code = 0;
   });
 }

@@ -21,6 +21,10 @@
 
 int main(int argc, char** argv) {
   if (!tierkv::KeepStandardFdsOpen()) return 1;  // no /dev/null: nowhere safe to write
+  // Reports go out whole at the end (FinishOutput's flush), where a failed write still
+  // has its errno to name; nothing streams to stdout (generated text goes to stderr).
+  static char out_buffer[1 << 20];
+  std::setvbuf(stdout, out_buffer, _IOFBF, sizeof out_buffer);
   spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv"));
   spdlog::set_pattern("%^%l%$: %v");
 

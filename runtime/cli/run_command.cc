@@ -9,6 +9,7 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <deque>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -451,9 +452,8 @@ std::string NormalizeLlamaFlags(int argc, char** argv) {
       if (word.size() == a.size()) {
         argv[i] = to;
       } else {  // "--n-gpu-layers=99", kept for the rest of the process as argv is
-        static std::vector<std::unique_ptr<std::string>> joined;
-        joined.push_back(std::make_unique<std::string>(std::string(to) + std::string(a.substr(word.size()))));
-        argv[i] = joined.back()->data();
+        static std::deque<std::string> joined;  // a deque: its strings never move
+        argv[i] = joined.emplace_back(std::string(to) + std::string(a.substr(word.size()))).data();
       }
       mapped = true;
       break;

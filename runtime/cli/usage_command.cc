@@ -70,14 +70,10 @@ int ThreadsWithinCpus(int threads) {
 }
 
 bool KeepStandardFdsOpen() {
+  // In order: open() takes the lowest free number, which is fd once those below it are open.
   for (int fd = 0; fd <= 2; ++fd) {
     if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
-    const int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
-    if (opened < 0) return false;
-    if (opened != fd) {  // a lower one was closed too and took it: the loop fills that first
-      close(opened);
-      return false;
-    }
+    if (open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) != fd) return false;
   }
   return true;
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <random>
@@ -313,47 +314,39 @@ TEST(ModelArchTest, Qwen3DenseWithQkNormAndWideHeads) {
   ExpectMatchesReference(a, 303);
 }
 
-// An RMS epsilon that is not a positive number (NaN turned every logit into 0) is refused
-// with one error naming the key; a positive one loads.
-TEST(ModelArchTest, RmsEpsilonMustBePositive) {
-  for (const float eps : {std::nanf(""), -1.0f, 0.0f, 1e-6f}) {
-    SCOPED_TRACE(eps);
+// Writes a llama model with one float key set by set(a, value) for each value, and
+// expects the last value to load and every other to be refused naming the key.
+template <typename Set>
+void ExpectFloatKeyChecked(std::initializer_list<float> values, Set set, const std::string& message) {
+  for (auto it = values.begin(); it != values.end(); ++it) {
+    SCOPED_TRACE(*it);
     Arch a;
     a.name = "llama";
-    a.eps = eps;
+    set(a, *it);
     const auto file = WriteGguf(a, MakeWeights(a, 7));
     ASSERT_NE(file, nullptr);
     auto cfg = ReadModelConfig(*file);
-    if (eps > 0.0f) {
+    if (it + 1 == values.end()) {
       EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
     } else {
       ASSERT_FALSE(cfg.ok());
-      EXPECT_NE(cfg.status().message().find("attention.layer_norm_rms_epsilon must be a positive number"),
-                std::string::npos)
-          << cfg.status().message();
+      EXPECT_NE(cfg.status().message().find(message), std::string::npos) << cfg.status().message();
     }
   }
+}
+
+// An RMS epsilon that is not a positive number (NaN turned every logit into 0) is refused
+// with one error naming the key; a positive one loads.
+TEST(ModelArchTest, RmsEpsilonMustBePositive) {
+  ExpectFloatKeyChecked({std::nanf(""), -1.0f, 0.0f, 1e-6f}, [](Arch& a, float v) { a.eps = v; },
+                        "attention.layer_norm_rms_epsilon must be a positive number");
 }
 
 // A RoPE base that is not a positive finite number (+inf made every rotation angle 0 or
 // NaN) is refused the same way.
 TEST(ModelArchTest, RopeFreqBaseMustBeAPositiveNumber) {
-  for (const float base : {std::numeric_limits<float>::infinity(), std::nanf(""), -10000.0f, 0.0f, 10000.0f}) {
-    SCOPED_TRACE(base);
-    Arch a;
-    a.name = "llama";
-    a.rope_base = base;
-    const auto file = WriteGguf(a, MakeWeights(a, 7));
-    ASSERT_NE(file, nullptr);
-    auto cfg = ReadModelConfig(*file);
-    if (base == 10000.0f) {
-      EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
-    } else {
-      ASSERT_FALSE(cfg.ok());
-      EXPECT_NE(cfg.status().message().find("rope.freq_base must be a positive number"), std::string::npos)
-          << cfg.status().message();
-    }
-  }
+  ExpectFloatKeyChecked({std::numeric_limits<float>::infinity(), std::nanf(""), -10000.0f, 0.0f, 10000.0f},
+                        [](Arch& a, float v) { a.rope_base = v; }, "rope.freq_base must be a positive number");
 }
 
 }  // namespace

@@ -265,7 +265,8 @@ struct SessionFile::Loaded {
   std::string newest_damage;
   // newest_damage and the save that is intact, for an error.
   std::string Damage() const {
-    return newest_damage + " (the save before it, " + std::to_string(slot.seq) + ", is intact)";
+    return newest_damage + " (the save before it, " + std::to_string(slot.seq) +
+           ", is intact: `tierkv session repair` rolls back to it)";
   }
 };
 
@@ -777,11 +778,72 @@ Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
     return Status::Corruption(loaded->Damage());
   }
   if (summary) *summary = Summarize(*loaded);
-  SessionFile file(path, fd, loaded->header.block_bytes, std::move(loaded->records));  // owns fd now
+  return VerifyBlocks(path, fd, std::move(*loaded));
+}
+
+Status SessionFile::VerifyBlocks(const std::string& path, int fd, Loaded loaded) {
+  SessionFile file(path, fd, loaded.header.block_bytes, std::move(loaded.records));  // owns fd now
   std::unique_ptr<std::byte[]> buf(new std::byte[file.block_bytes_]);
   for (size_t i = 0; i < file.records_.size(); ++i) {
     TIERKV_RETURN_IF_ERROR(file.ReadPage(i, std::span<std::byte>(buf.get(), file.block_bytes_)));
   }
+  return Status::Ok();
+}
+
+Status SessionFile::Repair(const std::string& path, const std::string& backup, bool* repaired,
+                           SessionSummary* summary, SessionIo* io) {
+  if (io == nullptr) io = SessionIo::Default();
+  *repaired = false;
+  int fd = -1;
+  auto loaded = OpenAndLoad(path, &fd);
+  if (!loaded.ok()) return loaded.status();
+  if (summary) *summary = Summarize(*loaded);
+  const bool damaged = !loaded->newest_damage.empty();
+  const uint64_t keep_seq = loaded->slot.seq;
+  const uint64_t file_bytes = loaded->file_bytes;
+  // The save rolled back to must itself be whole: a damaged block is lost either way.
+  if (Status st = VerifyBlocks(path, fd, std::move(*loaded)); !st.ok()) {  // closes fd
+    return st.Annotate(damaged ? "cannot repair (the save before the damaged one has a damaged block)"
+                               : "cannot repair (block data is lost; only a damaged newest save can be rolled back)");
+  }
+  if (!damaged) return Status::Ok();
+
+  // The copy first, so that what the rollback makes unreachable stays readable.
+  const int in = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (in < 0) return Status::FromErrno(errno, "opening " + path + " to repair it");
+  const int out = open(backup.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (out < 0) {
+    const int err = errno;
+    close(in);
+    return Status::FromErrno(err, "creating the backup " + backup + (err == EEXIST ? " (move it aside first)" : ""));
+  }
+  Status st = Status::Ok();
+  std::vector<std::byte> buf(4 * kMiB);
+  for (uint64_t off = 0; st.ok() && off < file_bytes; off += buf.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file_bytes - off));
+    st = ReadAt(in, buf.data(), n, off, path);
+    if (st.ok()) st = io->PWrite(out, buf.data(), n, off);
+  }
+  if (st.ok()) st = io->Sync(out);
+  close(out);
+  if (!st.ok()) {
+    close(in);
+    unlink(backup.c_str());  // a partial copy is no backup; the session file is untouched
+    return st.Annotate("backing up " + path + " to " + backup);
+  }
+  // Clear every commit slot newer than the save kept (the damaged one), then sync.
+  std::vector<std::byte> head(kHeaderBytes);
+  st = ReadAt(in, head.data(), head.size(), 0, "the session header");
+  for (int i = 0; st.ok() && i < 2; ++i) {
+    const Slot slot = DecodeSlot(head.data() + kSlotOffset[i]);
+    if (!slot.valid || slot.seq <= keep_seq) continue;
+    const std::array<std::byte, kSlotBytes> zero{};
+    st = io->PWrite(in, zero.data(), zero.size(), kSlotOffset[i]);
+  }
+  if (st.ok()) st = io->Sync(in);
+  close(in);
+  if (!st.ok()) return st.Annotate("repairing " + path + " (its copy " + backup + " is whole)");
+  *repaired = true;
   return Status::Ok();
 }
 

@@ -119,6 +119,16 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   // Full checksum pass over every referenced block; the error names the first bad one.
   static Status Verify(const std::string& path, SessionSummary* summary = nullptr);
 
+  // `tierkv session repair`: a file whose newest save is damaged (docs/formats.md) is
+  // rolled back to the save before it, once every block of that save has passed its
+  // checksum: the file is first copied whole to `backup` (created, never overwritten;
+  // synced), then the damaged save's commit slot is cleared and synced, so the next run
+  // restores the intact save and the next save takes the cleared slot. A file whose
+  // newest save is intact is left untouched (*repaired false); damaged blocks cannot be
+  // repaired and are an error naming the first one. io injects write faults in tests.
+  static Status Repair(const std::string& path, const std::string& backup, bool* repaired,
+                       SessionSummary* summary = nullptr, SessionIo* io = nullptr);
+
   // PageSource: reads record `key` and verifies it.
   Status ReadPage(uint64_t key, std::span<std::byte> out) override;
   uint64_t id() const { return id_; }
@@ -137,6 +147,8 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   // Opens `path` read-only and loads it; on success *fd is the open descriptor.
   static Result<Loaded> OpenAndLoad(const std::string& path, int* fd);
   static SessionSummary Summarize(const Loaded& loaded);
+  // Reads and checks every block `loaded` references; takes (and closes) fd.
+  static Status VerifyBlocks(const std::string& path, int fd, Loaded loaded);
 
   SessionFile(std::string path, int fd, uint64_t block_bytes, std::vector<Record> records);
 

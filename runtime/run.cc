@@ -476,9 +476,17 @@ Result<RunReport> RunSession(const RunOptions& o) {
     spdlog::info("host tier: {} (--host auto: the KV cache of {} tokens{})", FormatBytes(memory.host_bytes), n_ctx,
                  host_note);
   }
+  // A warm-up of gigabytes takes seconds (a 60 GiB --vram on sim: about half a minute):
+  // say so up front rather than sit silent. (Not for the default 1 GiB host tier.)
+  constexpr uint64_t kLoudWarmupBytes = 4ull << 30;
+  const uint64_t warm_bytes = memory.warmup ? memory.host_bytes + memory.device_bytes + memory.disk_bytes : 0;
+  if (warm_bytes >= kLoudWarmupBytes) {
+    spdlog::info("warm-up: reserving and touching {} of tier memory (--no-warmup skips it)", FormatBytes(warm_bytes));
+  }
   const auto t_warm = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
   r.warmup_s = Since(t_warm);
+  if (warm_bytes >= kLoudWarmupBytes) spdlog::info("warm-up took {:.1f} s", r.warmup_s);
   if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);

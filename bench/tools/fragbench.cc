@@ -48,8 +48,9 @@ Status RunFragbench(const FragbenchOptions& options, std::FILE* out, std::FILE* 
   if (options.json) {
     const std::string text = SummaryJson(*workload, options.replay, *result, elapsed_s)
                                  .dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+    // Not flushed here: main's FinishOutput flushes stdout once and names a failed
+    // write's reason (docs/cli.md).
     std::fprintf(out, "%s\n", text.c_str());
-    std::fflush(out);
   }
   return Status::Ok();
 }

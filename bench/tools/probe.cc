@@ -189,7 +189,9 @@ std::string MountFsType(const std::string& dir) {
 Result<DirInfo> InspectDir(const std::string& dir, const std::string& label, uint64_t need_bytes) {
   struct stat st {};
   if (stat(dir.c_str(), &st) != 0) return Status::FromErrno(errno, label);
-  if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument(label + " is not a directory");
+  // FailedPrecondition, not InvalidArgument: the value is well formed and the machine
+  // says no, exit 1 as for a missing directory and as `run --disk-dir` (docs/cli.md).
+  if (!S_ISDIR(st.st_mode)) return Status::FailedPrecondition(label + " is not a directory");
   if (access(dir.c_str(), W_OK | X_OK) != 0) return Status::FromErrno(errno, label + " is not writable");
   struct statfs fs {};
   if (statfs(dir.c_str(), &fs) != 0) return Status::FromErrno(errno, "statfs " + label);

@@ -39,6 +39,15 @@ int main(int argc, char** argv) {
   tierkv::AddExpertbenchCommand(app, exit_code);
 
   app.set_version_flag("--version", "tierkv " TIERKV_VERSION);
+  // `tierkv run --version` prints the version too, rather than "--model is required":
+  // a flag a subcommand does not know falls through to the top level.
+  const auto fall_through = [](CLI::App* parent, const auto& self) -> void {
+    for (CLI::App* sub : parent->get_subcommands({})) {
+      sub->fallthrough();
+      self(sub, self);
+    }
+  };
+  fall_through(&app, fall_through);
   if (const std::string bad = tierkv::NormalizeLlamaFlags(argc, argv); !bad.empty()) {
     std::fprintf(stderr, "error: %s\n", bad.c_str());
     return 2;

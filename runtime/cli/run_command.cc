@@ -233,7 +233,9 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.sampler = f.sampling;
   // -s -1: a random seed, as in llama.cpp (reported on stderr, so the run can be repeated).
   if (f.seed == "-1") {
-    o.sampler.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) | std::random_device{}();
+    // 32 bits, as llama.cpp draws: short to type back, and exact in --json for readers
+    // that parse numbers as doubles.
+    o.sampler.seed = static_cast<uint32_t>(std::random_device{}());
     spdlog::info("sampling seed {}", o.sampler.seed);
   } else {
     const char* end = f.seed.data() + f.seed.size();

@@ -2,6 +2,7 @@
 #include "runtime/cli/session_command.h"
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,12 +15,20 @@
 namespace tierkv {
 namespace {
 
+// 64-bit hashes as 16 hex digits, as the table prints them: a JSON number above 2^53
+// loses its low bits in JavaScript and in any reader that parses numbers as doubles.
+std::string Hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 nlohmann::json SummaryJson(const SessionSummary& s) {
   const KvGeometry& g = s.geometry;
   return {{"version", s.version},
-          {"model", {{"fingerprint", s.model.hash}, {"description", s.model.description}}},
+          {"model", {{"fingerprint", Hex64(s.model.hash)}, {"description", s.model.description}}},
           {"kv", {{"layers", g.n_layers}, {"kv_heads", g.n_kv_heads}, {"head_dim", g.head_dim},
-                  {"block_tokens", g.block_tokens}, {"codec", KvCodecName(g.codec)}, {"codec_seed", g.codec_seed}}},
+                  {"block_tokens", g.block_tokens}, {"codec", KvCodecName(g.codec)}, {"codec_seed", Hex64(g.codec_seed)}}},
           {"commit", s.commit_seq},
           {"tokens", s.n_tokens},
           {"blocks", s.n_records},
@@ -40,8 +49,8 @@ void PrintSummary(const SessionSummary& s, const std::string& path) {
   std::printf("file      %s, of which %s referenced by the last save (%.1f%% garbage from earlier saves)\n",
               FormatBytes(s.file_bytes).c_str(), FormatBytes(s.live_bytes).c_str(),
               s.file_bytes ? 100.0 * (1.0 - static_cast<double>(s.live_bytes) / static_cast<double>(s.file_bytes)) : 0.0);
-  // The commit in use is an older one (the newest was torn or damaged): run restores it
-  // with a warning, verify fails on it.
+  // The commit shown is an older one (the newest was damaged): run and save refuse the
+  // file, verify fails on it (docs/cli.md).
   if (!s.note.empty()) std::printf("note      %s\n", s.note.c_str());
   if (!s.tokens.empty()) {
     std::printf("token ids");
@@ -54,7 +63,7 @@ void PrintSummary(const SessionSummary& s, const std::string& path) {
 }  // namespace
 
 void AddSessionCommand(CLI::App& app, int& exit_code) {
-  CLI::App* session = app.add_subcommand("session", "Inspect or verify a saved session file");
+  CLI::App* session = app.add_subcommand("session", "Inspect, verify or repair a saved session file");
   session->require_subcommand(1);
   struct Opts {
     std::string path;
@@ -99,6 +108,33 @@ void AddSessionCommand(CLI::App& app, int& exit_code) {
       std::printf("ok: %llu blocks, %llu tokens verified in %.3f s (%s)\n", static_cast<unsigned long long>(summary.n_records),
                   static_cast<unsigned long long>(summary.n_tokens), secs, verify_opts->path.c_str());
     }
+  });
+
+  auto repair_opts = std::make_shared<Opts>();
+  CLI::App* repair = session->add_subcommand(
+      "repair", "Roll a file whose newest save is damaged back to the save before it (a copy is kept as FILE.damaged)");
+  repair->add_option("file", repair_opts->path, "session file")->required();
+  repair->callback([repair_opts, &exit_code] {
+    const std::string& path = repair_opts->path;
+    // Beside the file the links end at, where a save would write.
+    const std::string backup = SessionFile::SaveTarget(path) + ".damaged";
+    SessionSummary summary;
+    bool repaired = false;
+    if (Status st = SessionFile::Repair(path, backup, &repaired, &summary); !st.ok()) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      exit_code = 1;
+      return;
+    }
+    if (!repaired) {
+      std::printf("ok: nothing to repair, save %llu is intact (%llu blocks, %llu tokens verified) (%s)\n",
+                  static_cast<unsigned long long>(summary.commit_seq), static_cast<unsigned long long>(summary.n_records),
+                  static_cast<unsigned long long>(summary.n_tokens), path.c_str());
+      return;
+    }
+    std::printf("repaired: %s rolled back to save %llu (%llu tokens, %llu blocks verified); the damaged file is kept as %s\n",
+                path.c_str(), static_cast<unsigned long long>(summary.commit_seq),
+                static_cast<unsigned long long>(summary.n_tokens), static_cast<unsigned long long>(summary.n_records),
+                backup.c_str());
   });
 }
 

@@ -188,7 +188,7 @@ TEST(ProbeErrorTest, FileAsDiskDirIsRejected) {
   std::ofstream(file) << "x";
   auto r = RunProbe(SmallOptions(file));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);  // exit 1, as run's --disk-dir
   EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("not a directory"), std::string::npos) << r.status().message();
 }
@@ -338,6 +338,19 @@ TEST(ProbeCliTest, MissingDiskDirIsOneErrorLine) {
   EXPECT_EQ(err.rfind("error: ", 0), 0u) << err;
   EXPECT_NE(err.find(missing), std::string::npos) << err;
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+}
+
+// A file where a directory belongs is the machine's answer, not a malformed value: exit
+// 1 as for a missing directory (and as `run --disk-dir`), not the usage-error 2.
+TEST(ProbeCliTest, FileAsDiskDirExitsOne) {
+  TempDir tmp;
+  const std::string file = tmp.path() + "/plain-file";
+  std::ofstream(file) << "x";
+  ::testing::internal::CaptureStderr();
+  const int code = RunCli({"probe", "--disk-dir", file});
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find("not a directory"), std::string::npos) << err;
 }
 
 TEST(ProbeCliTest, BadSizeIsAnError) {

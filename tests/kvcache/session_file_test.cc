@@ -603,5 +603,134 @@ TEST(SessionFileTest, FuzzedFilesNeverCrashTheReader) {
   EXPECT_GT(refused, kCases / 4);
 }
 
+// A file whose newest save is damaged (save 2's manifest flipped, its commit slot intact:
+// not what a crash leaves) and the same file with both saves intact.
+struct TwoSaves {
+  TempDir files;
+  std::string path = files.path() + "/s.tkv";
+  World w;
+  SeqId s = w.cache->NewSequence();
+  std::vector<std::byte> damaged;
+  TwoSaves() {
+    AppendTokens(*w.cache, s, 0, 20, 1);
+    EXPECT_TRUE(SessionFile::Save(*w.cache, s, Tokens(20), kModel, path).ok());
+    AppendTokens(*w.cache, s, 20, 45, 2);
+    EXPECT_TRUE(SessionFile::Save(*w.cache, s, Tokens(45), kModel, path).ok());
+    damaged = ReadFile(path);
+    damaged.back() ^= std::byte{0x5a};  // the last byte: save 2's manifest
+    WriteFile(path, damaged);
+  }
+};
+
+// repair rolls such a file back to the save before the damaged one, keeping the whole
+// file as it was in the backup; restore and the next save then work as after save 1.
+TEST(SessionRepairTest, RollsBackADamagedNewestSave) {
+  TwoSaves f;
+  World fresh;
+  ASSERT_FALSE(SessionFile::Restore(*fresh.cache, f.path, kModel).ok()) << "refused before the repair";
+  const std::string backup = f.path + ".damaged";
+  bool repaired = false;
+  SessionSummary summary;
+  const Status st = SessionFile::Repair(f.path, backup, &repaired, &summary);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE(repaired);
+  EXPECT_EQ(summary.commit_seq, 1u);
+  EXPECT_EQ(summary.n_tokens, 20u);
+  EXPECT_EQ(ReadFile(backup), f.damaged);
+  SessionSummary after;
+  ASSERT_TRUE(SessionFile::Verify(f.path, &after).ok());
+  EXPECT_TRUE(after.note.empty()) << after.note;
+  World b;
+  auto r = SessionFile::Restore(*b.cache, f.path, kModel);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->tokens, Tokens(20));
+  AppendTokens(*b.cache, r->seq, 20, 45, 2);
+  ASSERT_TRUE(SessionFile::Save(*b.cache, r->seq, Tokens(45), kModel, f.path).ok());
+  World c;
+  auto r2 = SessionFile::Restore(*c.cache, f.path, kModel);
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->tokens, Tokens(45));
+  ASSERT_TRUE(SessionFile::Verify(f.path).ok());
+}
+
+// Nothing to repair: the file is not touched and no backup is made. A damaged block is
+// lost data, not something a rollback can mend: an error naming the block. A backup
+// name already taken is refused, the session file untouched.
+TEST(SessionRepairTest, RefusesWhatItCannotRepair) {
+  TwoSaves f;
+  const std::string backup = f.path + ".damaged";
+  {
+    std::vector<std::byte> whole = f.damaged;
+    whole.back() ^= std::byte{0x5a};
+    WriteFile(f.path, whole);
+    bool repaired = true;
+    ASSERT_TRUE(SessionFile::Repair(f.path, backup, &repaired).ok());
+    EXPECT_FALSE(repaired);
+    EXPECT_FALSE(std::filesystem::exists(backup));
+    EXPECT_EQ(ReadFile(f.path), whole);
+  }
+  {
+    std::vector<std::byte> bad_block = f.damaged;
+    bad_block[4096 + 32 + 100] ^= std::byte{0x5a};  // block 0 of save 1 (both saves use it)
+    WriteFile(f.path, bad_block);
+    bool repaired = true;
+    const Status st = SessionFile::Repair(f.path, backup, &repaired);
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+    EXPECT_NE(st.message().find("session block 0 (layer 0, block 0)"), std::string::npos) << st.message();
+    EXPECT_FALSE(repaired);
+    EXPECT_FALSE(std::filesystem::exists(backup));
+    EXPECT_EQ(ReadFile(f.path), bad_block);
+  }
+  {
+    WriteFile(f.path, f.damaged);
+    WriteFile(backup, {std::byte{1}});
+    bool repaired = true;
+    const Status st = SessionFile::Repair(f.path, backup, &repaired);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("move it aside first"), std::string::npos) << st.message();
+    EXPECT_EQ(ReadFile(f.path), f.damaged);
+    EXPECT_EQ(ReadFile(backup), std::vector<std::byte>{std::byte{1}});
+  }
+}
+
+// A write or sync that fails at any step of a repair (a full disk for the backup, an I/O
+// error at the slot) is reported, and nothing is lost: either the file is as it was and
+// no partial backup is left, or the backup holds the file as it was. Save 1 restores
+// either way once the repair is run again.
+TEST(SessionRepairTest, FailureAtEveryStepLosesNothing) {
+  TwoSaves f;
+  const std::string backup = f.path + ".damaged";
+  int failures = 0;
+  for (int k = 0; k < 16; ++k) {
+    WriteFile(f.path, f.damaged);
+    std::filesystem::remove(backup);
+    FaultyIo io(k, FaultyIo::Mode::kFailOnce);
+    bool repaired = false;
+    const Status st = SessionFile::Repair(f.path, backup, &repaired, nullptr, &io);
+    if (!io.faulted()) {
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_TRUE(repaired);
+      break;
+    }
+    ++failures;
+    EXPECT_FALSE(st.ok()) << "step " << k;
+    EXPECT_FALSE(repaired);
+    EXPECT_NE(st.message().find("No space left on device"), std::string::npos) << st.message();
+    if (std::filesystem::exists(backup)) {
+      EXPECT_EQ(ReadFile(backup), f.damaged) << "step " << k;
+    } else {
+      EXPECT_EQ(ReadFile(f.path), f.damaged) << "step " << k;
+    }
+    std::filesystem::remove(backup);
+    bool again = false;
+    ASSERT_TRUE(SessionFile::Repair(f.path, backup, &again).ok()) << "step " << k;
+    World b;
+    auto r = SessionFile::Restore(*b.cache, f.path, kModel);
+    ASSERT_TRUE(r.ok()) << "step " << k << ": " << r.status().ToString();
+    EXPECT_EQ(r->tokens, Tokens(20));
+  }
+  EXPECT_GE(failures, 3) << "backup write, backup sync, slot write, slot sync";
+}
+
 }  // namespace
 }  // namespace tierkv

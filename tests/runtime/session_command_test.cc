@@ -3,10 +3,13 @@
 // `tierkv session inspect|verify`: exit codes and the one error line, in process.
 #include "runtime/cli/session_command.h"
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "kvcache/session_file.h"
 #include "tests/kvcache/kv_test_util.h"
@@ -73,6 +76,23 @@ TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
   EXPECT_NE(::testing::internal::GetCapturedStderr().find("No such file"), std::string::npos);
 }
 
+// inspect --json gives the 64-bit hashes as the table does, 16 hex digits: as JSON
+// numbers, values above 2^53 would lose their low bits in readers that parse doubles.
+TEST(SessionCommandTest, InspectJsonGivesHashesInHex) {
+  Saved saved;
+  auto& [dir, mm, cache, s, path, tokens] = saved;
+  const uint64_t hash = 0xfedcba9876543211ull;  // odd and above 2^53: a double cannot hold it
+  ASSERT_TRUE(SessionFile::Save(*cache, s, tokens, {hash, "m"}, path).ok());
+  ::testing::internal::CaptureStdout();
+  ASSERT_EQ(RunCli({"session", "inspect", "--json", path}), 0);
+  const auto j = nlohmann::json::parse(::testing::internal::GetCapturedStdout());
+  EXPECT_EQ(j["model"]["fingerprint"], "fedcba9876543211");
+  char seed[17];
+  std::snprintf(seed, sizeof seed, "%016llx", static_cast<unsigned long long>(cache->geometry().codec_seed));
+  EXPECT_EQ(j["kv"]["codec_seed"], seed);
+  EXPECT_EQ(j["tokens"], 20);
+}
+
 // A file whose newest save is damaged (its manifest fails its checksum under an intact
 // commit slot: not a crash, which never commits an unsynced manifest) still holds the
 // save before it: inspect shows that save with a note saying why, exit 0; verify fails
@@ -102,8 +122,43 @@ TEST(SessionCommandTest, DamagedNewestSaveIsNotedByInspectAndFailsVerify) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(RunCli({"session", "verify", path}), 1);
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(err.find("fails its checksum (the save before it, 1, is intact)"), std::string::npos) << err;
+  EXPECT_NE(err.find("fails its checksum (the save before it, 1, is intact: `tierkv session repair` rolls back to it)"),
+            std::string::npos)
+      << err;
   EXPECT_EQ(err.find('\n'), err.size() - 1) << "one line: " << err;
+
+  // repair: rolls back to save 1 and says where the damaged file went; then verify
+  // passes, and a second repair finds nothing to do.
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCli({"session", "repair", path}), 0);
+  const std::string repaired = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(repaired.find("repaired: " + path + " rolled back to save 1 (20 tokens, 6 blocks verified); the damaged file "
+                          "is kept as " + path + ".damaged\n"),
+            std::string::npos)
+      << repaired;
+  EXPECT_TRUE(std::filesystem::exists(path + ".damaged"));
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCli({"session", "verify", path}), 0);
+  EXPECT_NE(::testing::internal::GetCapturedStdout().find("ok: 6 blocks, 20 tokens"), std::string::npos);
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(RunCli({"session", "repair", path}), 0);
+  const std::string again = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(again.find("ok: nothing to repair, save 1 is intact"), std::string::npos) << again;
+}
+
+// repair of something that is not a session file, or of damaged blocks: one error line,
+// exit 1, the file untouched.
+TEST(SessionCommandTest, RepairRefusalsAreOneLine) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/not-a-session";
+  std::ofstream(path) << "hello";
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCli({"session", "repair", path}), 1);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.rfind("error: ", 0), 0u) << err;
+  EXPECT_NE(err.find("not a session file"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), err.size() - 1) << "one line: " << err;
+  EXPECT_FALSE(std::filesystem::exists(path + ".damaged"));
 }
 
 }  // namespace

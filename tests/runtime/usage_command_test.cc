@@ -45,8 +45,8 @@ TEST(UsageCommandTest, UsageErrorsAreOneLineAndExitTwo) {
   } cases[] = {
       {{}, "error: tierkv needs a command (fragbench, info, session, run)"},
       {{"bogus"}, "error: unknown command 'bogus' for tierkv (fragbench, info, session, run)"},
-      {{"session"}, "error: tierkv session needs a command (inspect, verify)"},
-      {{"session", "bogus", "x"}, "error: unknown command 'bogus' for tierkv session (inspect, verify)"},
+      {{"session"}, "error: tierkv session needs a command (inspect, verify, repair)"},
+      {{"session", "bogus", "x"}, "error: unknown command 'bogus' for tierkv session (inspect, verify, repair)"},
       {{"session", "inspect"}, "error: file is required (tierkv session inspect --help lists the options)"},
       {{"info", "a", "b"}, "error: The following argument was not expected: b (tierkv info --help lists the options)"},
       {{"info", "x.gguf", "--max-items", "-1"}, "error: --max-items: must not be negative"},

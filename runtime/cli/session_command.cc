@@ -42,8 +42,8 @@ void PrintSummary(const SessionSummary& s, const std::string& path) {
   const KvGeometry& g = s.geometry;
   std::printf("session   %s\n", path.c_str());
   std::printf("format    version %u, commit %llu\n", s.version, static_cast<unsigned long long>(s.commit_seq));
-  std::printf("model     %s (fingerprint %016llx)\n", s.model.description.c_str(), static_cast<unsigned long long>(s.model.hash));
-  std::printf("kv        %s, codec seed %016llx\n", g.ToString().c_str(), static_cast<unsigned long long>(g.codec_seed));
+  std::printf("model     %s (fingerprint %s)\n", s.model.description.c_str(), Hex64(s.model.hash).c_str());
+  std::printf("kv        %s, codec seed %s\n", g.ToString().c_str(), Hex64(g.codec_seed).c_str());
   std::printf("tokens    %llu\n", static_cast<unsigned long long>(s.n_tokens));
   std::printf("blocks    %llu of %s\n", static_cast<unsigned long long>(s.n_records), FormatBytes(s.block_bytes).c_str());
   std::printf("file      %s, of which %s referenced by the last save (%.1f%% garbage from earlier saves)\n",

@@ -1,20 +1,35 @@
 // fuzz/gguf_fuzzer.cc
 //
-// libFuzzer entry point for the GGUF reader. The CMake build compiles it with a plain
-// main() (fuzz/standalone_main.cc: `build/<kind>/fuzz/gguf_fuzzer FILE...` replays
-// inputs); fuzzing needs clang's libFuzzer, by hand (docs/gguf.md, "Fuzzing"):
-//
-//   src="fuzz/gguf_fuzzer.cc runtime/gguf.cc runtime/ggml_types.cc runtime/unicode.cc memory/status.cc"
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. $src -o /tmp/gguf_fuzzer
-//   /tmp/gguf_fuzzer -max_len=65536 corpus_dir/
+// libFuzzer entry point for the GGUF reader and for everything sized by a GGUF header:
+// the model config, the tokenizer and Model::Load. The CMake build compiles it with a
+// plain main() (fuzz/standalone_main.cc: `build/<kind>/fuzz/gguf_fuzzer FILE...` replays
+// inputs); fuzzing needs clang's libFuzzer: fuzz/build_libfuzzer.sh builds it
+// (docs/gguf.md, "Tests and fuzzing").
 //
 // Every input must give an error Status or a file whose tensors lie inside the input;
-// reading back every value must stay inside it too (ASan checks the reads).
+// reading back every value must stay inside it too (ASan checks the reads). A file that
+// parses then goes through ReadModelConfig, Tokenizer::FromGguf and Model::Load: each
+// succeeds or gives a one-line error, and none allocates more than a small multiple of
+// the input (ASan's allocation-size-too-big, libFuzzer's -rss_limit_mb and -malloc_limit_mb).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
+#include <string>
 
 #include "runtime/gguf.h"
+#include "runtime/model.h"
+#include "runtime/tokenizer.h"
+
+namespace {
+
+void CheckOneLine(const tierkv::Status& st) {
+  if (st.ok()) return;
+  const std::string& message = st.message();
+  if (message.empty() || message.find('\n') != std::string::npos) std::abort();
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto parsed = tierkv::GgufFile::Parse(data, size);
@@ -23,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (message.rfind("gguf: ", 0) != 0 || message.find('\n') != std::string::npos) std::abort();
     return 0;
   }
-  const tierkv::GgufFile& file = *parsed.value();
+  const std::shared_ptr<const tierkv::GgufFile> shared = std::move(parsed).value();
+  const tierkv::GgufFile& file = *shared;
   tierkv::GgufFormatOptions options;
   options.max_array_items = 16;
   options.max_string_bytes = 256;
@@ -41,5 +57,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)last;
     }
   }
+  // The header sizes: whatever the metadata says, only values the tensors bear out size
+  // anything.
+  CheckOneLine(tierkv::Tokenizer::FromGguf(file).status());
+  auto config = tierkv::ReadModelConfig(file);
+  CheckOneLine(config.status());
+  if (!config.ok()) return 0;
+  tierkv::ModelOptions model_options;
+  model_options.threads = 1;
+  auto model = tierkv::Model::Load(shared, model_options);
+  CheckOneLine(model.status());
+  if (model.ok() && (*model)->config().n_vocab != config->n_vocab) std::abort();
   return 0;
 }

@@ -269,6 +269,7 @@ Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* 
   TIERKV_RETURN_IF_ERROR(MakeExclusive(*seq, layer, block));
   BlockMeta& b = blocks_[seq->table[static_cast<size_t>(layer)][static_cast<size_t>(block)].value];
   TIERKV_ASSIGN_OR_RETURN(Pin pin, mm_->Acquire(b.page, write_tier(), Access::kWrite));
+  b.saved = BlockSaveState{};  // its saved record no longer holds it
   const size_t vb = vector_bytes();
   const size_t half = static_cast<size_t>(g_.n_kv_heads) * g_.block_tokens * vb;
   for (int h = 0; h < g_.n_kv_heads; ++h) {

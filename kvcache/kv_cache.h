@@ -58,11 +58,13 @@ struct KvGeometry {
 };
 
 // Where a block stands with respect to a session file (see kvcache/session_file.h).
+// Cleared by every Write into the block: a block written since its save is not the
+// record any more, whatever its tokens.
 struct BlockSaveState {
   uint64_t file_id = 0;     // the session file's id (from its header), 0 = never saved
   uint64_t offset = 0;      // its record's offset in that file
   uint64_t checksum = 0;    // xxh3 of the block bytes
-  int tokens = 0;           // tokens it held when saved
+  uint64_t content = 0;     // content key of the tokens it held (SessionFile::ContentKeys)
 };
 
 class KvCache {

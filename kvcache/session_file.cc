@@ -1,18 +1,22 @@
 // kvcache/session_file.cc
 #include "kvcache/session_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -30,7 +34,7 @@ constexpr uint64_t kHeaderBytes = 4096;
 constexpr uint64_t kHeaderChecked = 2040;      // header checksum covers [0, 2040)
 constexpr uint64_t kSlotOffset[2] = {2048, 3072};
 constexpr uint64_t kSlotBytes = 64;
-constexpr uint64_t kRecordHeaderBytes = 32;
+constexpr uint64_t kRecordHeaderBytes = 40;
 constexpr uint64_t kManifestEntryBytes = 32;
 constexpr size_t kMaxDescription = 1024;
 constexpr uint64_t kWriteBatchBytes = 8 * kMiB;  // gather block records into writes this large
@@ -112,6 +116,14 @@ Result<Header> DecodeHeader(const std::byte* p, const std::string& path) {
   if (std::memcmp(p, kMagic, 8) != 0) return Status::InvalidArgument(path + " is not a tierkv session file (bad magic)");
   Header h;
   h.version = Get<uint32_t>(p + 8);
+  if (h.version == 2) {
+    // Version 2 found reusable blocks by position and token count, so a save after an
+    // edit or a regenerated reply could keep the KV of other tokens: its KV cannot be
+    // trusted, and is not read.
+    return Status::Unsupported(path + ": session file format version 2, whose saves could keep the KV of other "
+                               "tokens; this tierkv reads version " + std::to_string(kSessionFormatVersion) +
+                               " only: remove the file (the next run recomputes the prompt)");
+  }
   if (h.version != kSessionFormatVersion) {
     return Status::Unsupported(path + ": session file format version " + std::to_string(h.version) +
                                "; this tierkv reads version " + std::to_string(kSessionFormatVersion));
@@ -347,6 +359,8 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
         return bad("entry " + std::to_string(i) + " points outside the block area");
       }
     }
+    const std::vector<uint64_t> keys = ContentKeys(L.header.model, g, L.tokens);
+    for (uint64_t i = 0; i < n_records; ++i) L.records[i].content = keys[i % n_blocks];
     L.slot = s;
     if (s.seq != slots[0].seq) L.newest_damage = last_error.message();
     return L;
@@ -358,9 +372,10 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
 namespace {
 
 // Whether a block's record from an earlier save of this file (file_id, committed data
-// ending at data_end) still holds the block as it is, `fill` tokens.
-bool InFile(const BlockSaveState& saved, uint64_t file_id, int fill, uint64_t data_end, uint64_t block_bytes) {
-  return saved.file_id == file_id && saved.tokens == fill && saved.offset + kRecordHeaderBytes + block_bytes <= data_end;
+// ending at data_end) holds the block as it is: the same content key (its tokens, and
+// every token before them), and the block not written since (a write clears `saved`).
+bool InFile(const BlockSaveState& saved, uint64_t file_id, uint64_t content, uint64_t data_end, uint64_t block_bytes) {
+  return saved.file_id == file_id && saved.content == content && saved.offset + kRecordHeaderBytes + block_bytes <= data_end;
 }
 
 // A save appends the blocks that changed (a conversation's growing tail block, every
@@ -368,14 +383,17 @@ bool InFile(const BlockSaveState& saved, uint64_t file_id, int fill, uint64_t da
 // would be more than its live records, the save writes a new file instead (compaction):
 // the file stays under about twice its live size, and each compaction's rewrite is paid
 // for by as many bytes of appends since the last one.
-bool ShouldCompact(KvCache& cache, SeqId s, uint64_t file_id, uint64_t data_end) {
+bool ShouldCompact(KvCache& cache, SeqId s, const std::vector<uint64_t>& keys, uint64_t file_id, uint64_t data_end) {
   const uint64_t record = kRecordHeaderBytes + cache.block_bytes();
   const int n_blocks = cache.NumBlocks(s);
   uint64_t kept = 0, total = 0;
   for (int l = 0; l < cache.geometry().n_layers; ++l) {
     for (int b = 0; b < n_blocks; ++b) {
       ++total;
-      if (InFile(cache.SaveState(cache.Block(s, l, b)), file_id, cache.BlockFill(s, b), data_end, cache.block_bytes())) ++kept;
+      if (InFile(cache.SaveState(cache.Block(s, l, b)), file_id, keys[static_cast<size_t>(b)], data_end,
+                 cache.block_bytes())) {
+        ++kept;
+      }
     }
   }
   const uint64_t old_bytes = data_end > kHeaderBytes ? data_end - kHeaderBytes : 0;
@@ -399,12 +417,109 @@ std::string SessionFile::SaveTarget(const std::string& path) {
   return target;
 }
 
+std::vector<uint64_t> SessionFile::ContentKeys(const ModelFingerprint& model, const KvGeometry& g,
+                                               std::span<const int32_t> tokens) {
+  const size_t bt = static_cast<size_t>(g.block_tokens);
+  const size_t n_blocks = (tokens.size() + bt - 1) / bt;
+  const uint64_t root[8] = {0x746b766b65797331ull,  // "tkvkeys1"
+                            model.hash,
+                            static_cast<uint64_t>(g.n_layers),
+                            static_cast<uint64_t>(g.n_kv_heads),
+                            static_cast<uint64_t>(g.head_dim),
+                            static_cast<uint64_t>(g.block_tokens),
+                            static_cast<uint64_t>(g.codec),
+                            g.codec_seed};
+  std::vector<uint64_t> keys(n_blocks);
+  std::vector<std::byte> buf(8 + bt * 4);  // [previous key][block's token ids]
+  uint64_t prev = Hash(root, sizeof root);
+  for (size_t b = 0; b < n_blocks; ++b) {
+    const size_t fill = std::min(bt, tokens.size() - b * bt);
+    std::memcpy(buf.data(), &prev, 8);
+    std::memcpy(buf.data() + 8, tokens.data() + b * bt, fill * 4);
+    prev = keys[b] = Hash(buf.data(), 8 + fill * 4);
+  }
+  return keys;
+}
+
+namespace {
+
+std::string Hex16(uint64_t v) {
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+
+uint64_t RandomU64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+bool IsHex(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); });
+}
+
+// (directory with a trailing slash or "", the name) of a path.
+std::pair<std::string, std::string> SplitPath(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return {"", path};
+  return {path.substr(0, slash + 1), path.substr(slash + 1)};
+}
+
+constexpr size_t kMaxName = 255;
+
+}  // namespace
+
+std::string SessionSiblingPath(const std::string& target, const std::string& suffix, const std::string& tag) {
+  const auto [dir, name] = SplitPath(target);
+  if (name.size() + suffix.size() <= kMaxName) return target + suffix;
+  return dir + "." + tag + "." + Hex16(Hash(name.data(), name.size()));
+}
+
 std::string SessionFile::TempPathFor(const std::string& target) {
-  const std::string suffix = ".tmp." + std::to_string(getpid());
-  const size_t slash = target.rfind('/');
-  const size_t name = slash == std::string::npos ? 0 : slash + 1;
-  if (target.size() - name + suffix.size() <= 255) return target + suffix;
-  return target.substr(0, name) + ".tierkv-save" + suffix;
+  const std::string rnd = Hex16(RandomU64());
+  return SessionSiblingPath(target, ".tierkv-tmp." + rnd, "tierkv-tmp." + rnd);
+}
+
+int SessionFile::RemoveLeftovers(const std::string& target) {
+  const auto [dir, name] = SplitPath(target);
+  const std::string long_prefix = name + ".tierkv-tmp.";
+  const std::string short_suffix = "." + Hex16(Hash(name.data(), name.size()));
+  const std::string old_prefix = name + ".tmp.";  // before format 3: PATH.tmp.PID
+  const int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return 0;
+  DIR* d = fdopendir(dfd);
+  if (d == nullptr) {
+    close(dfd);
+    return 0;
+  }
+  std::vector<std::string> doomed;
+  while (const dirent* e = readdir(d)) {
+    const std::string_view n = e->d_name;
+    bool ours = false;
+    if (n.size() == long_prefix.size() + 16 && n.starts_with(long_prefix)) {
+      ours = IsHex(n.substr(long_prefix.size()));
+    } else if (n.starts_with(".tierkv-tmp.") && n.size() == 12 + 16 + short_suffix.size() && n.ends_with(short_suffix)) {
+      ours = IsHex(n.substr(12, 16));
+    } else if (n.size() > old_prefix.size() && n.size() <= old_prefix.size() + 10 && n.starts_with(old_prefix) &&
+               std::all_of(n.begin() + static_cast<long>(old_prefix.size()), n.end(),
+                           [](char c) { return c >= '0' && c <= '9'; })) {
+      const long pid = std::strtol(std::string(n.substr(old_prefix.size())).c_str(), nullptr, 10);
+      ours = pid > 0 && pid <= INT32_MAX && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    }
+    if (ours) doomed.emplace_back(n);
+  }
+  int removed = 0;
+  for (const std::string& n : doomed) {
+    struct stat st {};
+    // A link, a directory, or another user's file is not a leftover of ours; unlinkat
+    // removes a name and never follows it.
+    if (fstatat(dfd, n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+      continue;
+    }
+    if (unlinkat(dfd, n.c_str(), 0) == 0) ++removed;
+  }
+  closedir(d);  // closes dfd
+  return removed;
 }
 
 Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& tokens, const ModelFingerprint& model,
@@ -421,6 +536,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   SessionSaveStats local;
   SessionSaveStats& out = stats ? *stats : local;
   out = SessionSaveStats{};
+  const std::vector<uint64_t> keys = ContentKeys(model, g, tokens);
 
   // Open the existing session (append) or start a temporary file (renamed at the end).
   Header header;
@@ -459,7 +575,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     // A file with other hard links is only appended to: a new file renamed over this
     // name would leave the other names on the old session.
     const bool linked = fstat(fd, &old_stat) != 0 || old_stat.st_nlink > 1;
-    if (!linked && ShouldCompact(cache, s, header.file_id, append_at)) {
+    if (!linked && ShouldCompact(cache, s, keys, header.file_id, append_at)) {
       // More garbage than live blocks after this save: write the session afresh, aside,
       // and rename it over this file (which stays intact until then). Blocks not yet
       // paged in are read from this file through the restore's open descriptor.
@@ -475,7 +591,12 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     fresh = true;
     append_at = kHeaderBytes;
     write_path = TempPathFor(target);
-    fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // as the umask allows
+    // A new name, created exclusively (never a file or link someone placed there).
+    for (int tries = 0;; ++tries) {
+      write_path = TempPathFor(target);
+      fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);  // as the umask allows
+      if (fd >= 0 || errno != EEXIST || tries == 8) break;
+    }
     if (fd < 0) return Status::FromErrno(errno, "creating " + write_path);
     if (replacing) {
       // The same owner where this process may give it (root), and the same mode.
@@ -546,8 +667,9 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     for (int b = 0; b < n_blocks; ++b) {
       const BlockId id = cache.Block(s, l, b);
       const int fill = cache.BlockFill(s, b);
-      Record r{static_cast<uint32_t>(l), static_cast<uint32_t>(b), static_cast<uint32_t>(fill), 0, 0};
-      if (InFile(cache.SaveState(id), header.file_id, fill, append_at, bb)) {
+      Record r{static_cast<uint32_t>(l), static_cast<uint32_t>(b), static_cast<uint32_t>(fill), 0, 0,
+               keys[static_cast<size_t>(b)]};
+      if (InFile(cache.SaveState(id), header.file_id, r.content, append_at, bb)) {
         const BlockSaveState& saved = cache.SaveState(id);
         r.offset = saved.offset;
         r.checksum = saved.checksum;
@@ -564,14 +686,14 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
         r.offset = write_at + pending;
         auto& h = headers.emplace_back();
         const uint32_t f32[4] = {kRecordMagic, r.layer, r.block, r.tokens};
-        const uint64_t f64[2] = {bb, r.checksum};
+        const uint64_t f64[3] = {bb, r.checksum, r.content};
         std::memcpy(h.data(), f32, 16);
-        std::memcpy(h.data() + 16, f64, 16);
+        std::memcpy(h.data() + 16, f64, 24);
         iov.push_back({h.data(), kRecordHeaderBytes});
         iov.push_back({pin->data(), bb});
         pins.push_back(std::move(pin).value());
         pending += kRecordHeaderBytes + bb;
-        updates.push_back({id, BlockSaveState{header.file_id, r.offset, r.checksum, fill}});
+        updates.push_back({id, BlockSaveState{header.file_id, r.offset, r.checksum, r.content}});
         ++out.blocks_written;
         if (headers.size() == kRecordsPerWrite || pending >= kWriteBatchBytes) {
           Status st = flush();
@@ -686,7 +808,7 @@ Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::st
     saved[l].reserve(n_blocks);
     for (size_t b = 0; b < n_blocks; ++b) {
       const Record& r = file->records_[l * n_blocks + b];
-      saved[l].push_back(BlockSaveState{h.file_id, r.offset, r.checksum, static_cast<int>(r.tokens)});
+      saved[l].push_back(BlockSaveState{h.file_id, r.offset, r.checksum, r.content});
     }
   }
   auto seq = cache.AdoptBackedSequence(static_cast<int>(loaded->tokens.size()), pages, saved);
@@ -724,6 +846,10 @@ Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
   if (Get<uint32_t>(hdr) != kRecordMagic || Get<uint32_t>(hdr + 4) != r.layer || Get<uint32_t>(hdr + 8) != r.block ||
       Get<uint32_t>(hdr + 12) != r.tokens || Get<uint64_t>(hdr + 16) != block_bytes_ || Get<uint64_t>(hdr + 24) != r.checksum) {
     return Status::Corruption(name + " has a damaged record header");
+  }
+  if (Get<uint64_t>(hdr + 32) != r.content) {
+    // An intact record of other tokens (or another model or encoding): never restored.
+    return Status::Corruption(name + " holds the KV of other tokens than the manifest's (its content key differs)");
   }
   if (Hash(out.data(), block_bytes_) != r.checksum) return Status::Corruption(name + " fails its checksum");
   return Status::Ok();

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,10 @@
 
 namespace tierkv {
 
-// 2: f16 keys in key tiles where the block size takes them (kv_cache.h); a version-1
-// file's f16 keys are vector by vector, so it is refused rather than misread.
-inline constexpr uint32_t kSessionFormatVersion = 2;
+// 3: every block record carries the content key of the tokens it holds, checked at
+// page-in (docs/formats.md); version-2 saves could keep a record of other tokens, so
+// they are refused. (2: f16 keys in key tiles; version 1 stored them vector by vector.)
+inline constexpr uint32_t kSessionFormatVersion = 3;
 
 // Identifies the model a KV cache belongs to: a hash of the architecture, tensor
 // names/shapes/types and rope parameters (computed by the runtime), and a readable
@@ -82,6 +84,11 @@ struct SessionSummary {  // what `session inspect` prints
   std::string note;              // the newest save is damaged and the one before it is shown: why ("" else)
 };
 
+// A name beside `target` for a file tierkv keeps with it: target + suffix, or, where
+// that would pass the 255-byte name limit, "." + tag + "." + a hash of target's name in
+// its directory.
+std::string SessionSiblingPath(const std::string& target, const std::string& suffix, const std::string& tag);
+
 class SessionFile : public PageSource, public std::enable_shared_from_this<SessionFile> {
  public:
   ~SessionFile() override;
@@ -105,14 +112,30 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   // model" error Restore gives, naming both (for a check before Restore, from Inspect).
   static Status CheckModel(const std::string& path, const ModelFingerprint& saved, const ModelFingerprint& model);
 
+  // Content keys of the blocks of a session holding `tokens` (one per block of
+  // geometry.block_tokens tokens, the last one partial): key[b] hashes key[b-1] with
+  // block b's token ids, and key[-1] the model fingerprint and the KV geometry and
+  // codec. A block's key thus names every token up to its end, and the model and
+  // encoding it was computed with. Saves reuse, and restores accept, a record only
+  // under its block's key.
+  static std::vector<uint64_t> ContentKeys(const ModelFingerprint& model, const KvGeometry& geometry,
+                                           std::span<const int32_t> tokens);
+
   // The file a save to `path` writes: path, or the file its chain of symbolic links
   // ends at (a save that writes a new file renames it over that one, and the links
   // stay). Found before a run so that its directory can be checked up front.
   static std::string SaveTarget(const std::string& path);
   // Where a save that writes a new file (the first, or a compaction) writes it before
-  // the rename over `target`: beside it, target + ".tmp.PID", or a short name in its
-  // directory where that would pass the 255-byte name limit.
+  // the rename over `target`: beside it, under a name no one can guess (a fresh random
+  // one each call: target + ".tierkv-tmp." + 16 hex digits, or where that would pass
+  // the 255-byte name limit, ".tierkv-tmp.<hash of the name>.<16 hex digits>" in its
+  // directory). Created with O_EXCL | O_NOFOLLOW: nothing planted there is followed.
   static std::string TempPathFor(const std::string& target);
+  // Removes what crashed saves of `target` left: its temporary files (the names above;
+  // and, from tierkv before format 3, target + ".tmp.PID" of a process that is gone),
+  // only regular files of this user, never following links. REQUIRES: the caller holds
+  // the session's SessionLock, so no save of it is under way. Returns how many it removed.
+  static int RemoveLeftovers(const std::string& target);
 
   // Reads header, slots and manifest (no block data).
   static Result<SessionSummary> Inspect(const std::string& path);
@@ -141,6 +164,7 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
     uint32_t tokens = 0;
     uint64_t offset = 0;
     uint64_t checksum = 0;
+    uint64_t content = 0;  // content key of its tokens (from the manifest's token ids)
   };
   struct Loaded;  // header + slot + manifest, parsed
   static Result<Loaded> Load(const std::string& path, int fd);

@@ -1,7 +1,10 @@
 // runtime/gguf_writer.cc
 #include "runtime/gguf_writer.h"
 
+#include <algorithm>
 #include <cstring>
+
+#include "runtime/gguf.h"
 
 namespace tierkv {
 namespace {
@@ -9,7 +12,6 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint32_t kVersion = 3;
 constexpr uint64_t kAlignment = 32;
-constexpr uint32_t kTypeU32 = 4, kTypeF32 = 6, kTypeBool = 7, kTypeString = 8;
 
 template <typename T>
 void Put(std::vector<uint8_t>* out, T v) {
@@ -25,36 +27,113 @@ void PutString(std::vector<uint8_t>* out, std::string_view s) {
 
 uint64_t AlignUp(uint64_t x) { return (x + kAlignment - 1) / kAlignment * kAlignment; }
 
+// One scalar of `type` (a value's own, or an array's element type), its bits taken from
+// the conversion that holds every value of that type exactly.
+template <typename Read>
+void PutScalar(std::vector<uint8_t>* out, GgufValueType type, Read read) {
+  switch (type) {
+    case GgufValueType::kU8: Put(out, static_cast<uint8_t>(read.template operator()<uint64_t>())); break;
+    case GgufValueType::kU16: Put(out, static_cast<uint16_t>(read.template operator()<uint64_t>())); break;
+    case GgufValueType::kU32: Put(out, static_cast<uint32_t>(read.template operator()<uint64_t>())); break;
+    case GgufValueType::kU64: Put(out, read.template operator()<uint64_t>()); break;
+    case GgufValueType::kI8: Put(out, static_cast<int8_t>(read.template operator()<int64_t>())); break;
+    case GgufValueType::kI16: Put(out, static_cast<int16_t>(read.template operator()<int64_t>())); break;
+    case GgufValueType::kI32: Put(out, static_cast<int32_t>(read.template operator()<int64_t>())); break;
+    case GgufValueType::kI64: Put(out, read.template operator()<int64_t>()); break;
+    case GgufValueType::kF32: Put(out, read.template operator()<float>()); break;
+    case GgufValueType::kF64: Put(out, read.template operator()<double>()); break;
+    case GgufValueType::kBool: Put<uint8_t>(out, read.template operator()<bool>() ? 1 : 0); break;
+    case GgufValueType::kString:
+    case GgufValueType::kArray: break;  // not scalars
+  }
+}
+
 }  // namespace
 
-GgufWriter& GgufWriter::Key(std::string_view key, uint32_t type) {
-  PutString(&kv_, key);
-  Put<uint32_t>(&kv_, type);
-  ++n_kv_;
-  return *this;
+GgufWriter GgufWriter::CopyOf(const GgufFile& file) {
+  GgufWriter w;
+  for (const GgufKv& kv : file.metadata()) w.Value(kv.key, kv.value);
+  for (const GgufTensor& t : file.tensors()) {
+    w.Tensor(t.name, t.type, std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims),
+             std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+  }
+  return w;
+}
+
+std::vector<uint8_t>& GgufWriter::Key(std::string_view key, uint32_t type) {
+  auto it = std::find_if(kvs_.begin(), kvs_.end(), [&](const KvEntry& e) { return e.key == key; });
+  if (it == kvs_.end()) it = kvs_.insert(kvs_.end(), KvEntry{std::string(key), {}});
+  it->value.clear();
+  Put(&it->value, type);
+  return it->value;
 }
 
 GgufWriter& GgufWriter::U32(std::string_view key, uint32_t v) {
-  Key(key, kTypeU32);
-  Put(&kv_, v);
+  Put(&Key(key, static_cast<uint32_t>(GgufValueType::kU32)), v);
+  return *this;
+}
+
+GgufWriter& GgufWriter::I32(std::string_view key, int32_t v) {
+  Put(&Key(key, static_cast<uint32_t>(GgufValueType::kI32)), v);
+  return *this;
+}
+
+GgufWriter& GgufWriter::U64(std::string_view key, uint64_t v) {
+  Put(&Key(key, static_cast<uint32_t>(GgufValueType::kU64)), v);
+  return *this;
+}
+
+GgufWriter& GgufWriter::I64(std::string_view key, int64_t v) {
+  Put(&Key(key, static_cast<uint32_t>(GgufValueType::kI64)), v);
   return *this;
 }
 
 GgufWriter& GgufWriter::F32(std::string_view key, float v) {
-  Key(key, kTypeF32);
-  Put(&kv_, v);
+  Put(&Key(key, static_cast<uint32_t>(GgufValueType::kF32)), v);
   return *this;
 }
 
 GgufWriter& GgufWriter::Bool(std::string_view key, bool v) {
-  Key(key, kTypeBool);
-  Put<uint8_t>(&kv_, v ? 1 : 0);
+  Put<uint8_t>(&Key(key, static_cast<uint32_t>(GgufValueType::kBool)), v ? 1 : 0);
   return *this;
 }
 
 GgufWriter& GgufWriter::String(std::string_view key, std::string_view v) {
-  Key(key, kTypeString);
-  PutString(&kv_, v);
+  PutString(&Key(key, static_cast<uint32_t>(GgufValueType::kString)), v);
+  return *this;
+}
+
+GgufWriter& GgufWriter::Strings(std::string_view key, std::span<const std::string_view> v) {
+  std::vector<uint8_t>& out = Key(key, static_cast<uint32_t>(GgufValueType::kArray));
+  Put(&out, static_cast<uint32_t>(GgufValueType::kString));
+  Put<uint64_t>(&out, v.size());
+  for (std::string_view s : v) PutString(&out, s);
+  return *this;
+}
+
+GgufWriter& GgufWriter::Value(std::string_view key, const GgufValue& v) {
+  std::vector<uint8_t>& out = Key(key, static_cast<uint32_t>(v.type()));
+  if (v.type() == GgufValueType::kString) {
+    PutString(&out, v.AsString().value());
+  } else if (!v.is_array()) {
+    PutScalar(&out, v.type(), [&]<typename T>() { return v.As<T>().value(); });
+  } else {
+    Put(&out, static_cast<uint32_t>(v.element_type()));
+    Put<uint64_t>(&out, v.size());
+    if (v.element_type() == GgufValueType::kString) {
+      const std::span<const std::string_view> strings = v.AsStringArray().value();  // views into the file
+      for (std::string_view s : strings) PutString(&out, s);
+    } else {
+      for (uint64_t i = 0; i < v.size(); ++i) {
+        PutScalar(&out, v.element_type(), [&]<typename T>() { return v.ElementAs<T>(i).value(); });
+      }
+    }
+  }
+  return *this;
+}
+
+GgufWriter& GgufWriter::Remove(std::string_view key) {
+  std::erase_if(kvs_, [&](const KvEntry& e) { return e.key == key; });
   return *this;
 }
 
@@ -69,8 +148,11 @@ std::vector<uint8_t> GgufWriter::Finish() const {
   Put(&out, kMagic);
   Put(&out, kVersion);
   Put<uint64_t>(&out, tensors_.size());
-  Put<uint64_t>(&out, n_kv_);
-  out.insert(out.end(), kv_.begin(), kv_.end());
+  Put<uint64_t>(&out, kvs_.size());
+  for (const KvEntry& kv : kvs_) {
+    PutString(&out, kv.key);
+    out.insert(out.end(), kv.value.begin(), kv.value.end());
+  }
   uint64_t offset = 0;
   for (const TensorEntry& t : tensors_) {
     PutString(&out, t.name);
@@ -85,7 +167,7 @@ std::vector<uint8_t> GgufWriter::Finish() const {
   out.resize(data_start + offset, 0);
   uint64_t at = 0;
   for (const TensorEntry& t : tensors_) {
-    std::memcpy(out.data() + data_start + at, t.data.data(), t.data.size());
+    if (!t.data.empty()) std::memcpy(out.data() + data_start + at, t.data.data(), t.data.size());
     at = AlignUp(at + t.data.size());
   }
   return out;

@@ -3,7 +3,8 @@
 // Builds a GGUF v3 image in memory: metadata key/values, then tensors whose data is
 // placed at general.alignment (32) boundaries. The builtin models are made with it;
 // GgufFile::ParseOwned reads the result back through the same strict validation as a
-// file from disk.
+// file from disk. Tests and fuzzers also start from a copy of a valid file (CopyOf) and
+// change its values (a key written again keeps its place with the new value).
 //
 // Thread-safety: a GgufWriter belongs to one caller.
 #pragma once
@@ -18,12 +19,30 @@
 
 namespace tierkv {
 
+class GgufFile;
+class GgufValue;
+
 class GgufWriter {
  public:
+  // Every key/value of `file` in its order and every tensor with a copy of its data.
+  // The data is placed anew at 32-byte alignment (a file with another
+  // general.alignment reads back only if that key is changed too).
+  static GgufWriter CopyOf(const GgufFile& file);
+
+  // Each setter appends the key, or replaces the value of a key already written, in
+  // its place.
   GgufWriter& U32(std::string_view key, uint32_t v);
+  GgufWriter& I32(std::string_view key, int32_t v);
+  GgufWriter& U64(std::string_view key, uint64_t v);
+  GgufWriter& I64(std::string_view key, int64_t v);
   GgufWriter& F32(std::string_view key, float v);
   GgufWriter& Bool(std::string_view key, bool v);
   GgufWriter& String(std::string_view key, std::string_view v);
+  GgufWriter& Strings(std::string_view key, std::span<const std::string_view> v);  // an array of strings
+  // A value as read from a file, of any type (arrays included).
+  GgufWriter& Value(std::string_view key, const GgufValue& v);
+  // Drops the key when it was written (no-op otherwise).
+  GgufWriter& Remove(std::string_view key);
 
   // A tensor of dims ne[0] (the row length) x ne[1] x ...; data.size() must equal the
   // type's byte count for that shape (checked by the parser on the way back in).
@@ -33,16 +52,20 @@ class GgufWriter {
   std::vector<uint8_t> Finish() const;
 
  private:
+  struct KvEntry {
+    std::string key;
+    std::vector<uint8_t> value;  // u32 value type, then the value's bytes
+  };
   struct TensorEntry {
     std::string name;
     GgmlType type;
     std::vector<uint64_t> ne;
     std::vector<uint8_t> data;
   };
-  GgufWriter& Key(std::string_view key, uint32_t type);
+  // The entry of `key` emptied for a new value of `type` (appended when new).
+  std::vector<uint8_t>& Key(std::string_view key, uint32_t type);
 
-  std::vector<uint8_t> kv_;  // serialised key/values
-  uint64_t n_kv_ = 0;
+  std::vector<KvEntry> kvs_;
   std::vector<TensorEntry> tensors_;
 };
 

@@ -48,6 +48,15 @@ class TensorBinder {
       if (experts > 0) want += ", " + std::to_string(experts);
       return Status::InvalidArgument("model: tensor " + name + " has shape " + Shape(*t) + ", expected " + want + "]");
     }
+    // The kernels read weights through their block structs: F32 rows need 4-byte
+    // alignment, every other type 2-byte (its fp16 scales). GGUF's alignment (32 by
+    // default) gives that; a general.alignment of 1 or 2 may not.
+    const uintptr_t align = info->type == WeightType::kF32 ? 4 : 2;
+    if (reinterpret_cast<uintptr_t>(t->data) % align != 0) {
+      return Status::InvalidArgument("model: tensor " + name + " (" + GgmlTypeName(t->type) + ") at file offset " +
+                                     std::to_string(t->file_offset) + " is not " + std::to_string(align) +
+                                     "-byte aligned (general.alignment = " + std::to_string(f_.alignment()) + ")");
+    }
     MatrixView m;
     m.type = info->type;
     m.data = t->data;
@@ -74,7 +83,13 @@ class TensorBinder {
       return Status::Unsupported("model: tensor " + name + " has unsupported type " + GgmlTypeName(t->type));
     }
     storage->emplace_back(static_cast<size_t>(n));
-    kernels::DequantizeRow(info->type, t->data, storage->back().data(), n);
+    const void* src = t->data;
+    std::vector<uint8_t> aligned;  // F16 / BF16 / blocks placed off their 2-byte alignment
+    if (reinterpret_cast<uintptr_t>(src) % 2 != 0) {
+      aligned.assign(t->data, t->data + t->n_bytes);
+      src = aligned.data();
+    }
+    kernels::DequantizeRow(info->type, src, storage->back().data(), n);
     return static_cast<const float*>(storage->back().data());
   }
 
@@ -116,6 +131,7 @@ Result<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
   if (Status st = m->BindWeights(); !st.ok()) {
     return m->file_->path().empty() ? st : st.Annotate(m->file_->path());  // which file lacks the tensor
   }
+  // Only now, with every size matched by a bound tensor.
   m->s_ = std::make_unique<Scratch>(c);
   return m;
 }
@@ -139,6 +155,8 @@ Status Model::BindWeights() {
     TIERKV_ASSIGN_OR_RETURN(rope_.freq_factors, b.Vector("rope_freqs.weight", c.rope_dims / 2, &w.owned));
   }
 
+  // n_layer is the number of blk.N layers the file has (ReadModelConfig): at most one
+  // Layer per tensor.
   w.layers.resize(static_cast<size_t>(c.n_layer));
   for (int l = 0; l < c.n_layer; ++l) {
     Layer& L = w.layers[static_cast<size_t>(l)];

@@ -55,7 +55,8 @@ struct ModelConfig {
   int n_head = 0;          // attention.head_count
   int n_head_kv = 0;       // attention.head_count_kv (default n_head)
   int head_dim = 0;        // attention.key_length (default n_embd / n_head)
-  int n_ff = 0;            // feed_forward_length (dense models)
+  int n_ff = 0;            // feed_forward_length where layers have dense FFN tensors;
+                           // 0 in a MoE model without them (the key sizes nothing there)
   int n_expert = 0;        // expert_count (MoE)
   int n_expert_used = 0;   // expert_used_count
   int n_ff_exp = 0;        // expert_feed_forward_length
@@ -83,7 +84,12 @@ struct ModelConfig {
   std::string ToString() const;  // one line for logs and `tierkv info`
 };
 
-// Reads and checks the hyperparameters; kUnsupported for other architectures.
+// Reads and checks the hyperparameters; kUnsupported for other architectures. Every
+// size is checked before anything is sized by it (docs/gguf.md, "Header sizes"): counts
+// within [1, INT32_MAX], block_count equal to the blk.N layers present, and the widths
+// (embedding_length, head counts times key/value_length, feed_forward_length, expert
+// counts and widths) equal to the tensors' shapes. Errors are one line naming the file,
+// the key and its value (and the tensor it disagrees with).
 Result<ModelConfig> ReadModelConfig(const GgufFile& file);
 
 // RoPE settings over the file's: `tierkv run`'s --rope-* and --yarn-* flags, which are

@@ -42,6 +42,8 @@ struct Model::Weights {
   std::vector<std::vector<float>> owned;  // vectors converted from F16/BF16
 };
 
+// Sized from the config only after ReadModelConfig matched every size against the
+// tensors and BindWeights bound them, so no buffer is larger than the weights it serves.
 struct Model::Scratch {
   explicit Scratch(const ModelConfig& c)
       : x(static_cast<size_t>(c.n_embd)),
@@ -51,7 +53,9 @@ struct Model::Scratch {
         v(static_cast<size_t>(c.n_head_kv) * c.head_dim),
         attn(static_cast<size_t>(c.n_head) * c.head_dim),
         proj(static_cast<size_t>(c.n_embd)),
-        gate(static_cast<size_t>(std::max(c.n_ff, c.n_ff_exp))),
+        // The FFN hidden width: a MoE layer's experts', else the dense FFN's (a MoE
+        // model's feed_forward_length sizes nothing: ReadModelConfig).
+        gate(static_cast<size_t>(c.is_moe() ? c.n_ff_exp : c.n_ff)),
         up(gate.size()),
         router(static_cast<size_t>(c.n_expert)),
         pred_xn(static_cast<size_t>(c.n_embd)),

@@ -10,8 +10,11 @@
 #include <limits>
 #include <optional>
 
+#include <linux/capability.h>
 #include <linux/magic.h>
 #include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -19,12 +22,15 @@
 #include "kernels/quant.h"
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
+#include "kvcache/session_lock.h"
 #include "memory/meminfo.h"
 #include "memory/size.h"
+#include "memory/tier_backend.h"
 #include "runtime/builtin_model.h"
 #include "runtime/chat_template.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
+#include "runtime/unicode.h"
 
 namespace tierkv {
 
@@ -164,7 +170,146 @@ std::string AutoHostNote(const AutoHost& h) {
   return note;
 }
 
+// Whether this process may mlock `bytes` (RunOptions::mlock_asked): CAP_IPC_LOCK
+// ignores RLIMIT_MEMLOCK; without it the soft limit must hold them.
+bool MayLock(uint64_t bytes) {
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2] = {};
+  if (syscall(SYS_capget, &header, data) == 0 &&
+      (data[CAP_TO_INDEX(CAP_IPC_LOCK)].effective & CAP_TO_MASK(CAP_IPC_LOCK)) != 0) {
+    return true;
+  }
+  return MemlockLimitBytes() >= bytes;
+}
+
+// The KV geometry a model of this config has (Model::KvGeometryFor), known before the
+// model loads.
+KvGeometry GeometryOf(const ModelConfig& c, KvCodec codec) {
+  KvGeometry g;
+  g.n_layers = c.n_layer;
+  g.n_kv_heads = c.n_head_kv;
+  g.head_dim = c.head_dim;
+  g.codec = codec;
+  return g;
+}
+
+// At best, how many tokens of KV cache the tiers hold: each budget in frames, the host's
+// at the most --host auto may take, and with --frame auto the frame (64 KiB .. 4 MiB)
+// that holds the most. Known before the model loads and the prompt is tokenized, so a
+// context (or a prompt) past it is refused before that work; `memory` and `host_note`
+// are the budgets it assumed, for CheckKvFits' message. Once the frame and the host
+// budget are settled, CheckKvFits checks the context itself.
+struct TiersHold {
+  int64_t tokens = std::numeric_limits<int32_t>::max();  // no bound known
+  MemoryOptions memory;
+  std::string host_note;
+};
+TiersHold KvTokensTiersHold(const KvGeometry& g, const RunOptions& o, int n_ctx_hint, uint64_t mapped) {
+  TiersHold best;
+  best.memory = o.memory;
+  MemoryOptions m = o.memory;
+  std::string note;
+  if (o.auto_host) {
+    const auto meminfo = ReadMeminfo();
+    const uint64_t available = meminfo.ok() ? meminfo->available_bytes : 0;
+    // With device or disk tiers the floor; else as much as any context could get.
+    const AutoHost h = AutoHostBytes(std::numeric_limits<int32_t>::max(), g, m, available, mapped);
+    if (available == 0 && m.device == DeviceKind::kNone && m.disk_bytes == 0) return best;  // no cap known
+    m.host_bytes = h.bytes;
+    note = AutoHostNote(h);
+  }
+  std::vector<uint64_t> frames = {m.frame_bytes};
+  if (o.auto_frame) {
+    frames = {AutoFrameBytes(n_ctx_hint, m, 0, 0, 0)};
+    for (uint64_t f = 64 * kKiB; f <= 4 * kMiB; f *= 2) frames.push_back(f);
+  }
+  bool any = false;
+  for (const uint64_t f : frames) {
+    if (f == 0 || g.n_layers <= 0) continue;
+    const auto block_tokens = KvCache::BlockTokensFor(g, f);
+    if (!block_tokens.ok()) continue;
+    uint64_t n = m.host_bytes / f + m.disk_bytes / f;
+    if (m.device != DeviceKind::kNone) n += m.device_bytes / f;
+    const uint64_t tokens = n / static_cast<uint64_t>(g.n_layers) * static_cast<uint64_t>(*block_tokens);
+    const int64_t t = static_cast<int64_t>(std::min<uint64_t>(tokens, std::numeric_limits<int32_t>::max()));
+    if (!any || t > best.tokens) {
+      best.tokens = t;
+      best.memory = m;
+      best.memory.frame_bytes = f;
+      best.host_note = note;
+      any = true;
+    }
+  }
+  return best;
+}
+
+// "the model's trained context (32768 tokens)" or, with RoPE scaling in effect, "the
+// 131072 tokens the model reaches with RoPE yarn x4 (trained context 32768)".
+std::string UsableContextText(int usable, const ModelConfig& file_config, const RopeOverrides& rope) {
+  ModelConfig c = file_config;
+  if (!ApplyRopeOverrides(rope, 0, &c).ok() || c.rope_scaling == RopeScaling::kNone ||
+      usable == file_config.context_length) {
+    return "the model's trained context (" + std::to_string(file_config.context_length) + " tokens)";
+  }
+  char factor[32];
+  std::snprintf(factor, sizeof factor, "%.9g", c.rope_scale_factor);
+  return "the " + std::to_string(usable) + " tokens the model reaches with RoPE " + RopeScalingName(c.rope_scaling) +
+         " x" + factor + " (trained context " + std::to_string(file_config.context_length) + ")";
+}
+
+// What extends the usable context: the RoPE flags, or a larger factor.
+std::string ExtendContextHint(const ModelConfig& file_config, const RopeOverrides& rope) {
+  ModelConfig c = file_config;
+  if (ApplyRopeOverrides(rope, 0, &c).ok() && c.rope_scaling != RopeScaling::kNone) return "raise --rope-scale";
+  const std::string trained = std::to_string(file_config.context_length);
+  return "--rope-scaling yarn --rope-scale F (or linear) runs it at up to F x " + trained + " tokens";
+}
+
 }  // namespace
+
+int UsableContext(const ModelConfig& file_config, const RopeOverrides& rope) {
+  ModelConfig c = file_config;
+  // --rope-scaling linear|yarn without a factor, where the file has none of that type:
+  // the factor is the context asked for over the trained one, so any context is usable.
+  const bool file_factor = rope.scaling.has_value() && *rope.scaling == file_config.rope_scaling &&
+                           file_config.rope_scale_factor > 1.0f;
+  if (rope.scaling.has_value() && *rope.scaling != RopeScaling::kNone && rope.scale_factor == 0.0f && !file_factor) {
+    return 0;
+  }
+  if (!ApplyRopeOverrides(rope, 0, &c).ok() || c.rope_scaling == RopeScaling::kNone) return c.context_length;
+  const double scaled = static_cast<double>(c.rope_orig_ctx) * static_cast<double>(c.rope_scale_factor);
+  const double usable = std::max(static_cast<double>(c.context_length), std::floor(scaled));
+  return static_cast<int>(std::min(usable, static_cast<double>(std::numeric_limits<int32_t>::max())));
+}
+
+size_t MaxTokenInputBytes(const Tokenizer& tok) {
+  size_t longest = 4;  // an unknown token stands for one UTF-8 character, up to 4 bytes
+  for (int32_t id = 0; id < tok.n_vocab(); ++id) longest = std::max(longest, tok.TokenToPiece(id, true).size());
+  return longest;
+}
+
+size_t PromptBytesPerToken(const Tokenizer& tok, size_t max_token_bytes, std::string_view text) {
+  if (tok.kind() != TokenizerKind::kBpe) return max_token_bytes;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = unicode::WellFormedUtf8Len(text, i);
+    if (n == 0) return 4 * max_token_bytes;  // an overlong form may decode to 1/4 of its bytes
+    i += n;
+  }
+  return max_token_bytes;
+}
+
+const char* StopReasonName(StopReason reason) {
+  switch (reason) {
+    case StopReason::kNone: return "none";
+    case StopReason::kEog: return "eog";
+    case StopReason::kLimit: return "limit";
+    case StopReason::kContextFull: return "context_full";
+    case StopReason::kReversePrompt: return "reverse_prompt";
+    case StopReason::kInterrupted: return "interrupted";
+    case StopReason::kOutputFailed: return "output_failed";
+  }
+  return "none";
+}
 
 const std::string* ReversePromptEnding(const std::vector<std::string>& prompts, std::string_view text, size_t added) {
   for (const std::string& p : prompts) {
@@ -276,6 +421,8 @@ nlohmann::json RunReport::ToJson() const {
   j["stopped"] = stopped;
   j["reverse_prompt"] = reverse_prompt;
   j["context_full"] = context_full;
+  j["stop_reason"] = StopReasonName(stop_reason);
+  j["output_failed"] = output_failed;
   if (!turns.empty()) {
     nlohmann::json tj2 = nlohmann::json::array();
     for (const TurnReport& t : turns) {
@@ -283,7 +430,8 @@ nlohmann::json RunReport::ToJson() const {
                      {"input_tokens", t.input_tokens},
                      {"generated", t.generated},
                      {"text", t.text},
-                     {"reverse_prompt", t.reverse_prompt}});
+                     {"reverse_prompt", t.reverse_prompt},
+                     {"stop_reason", StopReasonName(t.stop_reason)}});
     }
     j["turns"] = tj2;
   }
@@ -353,6 +501,21 @@ Result<RunReport> RunSession(const RunOptions& o) {
   TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const GgufFile> file, OpenModelFile(o.model));
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*file));
   TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
+  // One writer per session file: held from before anything reads it until the last
+  // save, so a second run on it waits and then builds on this one's save.
+  std::unique_ptr<SessionLock> session_lock;
+  if (!o.session.empty()) {
+    SessionLock::Options lo;
+    lo.command = "tierkv run --model " + o.model;
+    lo.on_wait = [&](const std::string& holder) {
+      spdlog::info("waiting for session {}: in use by {} (Ctrl-C gives up)", o.session, holder);
+    };
+    lo.cancelled = [&] { return o.stop != nullptr && o.stop->load(std::memory_order_relaxed); };
+    TIERKV_ASSIGN_OR_RETURN(session_lock, SessionLock::Acquire(o.session, lo));
+    if (session_lock->leftovers_removed() > 0) {
+      spdlog::info("removed {} file(s) left by crashed saves of {}", session_lock->leftovers_removed(), o.session);
+    }
+  }
   const bool interactive = static_cast<bool>(o.next_turn);
   std::optional<ChatFormat> format;
   if (o.chat) {
@@ -367,12 +530,66 @@ Result<RunReport> RunSession(const RunOptions& o) {
     // A format that cannot continue is refused at the first turn already.
     if (o.continue_chat || interactive) TIERKV_RETURN_IF_ERROR(FormatChatContinuation(*format, "").status());
   }
+  // The model's shape: its trained context and its attention's size (the defaults below).
+  TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
+  // -c against the model's usable context (its trained one, or what the RoPE flags
+  // extend it to): refused past it, naming both (docs/cli.md), before anything is
+  // tokenized, loaded or allocated.
+  const int usable_ctx = UsableContext(config, o.rope);
+  if (o.n_ctx > 0 && usable_ctx > 0 && o.n_ctx > usable_ctx) {
+    return Status::InvalidArgument("-c " + std::to_string(o.n_ctx) + " is past " +
+                                   UsableContextText(usable_ctx, config, o.rope) + "; lower -c, or " +
+                                   ExtendContextHint(config, o.rope));
+  }
+  // ... and against what the budgets can hold at best.
+  const KvGeometry early_geometry = GeometryOf(config, o.kv_type);
+  const uint64_t mapped_weights =
+      o.weights != RunOptions::Weights::kPaged && o.model.rfind(kBuiltinPrefix, 0) != 0 ? file->tensor_bytes() : 0;
+  const TiersHold hold =
+      KvTokensTiersHold(early_geometry, o, o.n_ctx > 0 ? o.n_ctx : std::max(usable_ctx, 1), mapped_weights);
+  if (o.n_ctx > 0 && o.n_ctx > hold.tokens) {
+    TIERKV_RETURN_IF_ERROR(CheckKvFits(o.n_ctx, early_geometry, hold.memory, hold.host_note));
+  }
+  // The prompt, bounded before it is tokenized: a token stands for at most
+  // MaxTokenInputBytes bytes of text, so more than (the most tokens the context can
+  // take) x that cannot fit.
+  int ctx_bound = o.n_ctx > 0 ? o.n_ctx : usable_ctx > 0 ? usable_ctx : std::numeric_limits<int32_t>::max();
+  std::string bound_why = o.n_ctx > 0                           ? "-c"
+                          : usable_ctx == config.context_length ? "the model's trained context"
+                                                                : "the model's context with its RoPE scaling";
+  if (hold.tokens < ctx_bound) {
+    ctx_bound = static_cast<int>(hold.tokens);
+    bound_why = "what the tiers' budgets hold as KV cache";
+  }
+  const size_t token_bytes = MaxTokenInputBytes(*tok);
+  const size_t most_token_bytes = tok->kind() == TokenizerKind::kBpe ? 4 * token_bytes : token_bytes;
+  std::string prompt_text = o.prompt;
+  if (o.read_prompt) {
+    TIERKV_ASSIGN_OR_RETURN(prompt_text, o.read_prompt(static_cast<size_t>(ctx_bound) * most_token_bytes));
+  }
+  if (!interactive && prompt_text.empty()) return Status::InvalidArgument(kNoPromptMessage);
+  // (A prompt read by read_prompt stops one byte past the bound: "more than".)
+  const auto cannot_fit = [&](const std::string& text, const std::string& what, bool cut) -> Status {
+    const size_t per_token = PromptBytesPerToken(*tok, token_bytes, text);
+    const size_t max_bytes = static_cast<size_t>(ctx_bound) * per_token;
+    const size_t bytes = text.size() + o.system_prompt.size();
+    if (bytes <= max_bytes) return Status::Ok();
+    return Status::InvalidArgument(what + " (" + (cut ? "more than " + std::to_string(max_bytes) : std::to_string(bytes)) +
+                                   " bytes) cannot fit the context of at most " + std::to_string(ctx_bound) +
+                                   " tokens (" + bound_why + "): a token of this vocabulary stands for at most " +
+                                   std::to_string(per_token) + " bytes of text, so at most " +
+                                   std::to_string(max_bytes) + " bytes fit; shorten it" +
+                                   (o.n_ctx > 0 ? " or raise -c" : ""));
+  };
+  TIERKV_RETURN_IF_ERROR(cannot_fit(prompt_text, "the prompt",
+                                    o.read_prompt && prompt_text.size() > static_cast<size_t>(ctx_bound) * most_token_bytes));
   // An interactive run without a prompt starts with the first input.
-  std::string first_input = o.prompt;
+  std::string first_input = prompt_text;
   if (interactive && first_input.empty()) {
     std::optional<std::string> in = o.next_turn();
     if (!in) return r;  // no input at all: nothing to do
     first_input = std::move(*in);
+    TIERKV_RETURN_IF_ERROR(cannot_fit(first_input, "the first input", false));
   }
   if (format) {
     if (o.continue_chat && std::filesystem::exists(o.session)) {
@@ -399,8 +616,6 @@ Result<RunReport> RunSession(const RunOptions& o) {
   const int n_prompt_tokens = static_cast<int>(r.prompt_tokens.size());
   int n_predict = o.n_predict;
   int n_ctx = o.n_ctx;
-  // The model's shape: its trained context and its attention's size (the defaults below).
-  TIERKV_ASSIGN_OR_RETURN(const ModelConfig config, ReadModelConfig(*file));
   if ((n_predict < 0 || interactive) && n_ctx <= 0) {
     // -n -1 and -i: until an end-of-generation token or a full context (-c, else the
     // model's trained context, as llama.cpp's default -c 0 takes).
@@ -418,7 +633,16 @@ Result<RunReport> RunSession(const RunOptions& o) {
     return Status::InvalidArgument("the prompt (" + std::to_string(n_prompt_tokens) + " tokens) plus -n " +
                                    std::to_string(n_predict) + " is more tokens than a context can hold");
   }
-  if (n_ctx <= 0) n_ctx = n_prompt_tokens + n_predict;
+  if (n_ctx <= 0) {
+    n_ctx = n_prompt_tokens + n_predict;
+    // The default context (prompt + -n) past the usable one: refused as -c would be.
+    if (usable_ctx > 0 && n_ctx > usable_ctx) {
+      return Status::InvalidArgument("the prompt (" + std::to_string(n_prompt_tokens) + " tokens) plus -n " +
+                                     std::to_string(n_predict) + " is past " +
+                                     UsableContextText(usable_ctx, config, o.rope) + "; lower -n or shorten the prompt, or " +
+                                     ExtendContextHint(config, o.rope));
+    }
+  }
   if (!interactive && n_prompt_tokens + n_predict > n_ctx) {
     return Status::InvalidArgument("--ctx " + std::to_string(n_ctx) + " is smaller than the prompt (" +
                                    std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(n_predict));
@@ -483,6 +707,9 @@ Result<RunReport> RunSession(const RunOptions& o) {
   if (warm_bytes >= kLoudWarmupBytes) {
     spdlog::info("warm-up: reserving and touching {} of tier memory (--no-warmup skips it)", FormatBytes(warm_bytes));
   }
+  // The default --mlock try locks where the process may, silently; a warning about a
+  // refused lock is for a run that asked for one (RunOptions::mlock_asked).
+  if (!o.mlock_asked && memory.mlock == MlockMode::kTry && !MayLock(memory.host_bytes)) memory.mlock = MlockMode::kOff;
   const auto t_warm = std::chrono::steady_clock::now();
   TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
   r.warmup_s = Since(t_warm);
@@ -587,16 +814,25 @@ Result<RunReport> RunSession(const RunOptions& o) {
     if (interactive) spdlog::warn("the conversation ends: the context of {} tokens is full (raise -c)", n_ctx);
     return true;
   };
+  // Why the reply ended (turn->stop_reason); the -n limit is checked before a full
+  // context, so -n N that fills the context exactly is "limit", and -n -1 (limit -1)
+  // "context_full".
   auto generate = [&](int limit, TurnReport* turn) -> Status {
     const auto t0 = std::chrono::steady_clock::now();
     r.reverse_prompt.clear();
+    StopReason& why = turn->stop_reason;
+    why = StopReason::kLimit;  // limit 0: nothing asked
     for (int i = 0; limit < 0 || i < limit; ++i) {
       if (stop_requested()) {
         r.stopped = true;
         clear_stop();
+        why = StopReason::kInterrupted;
         break;
       }
-      if (full()) break;
+      if (full()) {
+        why = StopReason::kContextFull;
+        break;
+      }
       if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
       const int32_t next = sampler.Sample(logits);
       sampler.Accept(next);
@@ -605,18 +841,35 @@ Result<RunReport> RunSession(const RunOptions& o) {
       const std::string piece = tok->TokenToPiece(next, /*render_special=*/false);
       r.text += piece;
       turn->text += piece;
-      if (o.on_text) o.on_text(piece);
-      if (!o.ignore_eos && tok->IsEog(next)) break;
-      all.push_back(next);
-      unfed = true;
-      if (const std::string* rp = ReversePromptEnding(o.reverse_prompts, turn->text, piece.size())) {
-        turn->reverse_prompt = r.reverse_prompt = *rp;
+      const bool shown = !o.on_text || o.on_text(piece);
+      if (!shown) r.output_failed = true;
+      if (!o.ignore_eos && tok->IsEog(next)) {
+        why = shown ? StopReason::kEog : StopReason::kOutputFailed;
         break;
       }
-      if (i + 1 == limit || full()) break;
+      all.push_back(next);
+      unfed = true;
+      if (!shown) {
+        why = StopReason::kOutputFailed;
+        break;
+      }
+      if (const std::string* rp = ReversePromptEnding(o.reverse_prompts, turn->text, piece.size())) {
+        turn->reverse_prompt = r.reverse_prompt = *rp;
+        why = StopReason::kReversePrompt;
+        break;
+      }
+      if (i + 1 == limit) {
+        why = StopReason::kLimit;
+        break;
+      }
+      if (full()) {
+        why = StopReason::kContextFull;
+        break;
+      }
       TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, static_cast<int>(all.size()) - 1, logits));
       unfed = false;
     }
+    r.stop_reason = why;
     r.decode_s += Since(t0);
     return Status::Ok();
   };
@@ -639,28 +892,53 @@ Result<RunReport> RunSession(const RunOptions& o) {
   };
 
   const double copy_busy0 = mm->copy_busy_seconds();
+  // llama-cli shows the prompt, then the text generated after it (a raw prompt only: a
+  // chat turn is input, as a typed one is). Output that fails here computes nothing.
+  if (o.echo_prompt && !format && !prompt_text.empty() && o.on_text && !o.on_text(prompt_text)) {
+    r.output_failed = true;
+    r.stop_reason = StopReason::kOutputFailed;
+  }
   const auto t_prefill = std::chrono::steady_clock::now();
-  TIERKV_ASSIGN_OR_RETURN(const bool prefilled, prefill(start, /*dump=*/true));
+  bool prefilled = false;
+  if (!r.output_failed) {
+    TIERKV_ASSIGN_OR_RETURN(prefilled, prefill(start, /*dump=*/true));
+  }
   r.prefill_s = Since(t_prefill);
-  r.prefill_tokens = static_cast<int>(all.size()) - start;
-  if (!prefilled) {
+  r.prefill_tokens = r.output_failed ? 0 : static_cast<int>(all.size()) - start;
+  if (r.output_failed) {
+    // Nothing computed, nothing to save.
+  } else if (!prefilled) {
     // Stopped: no reply. The tokens computed are saved when there are new ones, so that
     // the same prompt resumes there (an untouched session file is left as it was).
     r.interrupted = true;
+    r.stop_reason = StopReason::kInterrupted;
     clear_stop();
     if (static_cast<int>(all.size()) > start) TIERKV_RETURN_IF_ERROR(save());
   } else {
     // The prompt counts for the repetition penalties, as in llama.cpp.
     for (const int32_t t : r.prompt_tokens) sampler.Accept(t);
-    TurnReport turn{first_input, n_prompt_tokens, 0, {}, {}};
-    TIERKV_RETURN_IF_ERROR(generate(interactive ? o.n_predict : n_predict, &turn));
+    TurnReport turn{first_input, n_prompt_tokens, 0, {}, {}, StopReason::kNone};
+    // A one-shot -n -1 runs to the end of the context (n_predict is what is left of it),
+    // which is then why it stopped.
+    TIERKV_RETURN_IF_ERROR(generate(interactive || o.n_predict < 0 ? o.n_predict : n_predict, &turn));
     if (interactive) r.turns.push_back(std::move(turn));
     // Interactive: save after each reply (only new blocks are appended), then the next
     // input joins the context and is answered, until the inputs end or the context is full.
-    while (interactive && !r.context_full) {
+    while (interactive && !r.context_full && !r.output_failed) {
       TIERKV_RETURN_IF_ERROR(save());
       std::optional<std::string> in = o.next_turn();
       if (!in) break;
+      // An input whose bytes alone need more tokens than the context has left ends the
+      // conversation before it is tokenized (as one that is tokenized and does not fit).
+      const size_t per_token = PromptBytesPerToken(*tok, token_bytes, *in);
+      if (all.size() + (in->size() + per_token - 1) / per_token >= static_cast<size_t>(n_ctx)) {
+        spdlog::warn("the conversation ends: {} tokens held and an input of {} bytes (at least {} tokens) leave no "
+                     "room to reply in the context of {} (raise -c)",
+                     all.size(), in->size(), (in->size() + per_token - 1) / per_token, n_ctx);
+        r.context_full = true;
+        r.stop_reason = StopReason::kContextFull;
+        break;
+      }
       std::vector<int32_t> add;
       if (format) {
         TIERKV_ASSIGN_OR_RETURN(const std::string more, FormatChatContinuation(*format, *in));
@@ -676,6 +954,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
                      "the context of {} (raise -c)",
                      all.size(), add.size(), n_ctx);
         r.context_full = true;
+        r.stop_reason = StopReason::kContextFull;
         break;
       }
       const int from = static_cast<int>(all.size());
@@ -685,15 +964,18 @@ Result<RunReport> RunSession(const RunOptions& o) {
       TIERKV_ASSIGN_OR_RETURN(const bool done, prefill(from, /*dump=*/false));
       r.prefill_s += Since(t0);
       if (!done) {
-        // The input is dropped whole: the conversation is saved as it was before it.
+        // The input is dropped whole: the conversation is saved as it was before it. The
+        // part computed still counts for the rate reached.
+        r.prefill_tokens += static_cast<int>(all.size()) - from;
         TIERKV_RETURN_IF_ERROR(cache->Truncate(seq, from));
         all.resize(static_cast<size_t>(from));
         r.interrupted = true;
+        r.stop_reason = StopReason::kInterrupted;
         clear_stop();
         break;
       }
       r.prefill_tokens += static_cast<int>(add.size());
-      TurnReport next{std::move(*in), static_cast<int>(add.size()), 0, {}, {}};
+      TurnReport next{std::move(*in), static_cast<int>(add.size()), 0, {}, {}, StopReason::kNone};
       TIERKV_RETURN_IF_ERROR(generate(o.n_predict, &next));
       r.turns.push_back(std::move(next));
     }

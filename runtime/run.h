@@ -56,9 +56,58 @@ bool LlamaSumsByDefault(int n_ctx, int64_t attention_macs_per_key);
 // n_layer x n_head x head_dim x 2 of a model's config.
 int64_t AttentionMacsPerKey(const ModelConfig& config);
 
+// The longest context a model runs at with these RoPE settings (docs/cli.md, "-c and
+// the trained context"): its trained context (context_length), or, with RoPE scaling in
+// effect (the file's, or --rope-scaling / --rope-scale), max(trained, original context x
+// factor). 0 = no bound: --rope-scaling linear|yarn without a factor scales RoPE to
+// whatever context is asked for (ApplyRopeOverrides).
+int UsableContext(const ModelConfig& file_config, const RopeOverrides& rope);
+
+// The most bytes of input text one token of `tok` can stand for: its longest piece
+// (TokenToPiece with specials rendered), at least 4 (an unknown token may stand for one
+// UTF-8 character). A text of more than n x this bytes has more than n tokens, so it
+// cannot fit a context of n tokens: checked before tokenizing (a 50 MB prompt took a
+// minute to tokenize before its size was refused). Byte-level BPE decodes overlong
+// UTF-8 forms to shorter text first, so for text that is not well-formed UTF-8 a token
+// may stand for 4 times that (PromptBytesPerToken).
+class Tokenizer;
+size_t MaxTokenInputBytes(const Tokenizer& tok);
+// MaxTokenInputBytes(tok), times 4 for byte-level BPE when `text` is not well-formed UTF-8.
+size_t PromptBytesPerToken(const Tokenizer& tok, size_t max_token_bytes, std::string_view text);
+
+// A run without next_turn whose prompt is missing or empty (RunOptions::prompt).
+inline constexpr const char* kNoPromptMessage = "no prompt: give -p TEXT or -f FILE";
+
+// Why a reply (or a one-shot run's generation) ended.
+enum class StopReason {
+  kNone,           // no reply was generated (an interactive run without input)
+  kEog,            // an end-of-generation token was sampled
+  kLimit,          // -n tokens were generated
+  kContextFull,    // the context has no room for another token (-c, or -n -1's end)
+  kReversePrompt,  // the text completed a -r string
+  kInterrupted,    // RunOptions::stop (Ctrl-C): during the prefill or the reply
+  kOutputFailed,   // RunOptions::on_text could not show the text (standard output failed)
+};
+// "none", "eog", "limit", "context_full", "reverse_prompt", "interrupted", "output_failed"
+// (--json's stop_reason).
+const char* StopReasonName(StopReason reason);
+
 struct RunOptions {
   std::string model;           // path to a .gguf
+  // The prompt's text. A run without next_turn needs one that is not empty (and not
+  // made empty by read_prompt): "no prompt", whatever the vocabulary (a llama one would
+  // otherwise run on BOS alone, a qwen one refuse it).
   std::string prompt;
+  // -f FILE: reads the prompt (replacing `prompt`) once RunSession knows how many bytes
+  // can fit the context (max_bytes: the context's tokens x MaxTokenInputBytes); it reads
+  // at most max_bytes + 1, more meaning "cannot fit". null = `prompt`. Its errors are
+  // returned as they are (the CLI reports them as usage errors).
+  std::function<Result<std::string>(size_t max_bytes)> read_prompt;
+  // llama-cli shows the prompt, then the generated text: a raw (not --chat) prompt's
+  // text goes through on_text before the prefill (after every check; not in
+  // RunReport::text). --no-display-prompt turns it off; a chat turn is never shown
+  // (it is input, like a typed one).
+  bool echo_prompt = false;
   // --chat: the prompt is one user turn in the model's chat format (runtime/chat_template.h),
   // after system_prompt when not empty; chat_template names the format ("" = the file's).
   bool chat = false;
@@ -77,6 +126,11 @@ struct RunOptions {
   std::vector<std::string> reverse_prompts;
   SamplerOptions sampler;
   MemoryOptions memory;        // tiers and budgets
+  // --mlock given (off, try, require, or bare). Otherwise memory.mlock's kTry is the
+  // default: the host tier is locked where the process may lock it (CAP_IPC_LOCK, or
+  // an RLIMIT_MEMLOCK that holds it), and left unlocked, silently, where it may not,
+  // instead of warning on every run of an unprivileged user who asked for nothing.
+  bool mlock_asked = false;
   bool auto_host = false;      // --host auto: RunSession sizes memory.host_bytes (AutoHostBytes)
   bool auto_frame = false;     // --frame auto: RunSession picks memory.frame_bytes (AutoFrameBytes)
   KvCodec kv_type = KvCodec::kF16;
@@ -101,8 +155,12 @@ struct RunOptions {
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; the same logits for any value)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
   // Called with each generated token's text as soon as it is sampled (streaming
-  // output); null = none. RunReport::text has the whole text either way.
-  std::function<void(std::string_view)> on_text;
+  // output), and with the prompt's when echo_prompt; null = none. RunReport::text has the
+  // whole generated text either way. Returns false when the text could not be shown
+  // (standard output failed: a full disk, a closed pipe): generation ends there as at a
+  // stop (the session is still saved), nothing more is shown, and the report says
+  // output_failed.
+  std::function<bool(std::string_view)> on_text;
   // Called after each prefill chunk with the prompt tokens computed so far and their
   // total (this run's, the reused prefix excluded); null = none.
   std::function<void(int done, int total)> on_prefill;
@@ -128,6 +186,7 @@ struct TurnReport {
   int generated = 0;       // tokens sampled for the reply
   std::string text;        // the reply
   std::string reverse_prompt;  // the -r string that ended it ("" = none did)
+  StopReason stop_reason = StopReason::kNone;
 };
 
 struct LogitsEntry {
@@ -141,7 +200,10 @@ struct RunReport {
   std::vector<int32_t> generated_tokens;
   std::string text;  // the generated text
   double warmup_s = 0, restore_s = 0, prefill_s = 0, decode_s = 0;
-  int prefill_tokens = 0;  // prompt tokens computed (not reused from the session)
+  // Prompt tokens computed (not reused from the session): after a stop, those computed
+  // before it (an interactive input dropped part way included), so that prefill_s /
+  // prefill_tokens is the rate reached.
+  int prefill_tokens = 0;
   uint64_t seed = 0;       // the sampling seed used (-s -1's random one included), to repeat the run
   std::vector<TierStats> tiers;
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
@@ -165,6 +227,10 @@ struct RunReport {
   bool stopped = false;       // RunOptions::stop ended a reply
   bool context_full = false;  // generation (or a next input) met the end of the context
   std::string reverse_prompt;  // the -r string that ended the (last) reply ("" = none)
+  // Why the (last) reply ended; kInterrupted also for a stopped prefill, kContextFull
+  // for an interactive input that left no room to reply.
+  StopReason stop_reason = StopReason::kNone;
+  bool output_failed = false;  // on_text returned false: the text was not all shown
   int n_ctx = 0;              // the context the run was sized for
   std::vector<TurnReport> turns;  // interactive runs: one per reply
 

@@ -101,16 +101,30 @@ size_t Tokenizer::PairHash::operator()(
   return a ^ (b + 0x9E3779B97F4A7C15ull + (a << 6) + (a >> 2));
 }
 
+// Errors name the file (after Parse, a file has no path; builtin models, their name).
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& gguf) {
+  auto t = FromGgufMetadata(gguf);
+  if (!t.ok() && !gguf.path().empty()) return t.status().Annotate(gguf.path());
+  return t;
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGgufMetadata(const GgufFile& gguf) {
   Vocab v;
   auto model = gguf.GetString("tokenizer.ggml.model");
   if (!model.ok()) return model.status().Annotate("tokenizer");
   v.model = std::string(*model);
   if (v.model == "none" || v.model == "no_vocab") {
     // No vocabulary (builtin models): one id per byte, sized to the embedding rows.
+    // Only rows the file holds count: an empty tensor ([64, 2^30, 0]) takes no bytes, and
+    // each id costs a token text here. kMaxByteLevelVocab is 100x the largest real
+    // vocabularies (~150K).
+    constexpr int64_t kMaxByteLevelVocab = int64_t{1} << 24;
     const GgufTensor* embd = gguf.FindTensor("token_embd.weight");
-    if (embd == nullptr || embd->n_dims < 2 || embd->ne[1] > (1 << 30)) {
-      return Status::InvalidArgument("tokenizer: model '" + v.model + "' needs token_embd.weight to size the vocabulary");
+    if (embd == nullptr || embd->n_dims < 2 || embd->n_bytes == 0 || embd->ne[2] != 1 || embd->ne[3] != 1 ||
+        embd->ne[1] > kMaxByteLevelVocab) {
+      return Status::InvalidArgument("tokenizer: model '" + v.model +
+                                     "' needs a token_embd.weight of [n_embd, n_vocab] with 1 <= n_vocab <= " +
+                                     std::to_string(kMaxByteLevelVocab) + " to size the vocabulary");
     }
     return ByteLevel(static_cast<int>(embd->ne[1]));
   }
@@ -121,6 +135,14 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& gguf) {
   }
   auto tokens = gguf.GetArrayString("tokenizer.ggml.tokens");
   if (!tokens.ok()) return tokens.status().Annotate("tokenizer");
+  // Checked before the texts are copied: ids past token_embd's rows could never run (a
+  // file without token_embd, vocabulary only, is bounded by its size alone).
+  if (const GgufTensor* embd = gguf.FindTensor("token_embd.weight");
+      embd != nullptr && tokens->size() > static_cast<uint64_t>(embd->ne[1])) {
+    return Err(StatusCode::kInvalidArgument, "tokenizer.ggml.tokens has " + std::to_string(tokens->size()) +
+                                                 " entries but token_embd.weight has only " +
+                                                 std::to_string(embd->ne[1]) + " rows");
+  }
   v.tokens.assign(tokens->begin(), tokens->end());
   if (gguf.Has("tokenizer.ggml.scores")) {
     auto scores = gguf.GetArrayF32("tokenizer.ggml.scores");

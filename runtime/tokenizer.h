@@ -63,8 +63,9 @@ class Tokenizer {
   };
 
   // Reads tokenizer.ggml.* from `gguf`; model "none" (or llama.cpp's "no_vocab") is
-  // ByteLevel(rows of token_embd.weight). Errors (one line, prefixed "tokenizer: "):
-  // missing or mistyped keys, array lengths that disagree, and an unsupported
+  // ByteLevel(rows of token_embd.weight). Errors (one line, "PATH: tokenizer: ..."; no
+  // path after GgufFile::Parse): missing or mistyped keys, array lengths that disagree
+  // (with each other, or more tokens than token_embd.weight has rows), and an unsupported
   // tokenizer.ggml.model or tokenizer.ggml.pre (kUnsupported, naming the value and
   // listing what is supported).
   static Result<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
@@ -147,6 +148,7 @@ class Tokenizer {
   };
 
   Tokenizer() = default;
+  static Result<std::unique_ptr<Tokenizer>> FromGgufMetadata(const GgufFile& gguf);  // FromGguf, without the path
   Status Init(Vocab vocab);
   // token_ids_, byte_tokens_, special and end-of-generation tokens. REQUIRES: tokens_
   // and the special ids set.

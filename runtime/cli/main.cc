@@ -3,6 +3,7 @@
 // The tierkv command line (DESIGN.md, CLI contract). Each subcommand registers itself
 // with Add<Name>Command(app, exit_code) and sets exit_code from its callback; errors are
 // one line on stderr and a non-zero exit (usage errors: exit 2, runtime/cli/usage_command.h).
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -22,9 +23,13 @@
 int main(int argc, char** argv) {
   if (!tierkv::KeepStandardFdsOpen()) return 1;  // no /dev/null: nowhere safe to write
   // Reports go out whole at the end (FinishOutput's flush), where a failed write still
-  // has its errno to name; nothing streams to stdout (generated text goes to stderr).
+  // has its errno to name; `tierkv run`'s text is flushed piece by piece as it is
+  // generated (runtime/cli/run_command.h), each flush checked the same way.
   static char out_buffer[1 << 20];
   std::setvbuf(stdout, out_buffer, _IOFBF, sizeof out_buffer);
+  // A reader that went away (`tierkv run ... | head`) is a failed write (EPIPE) named on
+  // stderr with exit 1, as a full disk is, rather than a silent death by SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   spdlog::set_default_logger(spdlog::stderr_color_mt("tierkv"));
   spdlog::set_pattern("%^%l%$: %v");
 

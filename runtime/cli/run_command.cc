@@ -42,7 +42,7 @@ namespace {
 struct RunFlags {
   std::string model, prompt, prompt_file, session;
   std::string device = "none", vram = "0", host = "auto", disk = "0", disk_dir = "/tmp";
-  std::string kv_type, kv_type_k, kv_type_v, mlock = "try", policy = "lfu", frame = "auto";
+  std::string kv_type, kv_type_k, kv_type_v, mlock, policy = "lfu", frame = "auto";  // mlock "": not given
   static constexpr int kUnset = INT_MIN;
   int n = kUnset, ctx = 0, threads = 0, dump_logits = 0;
   SamplerOptions sampling;  // the sampling flags bind to its fields (llama.cpp's defaults, but greedy)
@@ -66,6 +66,8 @@ struct RunFlags {
   std::string gpu_layers;  // llama.cpp's -ngl: a count, auto or all
   std::string flash_attn;
   bool no_conversation = false, no_mmap = false;
+  bool no_display_prompt = false;  // llama.cpp's: the prompt is not shown before the text
+  bool mlock_given = false;        // --mlock, bare or with a value
 };
 
 // llama.cpp's RoPE flags. --rope-scale N and --rope-freq-scale 1/N say the same.
@@ -100,44 +102,62 @@ Result<RopeOverrides> ToRope(const RunFlags& f) {
   return r;
 }
 
-// A prompt file larger than this is refused: more text than any context holds (a byte
-// a token is 256 M tokens), and -f /dev/zero would otherwise read until memory runs out.
+// A prompt file larger than this is refused whatever the context: more text than any
+// context holds (a byte a token is 256 M tokens). Below it, RunSession's bound decides
+// (the context's tokens x the longest token's bytes), and only that much is read.
 constexpr size_t kMaxPromptBytes = size_t{256} << 20;
 
-// -f FILE: the whole file, or standard input for "-" (echo ... | tierkv run -f -). A
-// pipe is fine (-f <(cmd)); a directory, a read that fails part way (EIO, EISDIR) or
-// an endless file is an error rather than a shorter prompt.
-Result<std::string> ReadPromptFile(const std::string& path) {
+std::string PromptFileName(const std::string& path) {
+  return path == "-" ? "the prompt from standard input (-f -)" : "--prompt-file " + path;
+}
+
+// -f FILE before anything loads: a directory, or a file that cannot be opened, named now.
+Status CheckPromptFile(const std::string& path) {
+  if (path == "-") return Status::Ok();
+  const std::string what = PromptFileName(path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(what + ": a directory, not a file");
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status::FromErrno(errno, what);
+  close(fd);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::string> ReadPromptFile(const std::string& path, size_t max_bytes) {
   const bool stdin_ = path == "-";
-  const std::string what = stdin_ ? "the prompt from standard input (-f -)" : "--prompt-file " + path;
+  const std::string what = PromptFileName(path);
+  TIERKV_RETURN_IF_ERROR(CheckPromptFile(path));
   int fd = STDIN_FILENO;
   if (!stdin_) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(what + ": a directory, not a file");
     fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::FromErrno(errno, what);
   }
+  // One byte past the bound says "more" without reading the rest (-f /dev/zero).
+  const size_t limit = std::min(max_bytes, kMaxPromptBytes) + 1;
   std::string text;
   std::vector<char> buf(size_t{1} << 16);
   Status st = Status::Ok();
-  for (;;) {
-    const ssize_t n = read(fd, buf.data(), buf.size());
+  while (text.size() < limit) {
+    const ssize_t n = read(fd, buf.data(), std::min(buf.size(), limit - text.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       st = Status::FromErrno(errno, "reading " + what);
       break;
     }
     if (n == 0) break;
-    if (text.size() + static_cast<size_t>(n) > kMaxPromptBytes) {
-      st = Status::InvalidArgument(what + ": more than " + FormatBytes(kMaxPromptBytes) + ", more than any context holds");
-      break;
-    }
     text.append(buf.data(), static_cast<size_t>(n));
   }
   if (!stdin_) close(fd);
   if (!st.ok()) return st;
+  if (text.size() > kMaxPromptBytes) {
+    return Status::InvalidArgument(what + ": more than " + FormatBytes(kMaxPromptBytes) + ", more than any context holds");
+  }
   return text;
 }
+
+namespace {
 
 // --session FILE, found now rather than at the save after the whole run: a path that is
 // not a regular file, a file this process cannot write, or a directory where the save
@@ -194,14 +214,16 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.system_prompt_given && f.system_prompt.empty()) {
     return Status::InvalidArgument("--system-prompt (-sys) must not be empty");
   }
-  if (!f.prompt_file.empty()) {
-    TIERKV_ASSIGN_OR_RETURN(o.prompt, ReadPromptFile(f.prompt_file));
-  } else {
-    o.prompt = f.prompt;
-  }
+  // -f is read by the run, once it knows how much can fit (RunOptions::read_prompt);
+  // a path that cannot be a prompt is named now.
+  if (!f.prompt_file.empty()) TIERKV_RETURN_IF_ERROR(CheckPromptFile(f.prompt_file));
+  o.prompt = f.prompt;
   if (f.interactive && f.prompt_file == "-") {
     return Status::InvalidArgument("-i reads its inputs from standard input: give the prompt with -p or -f FILE");
   }
+  // One rule for every vocabulary (a llama one ran on BOS alone, a qwen one had no
+  // token): a run needs a prompt; an interactive one starts from its first input.
+  if (!f.interactive && f.prompt.empty() && f.prompt_file.empty()) return Status::InvalidArgument(kNoPromptMessage);
   // -n: 32 for a one-shot run; each reply until its end (-1) in an interactive one.
   if (f.n != RunFlags::kUnset && f.n < -1) {
     return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
@@ -295,7 +317,8 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     TIERKV_ASSIGN_OR_RETURN(m.frame_bytes, size("--frame", f.frame));
     TIERKV_RETURN_IF_ERROR(MemoryManager::CheckFrameBytes(m.frame_bytes).Annotate("--frame " + f.frame));
   }
-  TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock));
+  TIERKV_ASSIGN_OR_RETURN(m.mlock, ParseMlockMode(f.mlock.empty() ? "try" : f.mlock));
+  o.mlock_asked = f.mlock_given;
   TIERKV_ASSIGN_OR_RETURN(m.policy, ParsePolicyKind(f.policy));
   m.disk_dir = f.disk_dir;
   if (f.disk_dir_given && m.disk_bytes == 0) {
@@ -352,12 +375,73 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");
   o.batch = f.batch;
   TIERKV_ASSIGN_OR_RETURN(o.rope, ToRope(f));
+  o.echo_prompt = !f.no_display_prompt && !f.json;
   return o;
 }
 
 // Whether stderr's last line is an open "> " prompt whose input was not echoed (standard
 // input is not a terminal): an error then starts a line of its own.
 bool g_prompt_open = false;
+// Whether the last "> " got no input (end of input, Ctrl-D or Ctrl-C at it): its line is
+// still open, also on a terminal, and the summary starts a line of its own.
+bool g_prompt_ended = false;
+
+// Where a run's text goes, piece by piece, each flushed as it comes: stdout (llama-cli's
+// way: `tierkv run ... > out.txt` holds the text), or stderr beside --json's object. On
+// a terminal, control bytes other than newline and tab are shown as \xNN (a builtin
+// model's synthetic text is arbitrary bytes, which must not drive the terminal), and so
+// they are on stderr always (it is a log); a file or a pipe gets the text's own bytes.
+// A failed write (a full disk, a closed pipe: EPIPE, SIGPIPE being ignored) is kept with
+// its errno, and nothing more is written.
+class TextOut {
+ public:
+  explicit TextOut(std::FILE* out) : out_(out), escape_(out == stderr || isatty(fileno(out)) == 1) {}
+
+  // False once a write has failed.
+  bool Write(std::string_view piece) {
+    if (failed_) return false;
+    if (piece.empty()) return true;
+    std::string shown;
+    for (const char ch : piece) {
+      const auto b = static_cast<unsigned char>(ch);
+      if (escape_ && ((b < 0x20 && ch != '\n' && ch != '\t') || b == 0x7f)) {
+        char hex[8];
+        std::snprintf(hex, sizeof hex, "\\x%02X", b);
+        shown += hex;
+      } else {
+        shown += ch;
+      }
+    }
+    errno = 0;
+    if (std::fwrite(shown.data(), 1, shown.size(), out_) != shown.size() || std::fflush(out_) != 0) {
+      error_ = errno;
+      failed_ = true;
+      return false;
+    }
+    line_open_ = shown.back() != '\n';
+    return true;
+  }
+
+  // Ends a line of text left open where it shares the screen with stderr's next line
+  // (stdout on a terminal, or stderr itself); a file or a pipe keeps the text's bytes.
+  void EndLine() {
+    if (!line_open_ || failed_) return;
+    line_open_ = false;
+    if (out_ == stderr || escape_) {
+      std::fputc('\n', out_);
+      std::fflush(out_);
+    }
+  }
+
+  int error() const { return error_; }  // errno of the failed write (0: none, or unknown)
+
+ private:
+  std::FILE* out_;
+  bool escape_;
+  bool line_open_ = false;
+  bool failed_ = false;
+  int error_ = 0;
+};
 
 // -i: one input per line from standard input ("> " on stderr asks for it); a line
 // ending in a backslash goes on to the next one. Blank inputs are skipped. Raw text (no
@@ -381,9 +465,15 @@ std::optional<std::string> ReadInput(bool chat) {
       text += line;
       break;
     }
-    if (!any) return std::nullopt;
+    if (!any) {
+      g_prompt_ended = true;
+      return std::nullopt;
+    }
     if (text.find_first_not_of(" \t\n") == std::string::npos) {
-      if (!std::cin) return std::nullopt;
+      if (!std::cin) {
+        g_prompt_ended = true;
+        return std::nullopt;
+      }
       continue;
     }
     if (!chat) text += '\n';
@@ -431,13 +521,84 @@ constexpr double kProgressSeconds = 10.0;
 
 }  // namespace
 
+namespace {
+
+// llama.cpp's spellings CLI11 cannot declare (multi-letter single-dash words), and the
+// long option each stands for; --conversation is llama.cpp's long form of -cnv.
+char kCacheTypeK[] = "--cache-type-k", kCacheTypeV[] = "--cache-type-v", kChat[] = "--chat",
+     kSystemPrompt[] = "--system-prompt", kGpuLayers[] = "--n-gpu-layers", kFlashAttn[] = "--flash-attn",
+     kNoConversation[] = "--no-conversation";
+const std::pair<const char*, char*> kLong[] = {
+    {"-ctk", kCacheTypeK}, {"-ctv", kCacheTypeV}, {"-cnv", kChat}, {"--conversation", kChat},
+    {"-sys", kSystemPrompt}, {"-ngl", kGpuLayers}, {"-fa", kFlashAttn}, {"-no-cnv", kNoConversation}};
+
+// tierkv run --help lists llama.cpp's spellings beside the option they stand for
+// ("-ngl,--n-gpu-layers,--gpu-layers TEXT"): NormalizeLlamaFlags rewrites them before
+// CLI11 parses, so CLI11 alone does not know them.
+class RunHelpFormatter : public CLI::Formatter {
+ public:
+  RunHelpFormatter() { column_width(42); }
+  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
+    std::string extra;
+    for (const auto& [from, to] : kLong) {
+      if (opt->check_lname(std::string(to).substr(2))) extra += std::string(from) + ",";
+    }
+    return extra + CLI::Formatter::make_option_name(opt, positional);
+  }
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> LlamaFlagSpellings() {
+  std::vector<std::pair<std::string, std::string>> all;
+  for (const auto& [from, to] : kLong) all.emplace_back(from, to);
+  return all;
+}
+
+std::string RunSummary(const RunReport& r, bool interactive) {
+  const auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+  std::string out;
+  char line[512];
+  // Why generation stopped, in one line (one-shot runs; an interactive run's replies end
+  // at the next "> ", its context full with a warning).
+  if (!interactive) {
+    std::string why;
+    switch (r.stop_reason) {
+      case StopReason::kEog: why = "end-of-generation token"; break;
+      case StopReason::kLimit:
+        why = "-n limit reached (" + std::to_string(r.generated_tokens.size()) + " tokens)";
+        break;
+      case StopReason::kContextFull: why = "the context is full (" + std::to_string(r.n_ctx) + " tokens, -c)"; break;
+      case StopReason::kReversePrompt: why = "reverse prompt '" + r.reverse_prompt + "' (-r)"; break;
+      case StopReason::kInterrupted:
+        why = r.interrupted ? "interrupted (Ctrl-C) during the prefill, after " + std::to_string(r.prefill_tokens) +
+                                  " of " + std::to_string(r.prompt_tokens.size() - r.reused_prefix_tokens) +
+                                  " prompt tokens" +
+                                  (r.saved ? "; the session holds them, and the same command resumes there" : "")
+                            : "interrupted (Ctrl-C)";
+        break;
+      case StopReason::kOutputFailed: why = "the text could not be written"; break;
+      case StopReason::kNone: break;
+    }
+    if (!why.empty()) out += "stopped: " + why + "\n";
+  } else if (r.interrupted) {
+    out += std::string("interrupted: the last input was dropped; the conversation ends as it was before it") +
+           (r.saved ? " (saved)" : "") + "\n";
+  }
+  // Tokens computed and the rate they were computed at (a stopped prefill's computed part,
+  // not the whole prompt).
+  std::snprintf(line, sizeof line,
+                "prompt %zu tokens (%d reused from the session), %d computed%s in %.3f s (%.1f tok/s); %zu generated "
+                "in %.3f s (%.1f tok/s)\n",
+                r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_tokens,
+                r.turns.size() > 1 ? " with the inputs" : "", r.prefill_s, rate(r.prefill_tokens, r.prefill_s),
+                r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
+  out += line;
+  return out;
+}
+
 std::string NormalizeLlamaFlags(int argc, char** argv) {
   if (argc < 2 || std::strcmp(argv[1], "run") != 0) return "";
-  static char k[] = "--cache-type-k", v[] = "--cache-type-v", cnv[] = "--chat", sys[] = "--system-prompt",
-              ngl[] = "--n-gpu-layers", fa[] = "--flash-attn", no_cnv[] = "--no-conversation";
-  static const std::pair<const char*, char*> kLong[] = {
-      {"-ctk", k}, {"-ctv", v}, {"-cnv", cnv}, {"--conversation", cnv}, {"-sys", sys},
-      {"-ngl", ngl}, {"-fa", fa}, {"-no-cnv", no_cnv}};
   // Options whose value is free text: "-p -xyz" is a prompt, not a flag.
   static const char* kText[] = {"-p", "--prompt", "-r", "--reverse-prompt", "--system-prompt", "-sys",
                                 "--chat-template", "-f", "--prompt-file", "--file", "-m", "--model", "--session"};
@@ -475,13 +636,17 @@ std::string NormalizeLlamaFlags(int argc, char** argv) {
 void AddRunCommand(CLI::App& app, int& exit_code) {
   auto f = std::make_shared<RunFlags>();
   CLI::App* run = app.add_subcommand("run", "Run a model: prefill the prompt, generate, report");
+  run->formatter(std::make_shared<RunHelpFormatter>());
   run->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
-  run->add_option("-p,--prompt", f->prompt, "prompt text");
+  run->add_option("-p,--prompt", f->prompt, "prompt text (shown on stdout before the generated text)");
   run->add_option("-f,--prompt-file,--file", f->prompt_file, "read the prompt from a file (- = standard input)");
+  run->add_flag("--no-display-prompt", f->no_display_prompt, "do not show the prompt before the generated text");
   run->add_option("-n,--n-predict,--predict", f->n,
                   "tokens to generate (default 32; -1 = until end of generation or a full context); with -i, per "
                   "reply (default -1)");
-  run->add_option("-c,--ctx,--ctx-size", f->ctx, "context length (default: prompt + n; with -n -1 or -i the model's)");
+  run->add_option("-c,--ctx,--ctx-size", f->ctx,
+                  "context length (default: prompt + n; with -n -1 or -i the model's trained context, which -c may "
+                  "pass only with --rope-scaling / --rope-scale)");
   run->add_option("--temp", f->sampling.temperature, "temperature; 0 = greedy (default)");
   run->add_option("--top-k", f->sampling.top_k, "top-k (default 40; <= 0 off)");
   run->add_option("--top-p", f->sampling.top_p, "top-p (default 0.95; 1 off)");
@@ -500,7 +665,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   run->add_flag("--continue", f->continue_chat,
                 "append the prompt as the next user turn of the conversation in --session (implies --chat)");
-  run->add_option("--system-prompt", f->system_prompt, "system message before the prompt (implies --chat; -sys)");
+  run->add_option("--system-prompt", f->system_prompt, "system message before the prompt (implies --chat)");
   run->add_option("--chat-template", f->chat_template,
                   "chat format: chatml, llama3, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, or a Jinja template text "
                   "(default: the model's tokenizer.chat_template; implies --chat)");
@@ -522,7 +687,9 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_option("--cache-type-v", f->kv_type_v, "llama.cpp's -ctv (must equal -ctk)");
   run->add_option("--session", f->session, "session file: restored (longest common prefix reused) and saved");
   run->add_option("-t,--threads", f->threads, "kernel threads (default: all cores)");
-  run->add_option("--mlock", f->mlock, "off | try | require (default try; bare --mlock, as llama.cpp's: try)")
+  run->add_option("--mlock", f->mlock,
+                  "off | try | require (bare --mlock, as llama.cpp's: try; default: locked where the process may, "
+                  "silently)")
       ->expected(0, 1);
   run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
   run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
@@ -552,14 +719,16 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
   run->add_flag("--no-conversation", f->no_conversation, "llama.cpp's -no-cnv: the default (a raw prompt, no chat)");
   run->add_flag("--no-mmap", f->no_mmap, "llama.cpp's --no-mmap: the same as --weights paged");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
-  run->add_flag("--json", f->json, "print one JSON object on stdout at the end");
+  run->add_flag("--json", f->json, "print one JSON object on stdout at the end (the text then streams to stderr)");
   run->callback([f, run, &exit_code] {
     g_prompt_open = false;
+    g_prompt_ended = false;
     f->chat_template_given = run->count("--chat-template") > 0;
     f->sim_gbps_given = run->count("--sim-gbps") > 0;
     f->disk_dir_given = run->count("--disk-dir") > 0;
     f->session_given = run->count("--session") > 0;
-    if (run->count("--mlock") > 0 && f->mlock.empty()) f->mlock = "try";  // bare --mlock
+    f->mlock_given = run->count("--mlock") > 0;
+    if (f->mlock_given && f->mlock.empty()) f->mlock = "try";  // bare --mlock
     f->prompt_file_given = run->count("--prompt-file") > 0;
     f->system_prompt_given = run->count("--system-prompt") > 0;
     auto options = ToOptions(*f);
@@ -568,67 +737,73 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
-    // The generated text streams to stderr token by token. Control bytes other than
-    // newline and tab are shown as \xNN: a builtin model's synthetic text is arbitrary
-    // bytes, which must not drive the terminal.
-    bool streamed = false;
-    options->on_text = [&streamed](std::string_view piece) {
-      std::string shown;
-      for (const char ch : piece) {
-        const auto b = static_cast<unsigned char>(ch);
-        if ((b < 0x20 && ch != '\n' && ch != '\t') || b == 0x7f) {
-          char hex[8];
-          std::snprintf(hex, sizeof hex, "\\x%02X", b);
-          shown += hex;
-        } else {
-          shown += ch;
-        }
-      }
-      std::fputs(shown.c_str(), stderr);
-      std::fflush(stderr);
-      streamed = true;
+    // The text: on stdout, flushed piece by piece, the prompt first (llama-cli's way);
+    // with --json on stderr (stdout holds the JSON object alone), without the prompt.
+    TextOut text(f->json ? stderr : stdout);
+    // (Beside --json the text is a log on stderr: a failure to write it stops nothing.)
+    options->on_text = [&text, json = f->json](std::string_view piece) {
       g_prompt_open = false;
+      return text.Write(piece) || json;
     };
+    // -f is read once the run knows how much can fit; its errors are usage errors.
+    bool prompt_error = false;
+    if (!f->prompt_file.empty()) {
+      options->read_prompt = [path = f->prompt_file, interactive = f->interactive,
+                              &prompt_error](size_t max_bytes) -> Result<std::string> {
+        auto read = ReadPromptFile(path, max_bytes);
+        if (read.ok() && read->empty() && !interactive) {
+          read = Status::InvalidArgument("no prompt: " + PromptFileName(path) + " is empty");
+        }
+        if (!read.ok()) prompt_error = true;
+        return read;
+      };
+    }
     // Progress of long prefills: a line every kProgressSeconds.
     struct Progress {
       std::chrono::steady_clock::time_point began, shown;
       int last_done = 0;
     };
     auto progress = std::make_shared<Progress>();
-    options->on_prefill = [progress](int done, int total) {
+    options->on_prefill = [progress, &text](int done, int total) {
       const auto now = std::chrono::steady_clock::now();
       Progress& p = *progress;
       if (done <= p.last_done || p.last_done == 0) p.began = p.shown = now;  // a prefill's first chunk
       p.last_done = done;
       if (std::chrono::duration<double>(now - p.shown).count() < kProgressSeconds || done == total) return;
       p.shown = now;
+      text.EndLine();
       std::fprintf(stderr, "prefill: %d / %d tokens, %.0f s\n", done, total,
                    std::chrono::duration<double>(now - p.began).count());
     };
-    if (f->interactive) options->next_turn = [chat = options->chat] { return ReadInput(chat); };
+    if (f->interactive) {
+      options->next_turn = [chat = options->chat, &text] {
+        text.EndLine();
+        return ReadInput(chat);
+      };
+    }
     SigintScope sigint;
     options->stop = &g_stop;
     auto report = RunSession(*options);
+    text.EndLine();
     if (!report.ok()) {
-      std::fprintf(stderr, "%serror: %s\n", streamed || g_prompt_open ? "\n" : "", report.status().message().c_str());
-      exit_code = 1;
+      std::fprintf(stderr, "%serror: %s\n", g_prompt_open ? "\n" : "", report.status().message().c_str());
+      exit_code = prompt_error ? 2 : 1;
       return;
     }
     const RunReport& r = *report;
-    std::fputc('\n', stderr);
-    const auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
-    std::fprintf(stderr,
-                 "prompt %zu tokens (%d reused from the session) in %.3f s (%.1f tok/s), %zu generated in %.3f s "
-                 "(%.1f tok/s)\n",
-                 r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_s, rate(r.prefill_tokens, r.prefill_s),
-                 r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
-    if (r.interrupted && !r.turns.empty()) {
-      std::fprintf(stderr, "interrupted: the last input was dropped; the conversation ends as it was before it%s\n",
-                   r.saved ? " (saved)" : "");
-    } else if (r.interrupted) {
-      std::fprintf(stderr, "interrupted: %d prompt tokens computed%s\n", r.prefill_tokens,
-                   r.saved ? "; the session holds them, and the same prompt resumes there" : "");
+    if (r.output_failed) {
+      // The text could not be written (the session, when given, is saved): one line.
+      const int err = text.error();
+      if (err != 0) {
+        std::fprintf(stderr, "error: writing standard output: %s\n", std::strerror(err));
+      } else {
+        std::fputs("error: writing standard output failed\n", stderr);
+      }
+      exit_code = 1;
+      return;
     }
+    if (g_prompt_ended) std::fputc('\n', stderr);
+    std::fputs(RunSummary(r, f->interactive).c_str(), stderr);
     if (f->json) std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     // Stopped by Ctrl-C: 130, as a shell reports SIGINT (an interactive reply cut short
     // is part of the conversation, not a failure).

@@ -3,13 +3,41 @@
 // `tierkv run` (DESIGN.md, CLI contract), with the short flags llama.cpp users type.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "memory/status.h"
+#include "runtime/run.h"
+
 namespace tierkv {
 
+// Output (docs/cli.md, "Output"): the prompt (unless --no-display-prompt) and the
+// generated text on stdout, each piece flushed as it comes, as llama-cli prints them;
+// logs, progress, warnings and the summary (RunSummary) on stderr. With --json, stdout
+// holds the JSON object alone and the text streams to stderr. A write to stdout that
+// fails (a full disk, a closed pipe) stops generation and is one error line, exit 1.
 void AddRunCommand(CLI::App& app, int& exit_code);
+
+// -f PATH ("-": standard input), read with read(2): at most max_bytes + 1 bytes (more
+// cannot fit the context: RunSession says so), and never more than 256 MiB (an error
+// naming the file: -f /dev/zero). A directory, a file that cannot be opened, or a read
+// that fails part way (EIO) is an error naming it, never a shorter prompt.
+Result<std::string> ReadPromptFile(const std::string& path, size_t max_bytes);
+
+// What `tierkv run` prints on stderr after a run: for a one-shot run, one line saying
+// why generation stopped ("stopped: -n limit reached (32 tokens)"; end-of-generation
+// token, context full, reverse prompt, Ctrl-C); then the prompt's tokens, those reused,
+// those computed and the rate they were computed at (after a stopped prefill, the part
+// computed), and the generated tokens and their rate.
+std::string RunSummary(const RunReport& r, bool interactive);
+
+// llama.cpp's spellings NormalizeLlamaFlags rewrites, and the long option of each
+// ({"-ngl", "--n-gpu-layers"}, ...); tierkv run --help lists them.
+std::vector<std::pair<std::string, std::string>> LlamaFlagSpellings();
 // Rewrites llama.cpp's multi-letter single-dash flags of `tierkv run` (-ctk, -ctv,
 // -cnv, -sys, -ngl, -fa, -no-cnv) to their long form, which CLI11 cannot declare. Call on
 // argv before parsing. Returns the usage error for a single-dash word it does not know

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvcache/session_file.h"
+#include "kvcache/session_lock.h"
 #include "memory/size.h"
 
 namespace tierkv {
@@ -120,6 +121,16 @@ void AddSessionCommand(CLI::App& app, int& exit_code) {
     const std::string backup = SessionFile::SaveTarget(path) + ".damaged";
     SessionSummary summary;
     bool repaired = false;
+    // A writer like a run: refused, naming the holder, while a run has the session.
+    SessionLock::Options lo;
+    lo.wait = false;
+    lo.command = "tierkv session repair";
+    auto lock = SessionLock::Acquire(path, lo);
+    if (!lock.ok()) {
+      std::fprintf(stderr, "error: %s\n", lock.status().message().c_str());
+      exit_code = 1;
+      return;
+    }
     if (Status st = SessionFile::Repair(path, backup, &repaired, &summary); !st.ok()) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
       exit_code = 1;

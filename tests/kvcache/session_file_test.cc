@@ -5,13 +5,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
+#include "kvcache/checksum.h"
 #include "tests/kvcache/kv_test_util.h"
 
 namespace tierkv {
@@ -41,13 +45,16 @@ struct World {  // a memory manager and a cache, as one process would have
   TempDir dir;
   std::unique_ptr<MemoryManager> mm;
   std::unique_ptr<KvCache> cache;
-  explicit World(KvCodec codec = KvCodec::kF16) {
+  explicit World(KvCodec codec = KvCodec::kF16, int block_tokens = 8, uint64_t frame_bytes = 4096) {
     testing::SmallTiers s;
     s.device_frames = 2;
     s.host_frames = 4;  // fewer than the blocks: saves and restores page through tiers
     s.disk_frames = 64;
+    s.frame_bytes = frame_bytes;
     mm = testing::MakeManager(s, dir.path());
-    cache = KvCache::Create(mm.get(), SmallGeometry(codec)).value();
+    KvGeometry g = SmallGeometry(codec);
+    g.block_tokens = block_tokens;
+    cache = KvCache::Create(mm.get(), g).value();
   }
 };
 
@@ -122,6 +129,249 @@ TEST(SessionFileTest, RestoreInANewProcess) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// The stale-KV defect of format 2: a run that reuses part of a session and then saves
+// a block with as many tokens as the file's block of that index (a regenerated reply,
+// an edit in the middle of a prompt, another continuation) must write that block
+// again, and the next restore must give the KV of the new tokens. Every codec, two
+// block sizes, cuts inside and at the edges of blocks; once with the save bookkeeping
+// as a run leaves it, once with it forced stale (so the content key alone decides).
+TEST(SessionFileTest, BranchesNeverRestoreTheKvOfOtherTokens) {
+  for (KvCodec codec : kAllKvCodecs) {
+    for (const int bt : {8, 16}) {
+      for (const int cut : {0, 5, 8, 12, 17}) {
+        for (const bool force_stale : {false, true}) {
+          SCOPED_TRACE(std::string(KvCodecName(codec)) + " block " + std::to_string(bt) + " cut " +
+                       std::to_string(cut) + (force_stale ? " stale" : ""));
+          TempDir files;
+          const std::string path = files.path() + "/s.tkv";
+          {
+            World a(codec, bt);
+            const SeqId s = a.cache->NewSequence();
+            AppendTokens(*a.cache, s, 0, 24, 1);
+            ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(24), kModel, path).ok());
+          }
+          // The branch: the first `cut` tokens reused, then other tokens up to 24 again.
+          std::vector<int32_t> branch = Tokens(24);
+          for (int i = cut; i < 24; ++i) branch[static_cast<size_t>(i)] = Tokens(24, 5)[static_cast<size_t>(i)];
+          std::vector<std::vector<std::byte>> expect;
+          {
+            World b(codec, bt);
+            auto r = SessionFile::Restore(*b.cache, path, kModel);
+            ASSERT_TRUE(r.ok()) << r.status().ToString();
+            std::vector<BlockSaveState> before;
+            for (int l = 0; l < 2; ++l) {
+              for (int blk = 0; blk < b.cache->NumBlocks(r->seq); ++blk) {
+                before.push_back(b.cache->SaveState(b.cache->Block(r->seq, l, blk)));
+              }
+            }
+            ASSERT_TRUE(b.cache->Truncate(r->seq, cut).ok());
+            AppendTokens(*b.cache, r->seq, cut, 24, 2);
+            if (force_stale) {  // as format 2 left it: every block claims its old record
+              size_t i = 0;
+              for (int l = 0; l < 2; ++l) {
+                for (int blk = 0; blk < b.cache->NumBlocks(r->seq); ++blk) {
+                  b.cache->SaveState(b.cache->Block(r->seq, l, blk)) = before[i++];
+                }
+              }
+            }
+            expect = BlockBytes(*b.cache, r->seq);
+            SessionSaveStats st;
+            ASSERT_TRUE(SessionFile::Save(*b.cache, r->seq, branch, kModel, path, &st).ok());
+            const uint64_t kept_blocks = static_cast<uint64_t>(cut / bt);  // whole blocks before the cut
+            EXPECT_EQ(st.blocks_reused, 2 * kept_blocks);
+          }
+          ASSERT_TRUE(SessionFile::Verify(path).ok());
+          World c(codec, bt);
+          auto r = SessionFile::Restore(*c.cache, path, kModel);
+          ASSERT_TRUE(r.ok()) << r.status().ToString();
+          EXPECT_EQ(r->tokens, branch);
+          EXPECT_TRUE(BlockBytes(*c.cache, r->seq) == expect) << "the restore holds the branch's KV";
+        }
+      }
+    }
+  }
+}
+
+// The content key names every token up to a block's end, the model and the encoding.
+TEST(SessionFileTest, ContentKeysChainTokensModelAndCodec) {
+  const KvGeometry g = SmallGeometry();
+  const auto keys = SessionFile::ContentKeys(kModel, g, Tokens(20));
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(SessionFile::ContentKeys(kModel, g, Tokens(17)).front(), keys[0]);
+  EXPECT_EQ(SessionFile::ContentKeys(kModel, g, Tokens(17))[1], keys[1]);
+  EXPECT_NE(SessionFile::ContentKeys(kModel, g, Tokens(17))[2], keys[2]) << "fewer tokens in the block";
+  std::vector<int32_t> edited = Tokens(20);
+  edited[3] += 1;  // block 0 changes, and with it every key after it
+  const auto k2 = SessionFile::ContentKeys(kModel, g, edited);
+  for (size_t b = 0; b < 3; ++b) EXPECT_NE(k2[b], keys[b]) << b;
+  EXPECT_NE(SessionFile::ContentKeys(kOtherModel, g, Tokens(20))[1], keys[1]);
+  KvGeometry q = g;
+  q.codec = KvCodec::kQ8_0;
+  EXPECT_NE(SessionFile::ContentKeys(kModel, q, Tokens(20))[1], keys[1]);
+}
+
+// A manifest whose tokens are not the ones its records were saved with (a record of
+// other tokens, checksums all intact) is refused at page-in and by verify.
+TEST(SessionFileTest, ARecordOfOtherTokensIsRefused) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+  // Rewrite token 9 (block 1) in the manifest and re-seal it: manifest checksum in the
+  // commit slot, then the slot's own checksum.
+  auto data = ReadFile(path);
+  size_t slot = 0;
+  uint64_t best = 0;
+  for (size_t at : {size_t{2048}, size_t{3072}}) {
+    uint64_t seq;
+    std::memcpy(&seq, data.data() + at + 8, 8);
+    if (std::memcmp(data.data() + at, "TKVSLOT1", 8) == 0 && seq >= best) best = seq, slot = at;
+  }
+  ASSERT_NE(slot, 0u);
+  uint64_t m_off, m_bytes;
+  std::memcpy(&m_off, data.data() + slot + 16, 8);
+  std::memcpy(&m_bytes, data.data() + slot + 24, 8);
+  int32_t tok;
+  std::memcpy(&tok, data.data() + m_off + 32 + 9 * 4, 4);
+  tok += 1;
+  std::memcpy(data.data() + m_off + 32 + 9 * 4, &tok, 4);
+  const uint64_t mh = Checksum(data.data() + m_off, m_bytes);
+  std::memcpy(data.data() + slot + 32, &mh, 8);
+  const uint64_t sh = Checksum(data.data() + slot, 56);
+  std::memcpy(data.data() + slot + 56, &sh, 8);
+  WriteFile(path, data);
+
+  const Status v = SessionFile::Verify(path);
+  EXPECT_EQ(v.code(), StatusCode::kCorruption) << v.ToString();
+  EXPECT_NE(v.message().find("(layer 0, block 1)"), std::string::npos) << v.message();
+  EXPECT_NE(v.message().find("other tokens"), std::string::npos) << v.message();
+  World b;
+  auto r = SessionFile::Restore(*b.cache, path, kModel);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();  // lazy: refused when the block is needed
+  EXPECT_TRUE(b.mm->Acquire(b.cache->BlockPage(r->seq, 0, 0), Tier::kHost).ok()) << "block 0 is its tokens' KV";
+  auto pin = b.mm->Acquire(b.cache->BlockPage(r->seq, 0, 1), Tier::kHost);
+  ASSERT_FALSE(pin.ok());
+  EXPECT_EQ(pin.status().code(), StatusCode::kCorruption);
+}
+
+// Format 2 files (whose saves could keep other tokens' KV) are refused, not trusted.
+TEST(SessionFileTest, Version2FilesAreRefused) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 10, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(10), kModel, path).ok());
+  auto data = ReadFile(path);
+  const uint32_t v2 = 2;
+  std::memcpy(data.data() + 8, &v2, 4);
+  const uint64_t hh = Checksum(data.data(), 2040);
+  std::memcpy(data.data() + 2040, &hh, 8);
+  WriteFile(path, data);
+  const Status v = SessionFile::Verify(path);
+  EXPECT_EQ(v.code(), StatusCode::kUnsupported) << v.ToString();
+  EXPECT_NE(v.message().find("version 2"), std::string::npos) << v.message();
+  ExpectOneLine(v);
+  World b;
+  EXPECT_FALSE(SessionFile::Restore(*b.cache, path, kModel).ok());
+  EXPECT_FALSE(SessionFile::Save(*a.cache, s, Tokens(10), kModel, path).ok()) << "never overwritten";
+  EXPECT_EQ(ReadFile(path), data);
+}
+
+// A save never follows or overwrites what sits at the name of its new file: the names
+// are unguessable and created exclusively; a link planted at an old-style name is inert.
+TEST(SessionFileTest, SavesNeverFollowPlantedLinks) {
+  namespace fs = std::filesystem;
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  const std::string victim = files.path() + "/victim";
+  WriteFile(victim, std::vector<std::byte>(100, std::byte{7}));
+  const auto victim_bytes = ReadFile(victim);
+  // Links at every name a format-2 tierkv would have used, and at a guess of ours.
+  fs::create_symlink(victim, path + ".tmp." + std::to_string(getpid()));
+  fs::create_symlink(victim, path + ".tierkv-tmp.0000000000000000");
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 20, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+  EXPECT_FALSE(fs::is_symlink(path));
+  EXPECT_EQ(ReadFile(victim), victim_bytes);
+  // Two temporary names are never the same.
+  EXPECT_NE(SessionFile::TempPathFor(path), SessionFile::TempPathFor(path));
+  EXPECT_EQ(SessionFile::TempPathFor(path).rfind(path + ".tierkv-tmp.", 0), 0u);
+  const std::string long_name = files.path() + "/" + std::string(250, 'x');
+  const std::string t = SessionFile::TempPathFor(long_name);
+  EXPECT_LE(fs::path(t).filename().string().size(), 255u);
+  EXPECT_EQ(fs::path(t).parent_path(), fs::path(long_name).parent_path());
+}
+
+// Leftovers of crashed saves are recognised by name and removed; nothing else is: not
+// other sessions' files, not links (their targets untouched), not a live process's file.
+TEST(SessionFileTest, LeftoversOfCrashedSavesAreRemovedSafely) {
+  namespace fs = std::filesystem;
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  const std::string victim = files.path() + "/victim";
+  WriteFile(victim, std::vector<std::byte>(10, std::byte{1}));
+  const std::vector<std::byte> junk(64, std::byte{3});
+  WriteFile(path + ".tierkv-tmp.0123456789abcdef", junk);                      // ours: removed
+  WriteFile(SessionSiblingPath(path, std::string(300, 'z'), "tierkv-tmp.fedcba9876543210"), junk);  // short form
+  WriteFile(path + ".tmp.999999999", junk);                                    // format 2, no such pid: removed
+  WriteFile(path + ".tmp." + std::to_string(getpid()), junk);                  // a live pid: kept
+  WriteFile(files.path() + "/other.tkv.tierkv-tmp.0123456789abcdef", junk);    // another session's: kept
+  WriteFile(path + ".tierkv-tmp.notahexnumber!!", junk);                       // not our pattern: kept
+  fs::create_symlink(victim, path + ".tierkv-tmp.aaaaaaaaaaaaaaaa");           // a link: kept
+  EXPECT_EQ(SessionFile::RemoveLeftovers(path), 3);
+  EXPECT_FALSE(fs::exists(path + ".tierkv-tmp.0123456789abcdef"));
+  EXPECT_FALSE(fs::exists(path + ".tmp.999999999"));
+  EXPECT_TRUE(fs::exists(path + ".tmp." + std::to_string(getpid())));
+  EXPECT_TRUE(fs::exists(files.path() + "/other.tkv.tierkv-tmp.0123456789abcdef"));
+  EXPECT_TRUE(fs::exists(path + ".tierkv-tmp.notahexnumber!!"));
+  EXPECT_TRUE(fs::is_symlink(path + ".tierkv-tmp.aaaaaaaaaaaaaaaa"));
+  EXPECT_EQ(ReadFile(victim), std::vector<std::byte>(10, std::byte{1}));
+}
+
+// Readers take no lock and never see a torn save: while one thread saves a growing
+// session again and again (appends, rewritten tail blocks, compactions renamed over the
+// file), inspect and verify in another thread always find a whole save.
+TEST(SessionFileTest, ReadersDuringSavesSeeWholeSaves) {
+  TempDir files;
+  const std::string path = files.path() + "/s.tkv";
+  World a;
+  const SeqId s = a.cache->NewSequence();
+  AppendTokens(*a.cache, s, 0, 4, 1);
+  ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(4), kModel, path).ok());
+  std::atomic<bool> done{false};
+  std::atomic<int> reads{0}, bad{0};
+  std::string first_bad;
+  std::thread reader([&] {
+    while (!done) {
+      auto summary = SessionFile::Inspect(path);
+      const Status v = SessionFile::Verify(path);
+      if (!summary.ok() || !v.ok()) {
+        if (bad++ == 0) first_bad = summary.ok() ? v.ToString() : summary.status().ToString();
+      } else if (summary->tokens != Tokens(static_cast<int>(summary->n_tokens))) {
+        if (bad++ == 0) first_bad = "tokens of no save";
+      }
+      ++reads;
+    }
+  });
+  int compactions = 0;
+  for (int n = 5; n <= 60; ++n) {
+    AppendTokens(*a.cache, s, n - 1, n, 1);
+    SessionSaveStats st;
+    ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(n), kModel, path, &st).ok()) << n;
+    compactions += st.compacted;
+  }
+  done = true;
+  reader.join();
+  EXPECT_GE(compactions, 2);
+  EXPECT_GT(reads.load(), 0);
+  EXPECT_EQ(bad.load(), 0) << first_bad;
+}
+
 TEST(SessionFileTest, SecondSaveAppendsOnlyNewBlocksAndAManifest) {
   TempDir files;
   const std::string path = files.path() + "/s.tkv";
@@ -135,7 +385,7 @@ TEST(SessionFileTest, SecondSaveAppendsOnlyNewBlocksAndAManifest) {
   ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(30), kModel, path, &second).ok());
   EXPECT_EQ(second.blocks_reused, 4u);
   EXPECT_EQ(second.blocks_written, 4u);
-  const uint64_t record = 32 + a.cache->block_bytes();
+  const uint64_t record = 40 + a.cache->block_bytes();
   const uint64_t manifest = 32 + 30 * 4 + 8 * 32;
   EXPECT_EQ(second.bytes_written, 4 * record + manifest + 64);  // blocks + manifest + commit slot
   const auto after = ReadFile(path);
@@ -312,7 +562,7 @@ TEST(SessionFileTest, RepeatedSavesCompactTheFile) {
   World b;
   auto r = SessionFile::Restore(*b.cache, path, kModel);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  const uint64_t record = 32 + b.cache->block_bytes();
+  const uint64_t record = 40 + b.cache->block_bytes();
   int compactions = 0, saves = 0;
   for (int n = 4; n <= 40; ++n, ++saves) {
     AppendTokens(*b.cache, r->seq, n - 1, n, 5);
@@ -420,7 +670,9 @@ TEST(SessionFileTest, CompactionKeepsModeLinksAndHardLinks) {
     ASSERT_TRUE(compact(link).compacted);
     EXPECT_TRUE(fs::is_symlink(link));
     EXPECT_NE(ReadFile(real), before) << "the target was rewritten (a new file id)";
-    EXPECT_FALSE(fs::exists(files.path() + "/link.tkv.tmp." + std::to_string(getpid())));
+    for (const auto& e : fs::directory_iterator(files.path())) {
+      EXPECT_EQ(e.path().filename().string().find(".tierkv-tmp."), std::string::npos) << e.path();
+    }
   }
   {
     const std::string one = files.path() + "/one.tkv", two = files.path() + "/two.tkv";
@@ -441,11 +693,11 @@ TEST(SessionFileTest, FlippedByteInAnyBlockIsNamedAndRefusedAtPageIn) {
   AppendTokens(*a.cache, s, 0, 20, 1);
   ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
   const auto good = ReadFile(path);
-  const uint64_t record = 32 + a.cache->block_bytes();
+  const uint64_t record = 40 + a.cache->block_bytes();
   std::mt19937_64 rng(77);
   for (int blk = 0; blk < 6; ++blk) {
     auto bad = good;
-    const uint64_t off = 4096 + blk * record + 32 + rng() % a.cache->block_bytes();
+    const uint64_t off = 4096 + blk * record + 40 + rng() % a.cache->block_bytes();
     bad[off] ^= std::byte{0x10};
     WriteFile(path, bad);
     Status v = SessionFile::Verify(path);
@@ -671,7 +923,7 @@ TEST(SessionRepairTest, RefusesWhatItCannotRepair) {
   }
   {
     std::vector<std::byte> bad_block = f.damaged;
-    bad_block[4096 + 32 + 100] ^= std::byte{0x5a};  // block 0 of save 1 (both saves use it)
+    bad_block[4096 + 40 + 100] ^= std::byte{0x5a};  // block 0 of save 1 (both saves use it)
     WriteFile(f.path, bad_block);
     bool repaired = true;
     const Status st = SessionFile::Repair(f.path, backup, &repaired);

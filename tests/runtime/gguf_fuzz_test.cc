@@ -9,10 +9,17 @@
 // whose tensors all lie, aligned, inside the buffer; never a crash, a hang or a huge
 // allocation (ASan flags those). The model bytes are mutated in one buffer and restored
 // after each case, so the corpus costs no copies; it runs in a few seconds under ASan.
+//
+// Header sizes (docs/gguf.md): every integer metadata value of two small valid models
+// built in memory (qwen3moe and llama) set in turn to 0, 1, 2^31-1, 2^32-1, 2^63, -1,
+// ... (and to a string), then the config read, the tokenizer, Model::Load and one
+// decode step of what loads: each gives a clean one-line error naming the key, or works.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <string_view>
@@ -20,8 +27,14 @@
 
 #include <gtest/gtest.h>
 
+#include "kvcache/kv_cache.h"
+#include "memory/memory_manager.h"
+#include "runtime/builtin_model.h"
 #include "runtime/ggml_types.h"
 #include "runtime/gguf.h"
+#include "runtime/gguf_writer.h"
+#include "runtime/model.h"
+#include "runtime/tokenizer.h"
 #include "tests/runtime/reference_util.h"
 
 namespace tierkv {
@@ -355,6 +368,140 @@ TEST(GgufFuzzCorpus, LlamaQ4KM) { RunCorpus("ref-llama-q4_k_m", 400, 150, 1, 150
 // The qwen3 vocabulary (152k tokens, 151k merges) makes each parse ~10x dearer: a
 // sample of the same kinds of cases.
 TEST(GgufFuzzCorpus, Qwen3MoeQ8_0) { RunCorpus("ref-qwen3moe-q8_0", 30, 10, 16, 200); }
+
+// A small qwen3moe (with feed_forward_length, as real files have) and a small llama.
+std::vector<std::unique_ptr<GgufFile>> SmallModels() {
+  std::vector<std::unique_ptr<GgufFile>> out;
+  SyntheticMoeShape moe;
+  moe.n_embd = 64;
+  moe.n_layer = 2;
+  moe.n_head = 4;
+  moe.n_head_kv = 2;
+  moe.head_dim = 16;
+  moe.n_expert = 8;
+  moe.n_expert_used = 2;
+  moe.n_ff_exp = 64;
+  moe.context_length = 4096;
+  auto m = BuildSyntheticMoe(moe);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  GgufWriter w = GgufWriter::CopyOf(**m);
+  w.U32("qwen3moe.feed_forward_length", 6144);
+  out.push_back(std::move(GgufFile::ParseOwned(w.Finish(), "moe.gguf")).value());
+  SyntheticLlamaShape llama;
+  llama.n_embd = 64;
+  llama.n_layer = 2;
+  llama.n_head = 4;
+  llama.n_head_kv = 2;
+  llama.head_dim = 16;
+  llama.n_ff = 128;
+  auto l = BuildSyntheticLlama(llama);
+  EXPECT_TRUE(l.ok()) << l.status().ToString();
+  out.push_back(std::move(GgufFile::ParseOwned(GgufWriter::CopyOf(**l).Finish(), "llama.gguf")).value());
+  return out;
+}
+
+bool IsIntegerType(GgufValueType t) {
+  return t != GgufValueType::kF32 && t != GgufValueType::kF64 && t != GgufValueType::kBool &&
+         t != GgufValueType::kString && t != GgufValueType::kArray;
+}
+
+// A one-line error that names `key` (when not empty) and the file.
+void ExpectCleanError(const Status& st, const std::string& key, const std::string& what) {
+  const std::string m = st.message();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << what << ": " << m;
+  EXPECT_LT(m.size(), 1024u) << what;
+  if (!key.empty()) {
+    EXPECT_NE(m.find(key), std::string::npos) << what << ": " << m;
+  }
+}
+
+TEST(GgufFuzzCorpus, HeaderSizesOfSmallModels) {
+  constexpr uint64_t kUnsigned[] = {0, 1, 2, 3, 255, 65535, 2147483647, 2147483648, 4294967295, 4294967296,
+                                    9223372036854775807ull, 9223372036854775808ull, UINT64_MAX};
+  constexpr int64_t kSigned[] = {-1, INT32_MIN, INT64_MIN};
+  Tally tally;
+  int loaded = 0;
+  for (const auto& base : SmallModels()) {
+    const std::string prefix = std::string(base->architecture()) + ".";
+    for (const GgufKv& kv : base->metadata()) {
+      if (!IsIntegerType(kv.value.type())) continue;
+      const std::string key(kv.key);
+      // The keys the model config reads name themselves; others (general.alignment) may
+      // fail elsewhere.
+      const bool config_key = key.rfind(prefix, 0) == 0;
+      std::vector<std::pair<std::string, std::function<void(GgufWriter&)>>> changes;
+      for (uint64_t v : kUnsigned) {
+        changes.emplace_back(std::to_string(v), [&key, v](GgufWriter& w) {
+          if (v <= UINT32_MAX) {
+            w.U32(key, static_cast<uint32_t>(v));
+          } else {
+            w.U64(key, v);
+          }
+        });
+      }
+      for (int64_t v : kSigned) {
+        changes.emplace_back(std::to_string(v), [&key, v](GgufWriter& w) {
+          if (v >= INT32_MIN) {
+            w.I32(key, static_cast<int32_t>(v));
+          } else {
+            w.I64(key, v);
+          }
+        });
+      }
+      changes.emplace_back("\"2\"", [&key](GgufWriter& w) { w.String(key, "2"); });
+      for (const auto& [value, change] : changes) {
+        const std::string what = std::string(base->path()) + ": " + key + " = " + value;
+        ++tally.cases;
+        GgufWriter w = GgufWriter::CopyOf(*base);
+        change(w);
+        auto file = GgufFile::ParseOwned(w.Finish(), "crafted.gguf");
+        if (!file.ok()) {
+          ++tally.errors;
+          ExpectCleanError(file.status(), "", what);
+          continue;
+        }
+        const std::shared_ptr<const GgufFile> f = std::move(file).value();
+        if (auto tok = Tokenizer::FromGguf(*f); !tok.ok()) ExpectCleanError(tok.status(), "", what);
+        auto cfg = ReadModelConfig(*f);
+        ModelOptions mo;
+        mo.threads = 1;
+        auto model = Model::Load(f, mo);
+        if (!cfg.ok()) {
+          ++tally.errors;
+          ExpectCleanError(cfg.status(), config_key ? "crafted.gguf: " : "", what);
+          ExpectCleanError(cfg.status(), config_key ? key : "", what);
+          ASSERT_FALSE(model.ok()) << what;
+          EXPECT_EQ(model.status().message(), cfg.status().message()) << what;
+          continue;
+        }
+        if (!model.ok()) {
+          ++tally.errors;
+          ExpectCleanError(model.status(), "crafted.gguf: ", what);
+          continue;
+        }
+        // What loads, runs: one decode step.
+        ++tally.parsed;
+        ++loaded;
+        MemoryOptions mem;
+        mem.host_bytes = 8 * kMiB;
+        mem.frame_bytes = 64 * kKiB;
+        mem.warmup = false;
+        mem.mlock = MlockMode::kOff;
+        auto mm = std::move(MemoryManager::Create(mem)).value();
+        auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(KvCodec::kF16));
+        ASSERT_TRUE(cache.ok()) << what << ": " << cache.status().ToString();
+        const SeqId seq = (*cache)->NewSequence();
+        std::vector<float> logits(static_cast<size_t>((*model)->config().n_vocab));
+        const Status st = (*model)->Forward(**cache, seq, 1, 0, logits);
+        EXPECT_TRUE(st.ok()) << what << ": " << st.ToString();
+      }
+    }
+  }
+  EXPECT_GE(tally.cases, 300);
+  EXPECT_GT(loaded, 10);           // values that change nothing the model needs still load
+  EXPECT_GT(tally.errors, 200);    // and most of the others are refused
+  std::printf("[ corpus   ] header sizes: %d cases, %d errors, %d loaded\n", tally.cases, tally.errors, loaded);
+}
 
 }  // namespace
 }  // namespace tierkv

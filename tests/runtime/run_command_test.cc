@@ -191,8 +191,11 @@ TEST(RunCommandTest, PathsThatAreNotFilesAreRefused) {
   if (std::filesystem::exists("/proc/self/mem")) {
     expect(RunCli(with({"-f", "/proc/self/mem"})), 2, "reading --prompt-file /proc/self/mem: Input/output error");
   }
-  // An endless one (it used to be read until memory ran out), and an empty name.
-  expect(RunCli(with({"-f", "/dev/zero"})), 2, "--prompt-file /dev/zero: more than 256 MiB");
+  // An endless one (it used to be read until memory ran out): read up to what can fit
+  // the context (here what 64 MiB of host tier holds, 32768 tokens of at most 4 bytes),
+  // and an empty name.
+  expect(RunCli(with({"-f", "/dev/zero"})), 1,
+         "error: the prompt (more than 131072 bytes) cannot fit the context of at most 32768 tokens");
   expect(RunCli(with({"-f", ""})), 2, "--prompt-file must name a file");
   const std::string fifo = dir + "/run_command_test.fifo";
   std::filesystem::remove(fifo);
@@ -239,6 +242,9 @@ TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
   const size_t n_prompt = j["prompt_tokens"].size();
   EXPECT_EQ(j["generated_tokens"].size(), 12 - n_prompt);
   EXPECT_EQ(j["kv"]["tokens"], 11);  // the last token is sampled, never fed back
+  EXPECT_EQ(j["context_full"], true) << "it ran to the end of the context";
+  EXPECT_EQ(j["stop_reason"], "context_full");
+  EXPECT_NE(r.err.find("stopped: the context is full (12 tokens, -c)\n"), std::string::npos) << r.err;
 
   // Near-uniform draws (temperature 100, no cuts) reach an end-of-text token within 300
   // steps for most seeds (about 1 in 258 a step: with seed 1 at token 163); with the same
@@ -251,7 +257,11 @@ TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
     const CliResult stops = RunCli(Quick(uniform));
     ASSERT_EQ(stops.exit_code, 0) << stops.err;
     const nlohmann::json js = nlohmann::json::parse(stops.out);
-    if (js["generated_tokens"].size() < 300u) eog = js["generated_tokens"].back();
+    if (js["generated_tokens"].size() < 300u) {
+      eog = js["generated_tokens"].back();
+      EXPECT_EQ(js["stop_reason"], "eog");
+      EXPECT_NE(stops.err.find("stopped: end-of-generation token\n"), std::string::npos) << stops.err;
+    }
   }
   ASSERT_GE(eog, 0) << "no seed of 20 drew an end-of-text token in 300 near-uniform steps";
   std::vector<std::string> ignoring = uniform;
@@ -260,6 +270,9 @@ TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
   ASSERT_EQ(goes_on.exit_code, 0) << goes_on.err;
   const nlohmann::json jg = nlohmann::json::parse(goes_on.out);
   ASSERT_EQ(jg["generated_tokens"].size(), 300u);
+  EXPECT_EQ(jg["stop_reason"], "limit");
+  EXPECT_EQ(jg["context_full"], false);
+  EXPECT_NE(goes_on.err.find("stopped: -n limit reached (300 tokens)\n"), std::string::npos) << goes_on.err;
   for (const int t : jg["generated_tokens"]) EXPECT_NE(t, eog);
 
   const CliResult full = RunCli(Quick({"-n", "-1", "-c", "2"}));
@@ -270,8 +283,9 @@ TEST(RunCommandTest, UnlimitedGenerationFillsTheContextWithIgnoreEos) {
 // Without --host, a context whose KV cache passes 1 GiB gets a host tier to hold it
 // (here 4M tokens of tiny-moe, 8 GiB of f16 KV; --no-warmup, so only reserved).
 TEST(RunCommandTest, AutoHostGrowsToTheContext) {
+  // (Past the trained context of 262144 tokens: scaled 16 times.)
   const CliResult r = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--no-warmup", "--mlock",
-                              "off", "-c", "4194304", "--json"});
+                              "off", "-c", "4194304", "--rope-scaling", "linear", "--rope-scale", "16", "--json"});
   if (r.exit_code == 1 && r.err.find("--host auto: 90% of the") != std::string::npos) {
     GTEST_SKIP() << "this machine has less than 9 GiB available: " << r.err;
   }
@@ -453,7 +467,7 @@ TEST(RunCommandTest, DamagedSessionIsRefusedAndKept) {
     EXPECT_TRUE(testing::FileBytes(session) == before) << "the file changed";
   };
   std::string flipped = good;
-  flipped[4096 + 32 + 7] ^= 0x10;  // the first record's block bytes, past its 32-byte header
+  flipped[4096 + 40 + 7] ^= 0x10;  // the first record's block bytes, past its 40-byte header
   write(flipped);
   refused("flipped block", "checksum");
   write(good.substr(0, good.size() - 40));  // the manifest's tail is gone
@@ -502,7 +516,9 @@ TEST(RunCommandTest, SaveThatCannotWriteKeepsTheOldSession) {
   EXPECT_EQ(Lines(r.err.substr(r.err.find("error: "))), 1) << r.err;
   EXPECT_TRUE(testing::FileBytes(session) == saved) << "the last save's bytes are kept";
   EXPECT_TRUE(SessionFile::Verify(session).ok());
-  EXPECT_FALSE(std::filesystem::exists(session + ".tmp." + std::to_string(getpid()))) << "the temporary file is removed";
+  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(session).parent_path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tierkv-tmp."), std::string::npos) << "the temporary file is removed";
+  }
   std::filesystem::remove(session);
 }
 
@@ -725,6 +741,182 @@ TEST(RunCommandTest, ThreadsAreAtMostTheAvailableCpus) {
                         std::string::npos;
     EXPECT_EQ(warned, std::stoi(t) > cpus) << r.err;
   }
+}
+
+// The text goes to stdout as llama-cli prints it, the prompt first (--no-display-prompt:
+// without it); why generation stopped and the summary go to stderr. With --json stdout
+// holds the JSON object alone (the text then streams to stderr).
+TEST(RunCommandTest, TextGoesToStdoutAndLogsToStderr) {
+  const std::vector<std::string> args = {"run", "-m", "builtin:tiny-moe", "-p", "Zebra crossing", "-n", "8",
+                                         "--no-warmup", "--host", "64MiB"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return RunCli(a);
+  };
+  const CliResult json = with({"--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json j = nlohmann::json::parse(json.out);  // the whole of stdout
+  ASSERT_TRUE(j.is_object());
+  const std::string text = j["text"];
+  ASSERT_FALSE(text.empty());
+  EXPECT_NE(json.err.find("stopped: -n limit reached (8 tokens)\n"), std::string::npos) << json.err;
+
+  // builtin:tiny-moe's tokens below 256 are bytes, the others render as nothing (the
+  // JSON's text has invalid UTF-8 replaced).
+  std::string bytes;
+  for (const int t : j["generated_tokens"]) {
+    if (t < 256) bytes += static_cast<char>(t);
+  }
+  const CliResult plain = with({});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_TRUE(plain.out == "Zebra crossing" + bytes) << "stdout holds the prompt and the text, byte for byte";
+  EXPECT_EQ(plain.err.find("Zebra"), std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.rfind("stopped: -n limit reached (8 tokens)\nprompt 15 tokens (0 reused from the session), 15 "
+                            "computed in ",
+                            0),
+            0u)
+      << plain.err;
+  EXPECT_EQ(Lines(plain.err), 2) << plain.err;
+  EXPECT_EQ(plain.err.find("mlock"), std::string::npos) << "no --mlock asked: nothing said about it";
+
+  const CliResult bare = with({"--no-display-prompt"});
+  ASSERT_EQ(bare.exit_code, 0) << bare.err;
+  EXPECT_TRUE(bare.out == bytes) << bare.out;
+}
+
+// The summary after a Ctrl-C'd prefill gives the tokens computed and the rate they were
+// computed at, not the whole prompt's; one line says why generation stopped.
+TEST(RunCommandTest, SummaryReportsTheTokensComputed) {
+  RunReport r;
+  r.prompt_tokens.assign(5000, 1);
+  r.prefill_tokens = 64;
+  r.prefill_s = 2.0;
+  r.interrupted = true;
+  r.saved = true;
+  r.stop_reason = StopReason::kInterrupted;
+  EXPECT_EQ(RunSummary(r, false),
+            "stopped: interrupted (Ctrl-C) during the prefill, after 64 of 5000 prompt tokens; the session holds "
+            "them, and the same command resumes there\n"
+            "prompt 5000 tokens (0 reused from the session), 64 computed in 2.000 s (32.0 tok/s); 0 generated in "
+            "0.000 s (0.0 tok/s)\n");
+  RunReport g;
+  g.prompt_tokens.assign(10, 1);
+  g.reused_prefix_tokens = 4;
+  g.prefill_tokens = 6;
+  g.prefill_s = 0.5;
+  g.generated_tokens.assign(3, 2);
+  g.decode_s = 1.5;
+  g.stop_reason = StopReason::kReversePrompt;
+  g.reverse_prompt = "User:";
+  EXPECT_EQ(RunSummary(g, false),
+            "stopped: reverse prompt 'User:' (-r)\n"
+            "prompt 10 tokens (4 reused from the session), 6 computed in 0.500 s (12.0 tok/s); 3 generated in "
+            "1.500 s (2.0 tok/s)\n");
+  EXPECT_EQ(RunSummary(g, true).find("stopped:"), std::string::npos) << "an interactive run's replies end at \"> \"";
+}
+
+// A run needs a prompt, on every model: none, an empty -p or an empty -f file is a usage
+// error (it ran on BOS alone on llama vocabularies); -i starts from the first input.
+TEST(RunCommandTest, NoPromptIsAUsageError) {
+  const std::vector<std::string> base = {"run", "-m", "builtin:tiny-moe", "-n", "2", "--no-warmup", "--host", "64MiB"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return RunCli(a);
+  };
+  const std::string empty = ::testing::TempDir() + "/empty_prompt.txt";
+  std::ofstream(empty).close();
+  for (const auto& [flags, message] :
+       {std::pair<std::vector<std::string>, std::string>{{}, "error: no prompt: give -p TEXT or -f FILE\n"},
+        {{"-p", ""}, "error: no prompt: give -p TEXT or -f FILE\n"},
+        {{"-f", empty}, "error: no prompt: --prompt-file " + empty + " is empty\n"}}) {
+    SCOPED_TRACE(::testing::PrintToString(flags));
+    const CliResult r = with(flags);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.err, message);
+    EXPECT_TRUE(r.out.empty());
+  }
+  std::istringstream fake("hello\n");
+  std::streambuf* old = std::cin.rdbuf(fake.rdbuf());
+  const CliResult interactive = with({"-i", "-c", "64", "--json"});
+  std::cin.rdbuf(old);
+  ASSERT_EQ(interactive.exit_code, 0) << interactive.err;
+  EXPECT_EQ(nlohmann::json::parse(interactive.out)["turns"][0]["input"], "hello\n");
+  EXPECT_NE(interactive.err.find("\n> \nprompt "), std::string::npos) << "the summary starts its own line: "
+                                                                       << interactive.err;
+  std::filesystem::remove(empty);
+}
+
+// -c past the model's trained context is one error line naming both and the flags that
+// extend it; past what the budgets hold, one line naming them; both before any work.
+TEST(RunCommandTest, ContextPastTheModelOrTheBudgetsIsOneLine) {
+  const CliResult trained = RunCli(Quick({"-c", "10000000"}));
+  EXPECT_EQ(trained.exit_code, 1);
+  EXPECT_EQ(trained.err,
+            "error: -c 10000000 is past the model's trained context (262144 tokens); lower -c, or --rope-scaling "
+            "yarn --rope-scale F (or linear) runs it at up to F x 262144 tokens\n");
+  EXPECT_TRUE(trained.out.empty());
+  const CliResult budget = RunCli(Quick({"-c", "10000000", "--rope-scaling", "yarn", "--rope-scale", "64"}));
+  EXPECT_EQ(budget.exit_code, 1);
+  EXPECT_EQ(budget.err.rfind("error: impossible budget: a context of 10000000 tokens needs ", 0), 0u) << budget.err;
+  EXPECT_EQ(Lines(budget.err), 1) << budget.err;
+}
+
+// tierkv run --help lists every flag it accepts: CLI11's names and llama.cpp's
+// single-dash spellings that NormalizeLlamaFlags rewrites (-ngl, -fa, -no-cnv, -cnv,
+// -sys, -ctk, -ctv), among them those the README advertises.
+TEST(RunCommandTest, HelpListsEveryFlag) {
+  testing::WarningsToStderr();
+  CLI::App app;
+  int exit_code = 0;
+  AddRunCommand(app, exit_code);
+  const CliResult r = testing::ParseCli(app, exit_code, {"run", "--help"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // A flag is listed when it appears as a whole word: before ',' ' ' or '=' and after a
+  // space or ','.
+  auto listed = [&](const std::string& flag) {
+    for (size_t at = r.out.find(flag); at != std::string::npos; at = r.out.find(flag, at + 1)) {
+      const char before = at == 0 ? ' ' : r.out[at - 1];
+      const char after = at + flag.size() < r.out.size() ? r.out[at + flag.size()] : ' ';
+      if ((before == ' ' || before == ',') && (after == ' ' || after == ',' || after == '\n')) return true;
+    }
+    return false;
+  };
+  CLI::App* run = app.get_subcommand("run");
+  int names = 0;
+  for (const CLI::Option* opt : run->get_options()) {
+    for (const std::string& s : opt->get_snames()) EXPECT_TRUE(listed("-" + s)) << "-" << s << "\n" << r.out;
+    for (const std::string& l : opt->get_lnames()) EXPECT_TRUE(listed("--" + l)) << "--" << l << "\n" << r.out;
+    names += static_cast<int>(opt->get_snames().size() + opt->get_lnames().size());
+  }
+  EXPECT_GT(names, 60);
+  for (const auto& [from, to] : LlamaFlagSpellings()) EXPECT_TRUE(listed(from)) << from << "\n" << r.out;
+  for (const char* flag : {"-ngl", "-fa", "-no-cnv", "-c", "--ctx-size", "--no-mmap", "-n", "-s", "-p", "-f", "-t",
+                           "-b", "-i", "-r", "-cnv", "-sys", "--mlock", "-ctk", "-ctv", "--no-display-prompt"}) {
+    EXPECT_TRUE(listed(flag)) << flag << "\n" << r.out;
+  }
+  // Each llama.cpp spelling is listed on its option's line.
+  EXPECT_NE(r.out.find("-ngl,--n-gpu-layers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("-cnv,--conversation,--chat"), std::string::npos) << r.out;
+}
+
+// Without --mlock nothing is said about locking, also where the host tier cannot be
+// locked (an unprivileged user's 8 MiB RLIMIT_MEMLOCK); asked for (bare --mlock, as
+// llama.cpp's), a refused lock is a warning (and under require an error:
+// FailedMlockFailsUnderRequireAndWarnsUnderTry).
+TEST(RunCommandTest, MlockIsMentionedOnlyWhenAskedFor) {
+  MlockRefused refused;
+  ASSERT_TRUE(refused.ok()) << "cannot lower RLIMIT_MEMLOCK here";
+  const CliResult quiet = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--host", "16MiB"});
+  EXPECT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("mlock"), std::string::npos) << quiet.err;
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer intercepts mlock as a no-op that succeeds (the Release run checks the rest)";
+#endif
+  const CliResult asked = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--host", "16MiB", "--mlock"});
+  EXPECT_EQ(asked.exit_code, 0) << asked.err;
+  EXPECT_NE(asked.err.find("mlock of 16.0 MiB failed"), std::string::npos) << asked.err;
 }
 
 }  // namespace

@@ -14,8 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu_features.h"
+#include "runtime/builtin_model.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
+#include "runtime/tokenizer.h"
 #include "tests/runtime/cli_test_util.h"
 #include "tests/runtime/reference_util.h"
 
@@ -88,6 +90,7 @@ TEST(RunTest, StreamedTextIsTheReportedText) {
   o.on_text = [&](std::string_view piece) {
     streamed += piece;
     ++calls;
+    return true;
   };
   auto r = RunSession(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -119,6 +122,7 @@ TEST(RunTest, StopEndsTheReplyAndSavesWhatWasShown) {
   int shown = 0;
   o.on_text = [&](std::string_view) {
     if (++shown == 3) stop = true;
+    return true;
   };
   auto r = RunSession(o);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -161,7 +165,9 @@ TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
   EXPECT_TRUE(cut->interrupted);
   EXPECT_EQ(progress, (std::vector<int>{32, 64}));
   EXPECT_TRUE(cut->generated_tokens.empty());
-  EXPECT_EQ(cut->prefill_tokens, 64);
+  EXPECT_EQ(cut->prefill_tokens, 64) << "the tokens computed, not the prompt's";
+  EXPECT_EQ(cut->stop_reason, StopReason::kInterrupted);
+  EXPECT_EQ(cut->ToJson()["timings"]["prefill_tok_s"], 64 / cut->prefill_s) << "the rate reached";
   EXPECT_TRUE(cut->saved);
   EXPECT_FALSE(stop.load());
   const auto saved = SessionFile::Inspect(session);
@@ -504,6 +510,254 @@ TEST(RunTest, SessionRoundTripReusesThePrefixAndRefusesAnotherModel) {
   EXPECT_NE(wrong.status().message().find("wrong model"), std::string::npos) << wrong.status().message();
   EXPECT_TRUE(testing::FileBytes(path) == saved_bytes) << "the session file changed";
   std::filesystem::remove(path);
+}
+
+// -c is checked against the model's usable context before anything is tokenized or
+// loaded: its trained context (tiny-moe: 262144), or what the RoPE flags extend it to
+// (trained x factor); the error names both numbers and the flags. The default context
+// (prompt + -n) is held to it too.
+TEST(RunTest, ContextPastTheTrainedOneIsRefused) {
+  RunOptions o = Tiny("ab", 2);
+  o.n_ctx = 262145;
+  auto past = RunSession(o);
+  ASSERT_FALSE(past.ok());
+  EXPECT_EQ(past.status().message(),
+            "-c 262145 is past the model's trained context (262144 tokens); lower -c, or --rope-scaling yarn "
+            "--rope-scale F (or linear) runs it at up to F x 262144 tokens");
+  // Scaled twice, -c 524288 is within reach (then the 64 MiB host tier refuses it); one
+  // more is past the scaled context.
+  o.rope.scaling = RopeScaling::kYarn;
+  o.rope.scale_factor = 2;
+  o.n_ctx = 524288;
+  auto scaled = RunSession(o);
+  ASSERT_FALSE(scaled.ok());
+  EXPECT_EQ(scaled.status().message().rfind("impossible budget: a context of 524288 tokens", 0), 0u)
+      << scaled.status().message();
+  o.n_ctx = 524289;
+  auto beyond = RunSession(o);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_EQ(beyond.status().message(),
+            "-c 524289 is past the 524288 tokens the model reaches with RoPE yarn x2 (trained context 262144); "
+            "lower -c, or raise --rope-scale");
+  // The default context, prompt + -n.
+  RunOptions many = Tiny("ab", 262144);
+  auto too_many = RunSession(many);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.status().message().rfind("the prompt (3 tokens) plus -n 262144 is past the model's trained "
+                                              "context (262144 tokens)", 0),
+            0u)
+      << too_many.status().message();
+
+  ModelConfig c;
+  c.context_length = 32768;
+  EXPECT_EQ(UsableContext(c, {}), 32768);
+  RopeOverrides linear;
+  linear.scale_factor = 4;  // no type: the file's, or linear
+  EXPECT_EQ(UsableContext(c, linear), 131072);
+  RopeOverrides yarn;
+  yarn.scaling = RopeScaling::kYarn;
+  EXPECT_EQ(UsableContext(c, yarn), 0) << "no factor: RoPE is scaled to the context asked for";
+  yarn.scale_factor = 4;
+  yarn.orig_ctx = 8192;
+  EXPECT_EQ(UsableContext(c, yarn), 32768) << "never below the trained context";
+  ModelConfig scaled_file = c;  // a file that carries its own scaling
+  scaled_file.rope_scaling = RopeScaling::kYarn;
+  scaled_file.rope_scale_factor = 4;
+  scaled_file.rope_orig_ctx = 32768;
+  EXPECT_EQ(UsableContext(scaled_file, {}), 131072);
+  RopeOverrides off;
+  off.scaling = RopeScaling::kNone;
+  EXPECT_EQ(UsableContext(scaled_file, off), 32768);
+  RopeOverrides same_type;
+  same_type.scaling = RopeScaling::kYarn;
+  EXPECT_EQ(UsableContext(scaled_file, same_type), 131072) << "the file's factor of that type";
+}
+
+// A prompt whose bytes alone need more tokens than the context takes is refused before
+// it is tokenized: tiny-moe's tokens stand for at most 4 bytes ("</s>"), so with -c 1000
+// 4000 bytes may fit (and are then tokenized: 4001 tokens, refused as too long for -c)
+// and 4001 may not. A prompt read by read_prompt is asked for at most that many bytes.
+TEST(RunTest, PromptThatCannotFitIsRefusedBeforeTokenizing) {
+  auto tiny = OpenModelFile("builtin:tiny-moe");
+  ASSERT_TRUE(tiny.ok());
+  auto tok = Tokenizer::FromGguf(**tiny);
+  ASSERT_TRUE(tok.ok());
+  EXPECT_EQ(MaxTokenInputBytes(**tok), 4u);
+  EXPECT_EQ(PromptBytesPerToken(**tok, 4, "\xC0\xAF"), 4u) << "bytes are bytes here";
+
+  RunOptions o = Tiny(std::string(4001, 'a'), 2);
+  o.n_ctx = 1000;
+  auto over = RunSession(o);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().message(),
+            "the prompt (4001 bytes) cannot fit the context of at most 1000 tokens (-c): a token of this vocabulary "
+            "stands for at most 4 bytes of text, so at most 4000 bytes fit; shorten it or raise -c");
+  o.prompt.pop_back();
+  auto at = RunSession(o);
+  ASSERT_FALSE(at.ok());
+  EXPECT_NE(at.status().message().find("--ctx 1000 is smaller than the prompt (4001 tokens)"), std::string::npos)
+      << at.status().message();
+
+  // Without -c the bound is the trained context (the host tier may grow to hold it); a
+  // prompt file is read up to it.
+  size_t asked = 0;
+  RunOptions file = Tiny("", 2);
+  file.auto_host = true;
+  file.read_prompt = [&](size_t max_bytes) -> Result<std::string> {
+    asked = max_bytes;
+    return std::string(max_bytes + 1, 'a');
+  };
+  auto endless = RunSession(file);
+  ASSERT_FALSE(endless.ok());
+  EXPECT_EQ(asked, 262144u * 4);
+  EXPECT_EQ(endless.status().message().rfind("the prompt (more than 1048576 bytes) cannot fit the context of at most "
+                                             "262144 tokens (the model's trained context)", 0),
+            0u)
+      << endless.status().message();
+  // ... or up to what the budgets hold, when that is less: 64 MiB of 256 KiB frames, 64
+  // blocks of 512 tokens a layer.
+  RunOptions bounded = Tiny("", 2);
+  bounded.memory.frame_bytes = 256 << 10;
+  bounded.read_prompt = file.read_prompt;
+  EXPECT_FALSE(RunSession(bounded).ok());
+  EXPECT_EQ(asked, 32768u * 4);
+
+  // Byte-level BPE: a token may stand for 4 times its piece in text that is not
+  // well-formed UTF-8 (an overlong form decodes to a quarter of its bytes).
+  const std::string qwen = kRef + "/models/ref-qwen3moe-q8_0.gguf";
+  TIERKV_NEED_REFERENCE(qwen);
+  auto file_q = OpenModelFile(qwen);
+  ASSERT_TRUE(file_q.ok());
+  auto q = Tokenizer::FromGguf(**file_q);
+  ASSERT_TRUE(q.ok());
+  const size_t l = MaxTokenInputBytes(**q);
+  size_t longest = 0;
+  for (int32_t id = 0; id < (*q)->n_vocab(); ++id) longest = std::max(longest, (*q)->TokenToPiece(id).size());
+  EXPECT_EQ(l, longest);
+  EXPECT_EQ(PromptBytesPerToken(**q, l, "plain text, caf\xC3\xA9"), l);
+  EXPECT_EQ(PromptBytesPerToken(**q, l, "a\xF0\x80\x80\xAF"), 4 * l);
+}
+
+// A run with no prompt, or an empty one, is refused the same way whatever the
+// vocabulary (a llama one adds BOS, a qwen one nothing); an interactive one starts from
+// its first input instead (RunTest.InteractiveTurnsExtendOneContext).
+TEST(RunTest, NoPromptIsRefusedOnEveryVocabulary) {
+  auto tiny = RunSession(Tiny("", 2));
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_EQ(tiny.status().message(), kNoPromptMessage);
+  TIERKV_NEED_REFERENCE(kRef);
+  for (const char* model : {"ref-llama-q8_0", "ref-qwen3moe-q8_0"}) {
+    SCOPED_TRACE(model);
+    RunOptions o = Options(model);
+    o.prompt = "";
+    auto r = RunSession(o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().message(), kNoPromptMessage);
+  }
+}
+
+// Why generation ended: the -n limit, a full context (-n -1, which used to report
+// context_full false), a reverse prompt, a stop, and text that could not be shown (the
+// session then still holds what was generated).
+TEST(RunTest, StopReasonSaysWhyGenerationEnded) {
+  auto limit = RunSession(Tiny("Once upon a time", 4));
+  ASSERT_TRUE(limit.ok()) << limit.status().ToString();
+  EXPECT_EQ(limit->stop_reason, StopReason::kLimit);
+  EXPECT_FALSE(limit->context_full);
+  EXPECT_EQ(limit->ToJson()["stop_reason"], "limit");
+
+  RunOptions unlimited = Tiny("Once upon a time", -1);
+  unlimited.n_ctx = 24;
+  unlimited.ignore_eos = true;
+  auto full = RunSession(unlimited);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  EXPECT_EQ(full->generated_tokens.size(), 24u - 17u);
+  EXPECT_TRUE(full->context_full);
+  EXPECT_EQ(full->stop_reason, StopReason::kContextFull);
+  EXPECT_EQ(full->ToJson()["context_full"], true);
+  // -n that fills the context exactly stops at its limit.
+  RunOptions exact = Tiny("Once upon a time", 7);
+  exact.n_ctx = 24;
+  exact.ignore_eos = true;
+  auto at_limit = RunSession(exact);
+  ASSERT_TRUE(at_limit.ok());
+  EXPECT_EQ(at_limit->stop_reason, StopReason::kLimit);
+
+  RunOptions rp = Tiny("Once upon a time", 24);
+  ASSERT_GT(limit->text.size(), 1u);
+  rp.reverse_prompts = {limit->text.substr(0, 2)};
+  auto reversed = RunSession(rp);
+  ASSERT_TRUE(reversed.ok());
+  EXPECT_EQ(reversed->stop_reason, StopReason::kReversePrompt);
+
+  std::atomic<bool> stop{false};
+  RunOptions stopped = Tiny("Once upon a time", 16);
+  stopped.stop = &stop;
+  stopped.on_text = [&](std::string_view) {
+    stop = true;
+    return true;
+  };
+  auto s = RunSession(stopped);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->stop_reason, StopReason::kInterrupted);
+
+  const std::string session = ::testing::TempDir() + "/output_failed.tkv";
+  std::filesystem::remove(session);
+  RunOptions failing = Tiny("Once upon a time", 16);
+  failing.session = session;
+  int shown = 0;
+  failing.on_text = [&](std::string_view) { return ++shown < 3; };
+  auto f = RunSession(failing);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(f->output_failed);
+  EXPECT_EQ(f->stop_reason, StopReason::kOutputFailed);
+  EXPECT_EQ(shown, 3) << "nothing more is shown after a failure";
+  EXPECT_EQ(f->generated_tokens.size(), 3u);
+  auto saved = SessionFile::Inspect(session);
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->tokens.size(), f->prompt_tokens.size() + 3);
+  std::filesystem::remove(session);
+}
+
+// echo_prompt: the raw prompt's text goes through on_text before the generated text (as
+// llama-cli shows it), and not into RunReport::text; when it cannot be shown nothing is
+// computed. A chat turn is never shown.
+TEST(RunTest, PromptIsShownBeforeTheText) {
+  RunOptions o = Tiny("The sea", 8);
+  o.echo_prompt = true;
+  std::vector<std::string> pieces;
+  o.on_text = [&](std::string_view piece) {
+    pieces.emplace_back(piece);
+    return true;
+  };
+  auto r = RunSession(o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(pieces.size(), r->generated_tokens.size() + 1);
+  EXPECT_EQ(pieces[0], "The sea");
+  std::string rest;
+  for (size_t i = 1; i < pieces.size(); ++i) rest += pieces[i];
+  EXPECT_EQ(rest, r->text);
+
+  RunOptions refused = Tiny("The sea", 8);
+  refused.echo_prompt = true;
+  refused.on_text = [](std::string_view) { return false; };
+  auto none = RunSession(refused);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->output_failed);
+  EXPECT_EQ(none->prefill_tokens, 0);
+  EXPECT_TRUE(none->generated_tokens.empty());
+
+  TIERKV_NEED_REFERENCE(kRef);
+  RunOptions chat = Options("ref-qwen3moe-q8_0");
+  chat.prompt = "Hi";
+  chat.chat = true;
+  chat.n_predict = 2;
+  chat.echo_prompt = true;
+  pieces.clear();
+  chat.on_text = o.on_text;
+  auto c = RunSession(chat);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(pieces.size(), c->generated_tokens.size()) << "the turn is not shown";
 }
 
 }  // namespace

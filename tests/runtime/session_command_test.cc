@@ -59,7 +59,7 @@ TEST(SessionCommandTest, VerifyNamesTheFirstBadBlockAndFails) {
 
   {  // flip one byte of block 4 (layer 1, block 1)
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(4096 + 4 * (32 + cache->block_bytes()) + 32 + 100);
+    const auto at = static_cast<std::streamoff>(4096 + 4 * (40 + cache->block_bytes()) + 40 + 100);
     f.seekg(at);
     const char c = static_cast<char>(f.get());
     f.seekp(at);

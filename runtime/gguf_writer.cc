@@ -1,7 +1,13 @@
 // runtime/gguf_writer.cc
 #include "runtime/gguf_writer.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cassert>
+#include <cerrno>
 #include <cstring>
 
 #include "runtime/gguf.h"
@@ -13,11 +19,12 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint32_t kVersion = 3;
 constexpr uint64_t kAlignment = 32;
 
+// (resize + memcpy: GCC 12 warns of a false overflow in insert() of a small array.)
 template <typename T>
 void Put(std::vector<uint8_t>* out, T v) {
-  uint8_t b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  out->insert(out->end(), b, b + sizeof(T));
+  const size_t at = out->size();
+  out->resize(at + sizeof(T));
+  std::memcpy(out->data() + at, &v, sizeof(T));
 }
 
 void PutString(std::vector<uint8_t>* out, std::string_view s) {
@@ -139,11 +146,21 @@ GgufWriter& GgufWriter::Remove(std::string_view key) {
 
 GgufWriter& GgufWriter::Tensor(std::string_view name, GgmlType type, std::vector<uint64_t> ne,
                                std::vector<uint8_t> data) {
-  tensors_.push_back({std::string(name), type, std::move(ne), std::move(data)});
+  const uint64_t bytes = data.size();
+  tensors_.push_back({std::string(name), type, std::move(ne), std::move(data), false, bytes});
   return *this;
 }
 
-std::vector<uint8_t> GgufWriter::Finish() const {
+GgufWriter& GgufWriter::StreamedTensor(std::string_view name, GgmlType type, std::vector<uint64_t> ne) {
+  const GgmlTypeTraits* traits = FindGgmlType(type);
+  assert(traits != nullptr && !ne.empty() && ne[0] % traits->block_size == 0);
+  uint64_t bytes = GgmlRowBytes(*traits, ne[0]);
+  for (size_t d = 1; d < ne.size(); ++d) bytes *= ne[d];
+  tensors_.push_back({std::string(name), type, std::move(ne), {}, true, bytes});
+  return *this;
+}
+
+std::vector<uint8_t> GgufWriter::Head() const {
   std::vector<uint8_t> out;
   Put(&out, kMagic);
   Put(&out, kVersion);
@@ -160,16 +177,92 @@ std::vector<uint8_t> GgufWriter::Finish() const {
     for (uint64_t d : t.ne) Put(&out, d);
     Put<uint32_t>(&out, static_cast<uint32_t>(t.type));
     Put(&out, offset);
-    offset = AlignUp(offset + t.data.size());
+    offset = AlignUp(offset + t.bytes);
   }
   out.resize(AlignUp(out.size()), 0);
+  return out;
+}
+
+uint64_t GgufWriter::ImageBytes() const {
+  uint64_t data = 0;
+  for (const TensorEntry& t : tensors_) data = AlignUp(data + t.bytes);
+  return Head().size() + data;
+}
+
+Status GgufWriter::WriteFile(const std::string& path, const Fill& fill, const Progress& progress) const {
+  const std::vector<uint8_t> head = Head();
+  const uint64_t total = ImageBytes();
+  std::string tmp = path + ".tierkv-tmp.XXXXXX";
+  const int fd = mkostemp(tmp.data(), O_CLOEXEC);  // O_EXCL, a random name
+  if (fd < 0) return Status::FromErrno(errno, "creating a file beside " + path);
+  const auto fail = [&](Status st) {
+    close(fd);
+    unlink(tmp.c_str());
+    return st.Annotate("writing " + path);
+  };
+  // mkostemp makes 0600; a model file is for reading (0644, as a default umask leaves).
+  (void)!fchmod(fd, 0644);
+  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0 && err != EOPNOTSUPP) {
+    return fail(Status::FromErrno(err, "allocating " + std::to_string(total) + " bytes"));
+  }
+  auto write_at = [&](const uint8_t* p, uint64_t n, uint64_t at) -> Status {
+    while (n > 0) {
+      const ssize_t w = pwrite(fd, p, n, static_cast<off_t>(at));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return Status::FromErrno(w < 0 ? errno : EIO, "pwrite");
+      p += w;
+      n -= static_cast<uint64_t>(w);
+      at += static_cast<uint64_t>(w);
+    }
+    return Status::Ok();
+  };
+  if (Status st = write_at(head.data(), head.size(), 0); !st.ok()) return fail(st);
+  constexpr uint64_t kChunk = 16ull << 20;
+  std::vector<uint8_t> buf;
+  uint64_t at = head.size(), streamed = 0;
+  for (const TensorEntry& t : tensors_) {
+    if (!t.streamed) {
+      if (Status st = write_at(t.data.data(), t.data.size(), at); !st.ok()) return fail(st);
+    } else {
+      const uint64_t unit = FindGgmlType(t.type)->block_bytes;
+      const uint64_t chunk = std::max<uint64_t>(unit, kChunk / unit * unit);
+      for (uint64_t off = 0; off < t.bytes; off += chunk) {
+        const uint64_t n = std::min(chunk, t.bytes - off);
+        buf.resize(n);
+        if (Status st = fill(streamed, off, std::span<uint8_t>(buf.data(), n)); !st.ok()) return fail(st);
+        if (Status st = write_at(buf.data(), n, at + off); !st.ok()) return fail(st);
+        if (progress) progress(at + off + n, total);
+      }
+      ++streamed;
+    }
+    at = head.size() + (AlignUp(at - head.size() + t.bytes));
+  }
+  if (fdatasync(fd) != 0) return fail(Status::FromErrno(errno, "fsync"));
+  if (close(fd) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return Status::FromErrno(err, "closing").Annotate("writing " + path);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    return Status::FromErrno(err, "renaming " + tmp + " to " + path);
+  }
+  if (progress) progress(total, total);
+  return Status::Ok();
+}
+
+std::vector<uint8_t> GgufWriter::Finish() const {
+  std::vector<uint8_t> out = Head();
   const size_t data_start = out.size();
-  out.resize(data_start + offset, 0);
   uint64_t at = 0;
   for (const TensorEntry& t : tensors_) {
-    if (!t.data.empty()) std::memcpy(out.data() + data_start + at, t.data.data(), t.data.size());
+    assert(!t.streamed);
+    out.resize(data_start + at, 0);
+    out.insert(out.end(), t.data.begin(), t.data.end());
     at = AlignUp(at + t.data.size());
   }
+  out.resize(data_start + at, 0);
   return out;
 }
 

@@ -10,11 +10,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "memory/status.h"
 #include "runtime/ggml_types.h"
 
 namespace tierkv {
@@ -48,8 +50,27 @@ class GgufWriter {
   // type's byte count for that shape (checked by the parser on the way back in).
   GgufWriter& Tensor(std::string_view name, GgmlType type, std::vector<uint64_t> ne, std::vector<uint8_t> data);
 
+  // A tensor whose bytes are produced while WriteFile writes them, never held whole
+  // (multi-gigabyte models). REQUIRES: ne[0] a multiple of the type's block size.
+  GgufWriter& StreamedTensor(std::string_view name, GgmlType type, std::vector<uint64_t> ne);
+
   // The image: header, metadata, tensor infos, padding, tensor data.
+  // REQUIRES: no StreamedTensor.
   std::vector<uint8_t> Finish() const;
+
+  // Produces bytes [offset, offset + out.size()) of streamed tensor `index` (its place
+  // among the StreamedTensors). Called in order of offset for each tensor, tensors in
+  // file order; out.size() is a whole number of the type's blocks.
+  using Fill = std::function<Status(size_t index, uint64_t offset, std::span<uint8_t> out)>;
+  // Called now and then with the bytes written and the file's size.
+  using Progress = std::function<void(uint64_t done, uint64_t total)>;
+  // Writes the image to `path`, streaming: the whole size is allocated first (a full
+  // disk is refused before any data is written), into a new file beside `path`
+  // (created exclusively, random name) renamed over it once complete and synced; on
+  // any failure that file is removed and `path` is left as it was.
+  Status WriteFile(const std::string& path, const Fill& fill, const Progress& progress = {}) const;
+  // Bytes of the image (what WriteFile writes).
+  uint64_t ImageBytes() const;
 
  private:
   struct KvEntry {
@@ -61,7 +82,11 @@ class GgufWriter {
     GgmlType type;
     std::vector<uint64_t> ne;
     std::vector<uint8_t> data;
+    bool streamed = false;
+    uint64_t bytes = 0;  // data.size(), or a streamed tensor's size
   };
+  // Header, metadata and tensor infos, padded to the alignment (the data follows).
+  std::vector<uint8_t> Head() const;
   // The entry of `key` emptied for a new value of `type` (appended when new).
   std::vector<uint8_t>& Key(std::string_view key, uint32_t type);
 

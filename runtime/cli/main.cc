@@ -16,6 +16,7 @@
 #include "bench/tools/probe.h"
 #include "runtime/cli/expertbench_command.h"
 #include "runtime/cli/info_command.h"
+#include "runtime/cli/make_model_command.h"
 #include "runtime/cli/run_command.h"
 #include "runtime/cli/session_command.h"
 #include "runtime/cli/usage_command.h"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   tierkv::AddSessionCommand(app, exit_code);
   tierkv::AddRunCommand(app, exit_code);
   tierkv::AddExpertbenchCommand(app, exit_code);
+  tierkv::AddMakeModelCommand(app, exit_code);
 
   app.set_version_flag("--version", "tierkv " TIERKV_VERSION);
   // `tierkv run --version` prints the version too, rather than "--model is required":

@@ -747,6 +747,7 @@ class GgufParser {
 
 GgufFile::~GgufFile() {
   if (mapping_ != nullptr) munmap(mapping_, mapping_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::Parse(const void* data, size_t size) {
@@ -791,10 +792,13 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   }
   void* mapping = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
-  ::close(fd);  // the mapping keeps the file open
-  if (mapping == MAP_FAILED) return Status::FromErrno(map_errno, Cat(path, ": mmap"));
+  if (mapping == MAP_FAILED) {
+    ::close(fd);
+    return Status::FromErrno(map_errno, Cat(path, ": mmap"));
+  }
 
   std::unique_ptr<GgufFile> file(new GgufFile());
+  file->fd_ = fd;  // kept for reads that bypass the mapping (paged weights)
   file->path_ = path;
   file->mapping_ = mapping;
   file->mapping_size_ = size;

@@ -6,7 +6,10 @@
 // and dropped without a copy when evicted. The forward step pins them on the compute
 // tier and reads them through views rebased onto the pin; the bytes are the file's, so
 // the arithmetic is the same as reading the mapping in place.
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -35,12 +38,20 @@ class WeightSource : public PageSource {
     return pages_.size() - 1;
   }
 
+  // A file's parts are read with pread rather than copied from the mapping: the same
+  // bytes, but no mapped page is touched, so paged weights stay out of the process's
+  // RSS (a 17 GiB model under a 6 GiB host budget peaked at 11 GiB RSS reading the
+  // mapping; docs/history/2026-12-05-weights-rss.md). Images in memory are copied.
   Status ReadPage(uint64_t key, std::span<std::byte> out) override {
     if (key >= pages_.size()) return Status::Internal("weight page key " + std::to_string(key) + " out of range");
     size_t end = 0;
     for (const Model::WeightPart& p : pages_[key]) {
       if (p.offset + p.bytes > out.size()) return Status::Internal("weight page part past the page's end");
-      std::memcpy(out.data() + p.offset, p.src, p.bytes);
+      if (file_->fd() >= 0) {
+        TIERKV_RETURN_IF_ERROR(ReadAt(out.data() + p.offset, p.bytes, static_cast<uint64_t>(p.src - file_->base())));
+      } else {
+        std::memcpy(out.data() + p.offset, p.src, p.bytes);
+      }
       end = p.offset + p.bytes;
     }
     std::memset(out.data() + end, 0, out.size() - end);  // deterministic padding
@@ -48,7 +59,20 @@ class WeightSource : public PageSource {
   }
 
  private:
-  std::shared_ptr<const GgufFile> file_;  // keeps the mapping alive
+  Status ReadAt(std::byte* dst, size_t n, uint64_t at) const {
+    while (n > 0) {
+      const ssize_t r = pread(file_->fd(), dst, n, static_cast<off_t>(at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::FromErrno(errno, "reading weights from " + file_->path());
+      if (r == 0) return Status::Corruption(file_->path() + ": weights end past the end of the file (truncated since it was opened?)");
+      dst += r;
+      n -= static_cast<size_t>(r);
+      at += static_cast<uint64_t>(r);
+    }
+    return Status::Ok();
+  }
+
+  std::shared_ptr<const GgufFile> file_;  // keeps the mapping (and its descriptor) alive
   std::vector<std::vector<Model::WeightPart>> pages_;
 };
 

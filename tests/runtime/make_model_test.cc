@@ -6,7 +6,10 @@
 // tokenizer from another file. Failures leave no file behind.
 #include "runtime/make_model.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
@@ -200,6 +203,49 @@ TEST(MakeModelTest, ASliceRunsUnderABudgetAsWhenResident) {
   EXPECT_LE(host->used_bytes.peak, host->budget_bytes);
   // More came in than the tier holds: the weights were paged, not held.
   EXPECT_GT(host->bytes_in, host->budget_bytes);
+}
+
+// Weights paged from the file do not stay in the process twice: the peak RSS of a run
+// whose host tier is a sixth of the file stays near that budget, although it touches
+// nearly every expert (the pages are read with pread, not through the mapping).
+TEST(MakeModelTest, PagedWeightsKeepTheProcessNearItsBudget) {
+#ifdef TIERKV_SANITIZE
+  GTEST_SKIP() << "the sanitizers' shadow memory is in the RSS";
+#endif
+  testing::TempDir dir;
+  MakeModelOptions o;
+  o.layers = 1;
+  o.skew = 0;  // every expert alike: a long prompt touches nearly all of them
+  o.out = dir.path() + "/slice.gguf";
+  MakeModelReport report;
+  ASSERT_TRUE(MakeModel(o, &report).ok());
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "The lamp was lit at dusk. ";
+  const uint64_t budget = 64ull << 20;
+  const std::string json = dir.path() + "/r.json";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = open(json.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1);
+    const int null = open("/dev/null", O_WRONLY);
+    dup2(null, 2);
+    execl(TIERKV_CLI_BINARY, "tierkv", "run", "-m", o.out.c_str(), "-p", prompt.c_str(), "-n", "2", "--weights", "paged",
+          "--host", "64MiB", "--no-warmup", "--mlock", "off", "-t", "1", "--json", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  rusage ru{};
+  ASSERT_EQ(wait4(pid, &status, 0, &ru), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::ifstream in(json);
+  const std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(out.find("\"bytes_in\""), std::string::npos) << out;
+  const uint64_t peak_rss = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  // The tier, the binary, the heap (scratch, the tokenizer) and the small tensors read
+  // in place: well under the file's 386 MiB, most of which the run pages through.
+  EXPECT_LT(peak_rss, budget + (96ull << 20)) << "peak RSS " << (peak_rss >> 20) << " MiB for a file of "
+                                             << (report.file_bytes >> 20) << " MiB";
 }
 
 // --vocab-from: the tokenizer of another file, whole, and the vocabulary size with it.

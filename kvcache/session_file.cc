@@ -310,6 +310,11 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
 
   // The newest commit whose slot and manifest are intact.
   std::array<Slot, 2> slots = {DecodeSlot(head.data() + kSlotOffset[0]), DecodeSlot(head.data() + kSlotOffset[1])};
+  // The size once the slots are read: a save appends its blocks and manifest before it
+  // writes its slot, so the file now reaches past every manifest a slot read above
+  // names. (Taken before, a reader racing a commit saw its manifest as truncated.)
+  if (fstat(fd, &st) != 0) return Status::FromErrno(errno, "stat " + path);
+  L.file_bytes = static_cast<uint64_t>(st.st_size);
   std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) { return a.seq > b.seq; });
   Status last_error = Status::Corruption(path + " holds no complete save (both commit slots are empty or damaged)");
   for (const Slot& s : slots) {

@@ -35,6 +35,7 @@
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
+#include "tests/runtime/model_test_util.h"
 #include "tests/runtime/reference_util.h"
 
 namespace tierkv {
@@ -372,31 +373,8 @@ TEST(GgufFuzzCorpus, Qwen3MoeQ8_0) { RunCorpus("ref-qwen3moe-q8_0", 30, 10, 16, 
 // A small qwen3moe (with feed_forward_length, as real files have) and a small llama.
 std::vector<std::unique_ptr<GgufFile>> SmallModels() {
   std::vector<std::unique_ptr<GgufFile>> out;
-  SyntheticMoeShape moe;
-  moe.n_embd = 64;
-  moe.n_layer = 2;
-  moe.n_head = 4;
-  moe.n_head_kv = 2;
-  moe.head_dim = 16;
-  moe.n_expert = 8;
-  moe.n_expert_used = 2;
-  moe.n_ff_exp = 64;
-  moe.context_length = 4096;
-  auto m = BuildSyntheticMoe(moe);
-  EXPECT_TRUE(m.ok()) << m.status().ToString();
-  GgufWriter w = GgufWriter::CopyOf(**m);
-  w.U32("qwen3moe.feed_forward_length", 6144);
-  out.push_back(std::move(GgufFile::ParseOwned(w.Finish(), "moe.gguf")).value());
-  SyntheticLlamaShape llama;
-  llama.n_embd = 64;
-  llama.n_layer = 2;
-  llama.n_head = 4;
-  llama.n_head_kv = 2;
-  llama.head_dim = 16;
-  llama.n_ff = 128;
-  auto l = BuildSyntheticLlama(llama);
-  EXPECT_TRUE(l.ok()) << l.status().ToString();
-  out.push_back(std::move(GgufFile::ParseOwned(GgufWriter::CopyOf(**l).Finish(), "llama.gguf")).value());
+  out.push_back(std::move(GgufFile::ParseOwned(testing::SmallMoeWriter().Finish(), "moe.gguf")).value());
+  out.push_back(std::move(GgufFile::ParseOwned(testing::SmallLlamaWriter().Finish(), "llama.gguf")).value());
   return out;
 }
 

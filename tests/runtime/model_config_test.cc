@@ -32,6 +32,7 @@
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
+#include "tests/runtime/model_test_util.h"
 #include "tests/memory/mm_test_util.h"
 #include "tests/runtime/cli_test_util.h"
 
@@ -64,26 +65,7 @@ class PeakRssGuard {
   uint64_t start_;
 };
 
-// qwen3moe as real files have it: feed_forward_length present (Qwen3-30B-A3B: 6144)
-// although no layer has a dense FFN.
-GgufWriter SmallMoe() {
-  SyntheticMoeShape s;
-  s.n_vocab = 258;  // the byte-level vocabulary's (tokenizer.ggml.model "none")
-  s.n_embd = 64;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.n_head_kv = 2;
-  s.head_dim = 16;
-  s.n_expert = 8;
-  s.n_expert_used = 2;
-  s.n_ff_exp = 64;
-  s.context_length = 4096;
-  auto file = BuildSyntheticMoe(s);
-  EXPECT_TRUE(file.ok()) << file.status().ToString();
-  GgufWriter w = GgufWriter::CopyOf(**file);
-  w.U32("qwen3moe.feed_forward_length", 6144);
-  return w;
-}
+GgufWriter SmallMoe() { return testing::SmallMoeWriter(); }
 
 // The same with a dense FFN in layer 0 ([64, 96]) beside its experts: there
 // feed_forward_length (96) must match it.
@@ -98,16 +80,7 @@ GgufWriter SmallMoeWithDenseFfn() {
 }
 
 GgufWriter SmallLlama() {
-  SyntheticLlamaShape s;
-  s.n_embd = 64;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.n_head_kv = 2;
-  s.head_dim = 16;
-  s.n_ff = 128;
-  auto file = BuildSyntheticLlama(s);
-  EXPECT_TRUE(file.ok()) << file.status().ToString();
-  GgufWriter w = GgufWriter::CopyOf(**file);
+  GgufWriter w = testing::SmallLlamaWriter();
   w.U32("llama.context_length", 4096);
   return w;
 }

@@ -15,7 +15,9 @@
 #include "kernels/quant.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
+#include "runtime/builtin_model.h"
 #include "runtime/gguf.h"
+#include "runtime/gguf_writer.h"
 #include "runtime/model.h"
 
 namespace tierkv::testing {
@@ -86,6 +88,41 @@ inline void ExpectChunkedPrefill(const std::shared_ptr<const GgufFile>& file, co
   }
   EXPECT_GT(worst, 0.0) << "batched sums were expected to differ from one token's";
   EXPECT_LT(worst, max_abs);
+}
+
+// Small models built in memory, for the header-size tests and their fuzz corpus: a
+// qwen3moe carrying feed_forward_length as real files do (Qwen3-30B-A3B: 6144) although
+// no layer has a dense FFN, and a llama (context_length 262144, the builder's).
+inline GgufWriter SmallMoeWriter() {
+  SyntheticMoeShape s;
+  s.n_vocab = 258;  // the byte-level vocabulary's (tokenizer.ggml.model "none")
+  s.n_embd = 64;
+  s.n_layer = 2;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.head_dim = 16;
+  s.n_expert = 8;
+  s.n_expert_used = 2;
+  s.n_ff_exp = 64;
+  s.context_length = 4096;
+  auto file = BuildSyntheticMoe(s);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  GgufWriter w = GgufWriter::CopyOf(**file);
+  w.U32("qwen3moe.feed_forward_length", 6144);
+  return w;
+}
+
+inline GgufWriter SmallLlamaWriter() {
+  SyntheticLlamaShape s;
+  s.n_embd = 64;
+  s.n_layer = 2;
+  s.n_head = 4;
+  s.n_head_kv = 2;
+  s.head_dim = 16;
+  s.n_ff = 128;
+  auto file = BuildSyntheticLlama(s);
+  EXPECT_TRUE(file.ok()) << file.status().ToString();
+  return GgufWriter::CopyOf(**file);
 }
 
 }  // namespace tierkv::testing

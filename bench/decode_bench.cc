@@ -54,6 +54,7 @@
 
 #include "bench/kv_fill.h"
 #include "bench/stream_sum.h"
+#include "kernels/cpu_executor.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
@@ -142,6 +143,7 @@ uint64_t WeightBytesPerToken(const GgufFile& file, const ModelConfig& cfg) {
 // Only one is alive at a time (they run one after the other).
 struct ModelRun {
   std::string path;
+  std::shared_ptr<kernels::CpuExecutor> exec;  // the model's (its pool reads the buffers)
   std::unique_ptr<Model> model;
   std::unique_ptr<MemoryManager> mm;
   std::unique_ptr<KvCache> cache;
@@ -186,7 +188,8 @@ Result<ModelRun*> GetRun(const std::string& path) {
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> opened, GgufFile::Open(path));
   std::shared_ptr<const GgufFile> file(std::move(opened));
   ModelOptions mo;
-  mo.threads = 0;  // every core
+  run->exec = std::make_shared<kernels::CpuExecutor>(0);  // every core
+  mo.executor = run->exec;
   TIERKV_ASSIGN_OR_RETURN(run->model, Model::Load(file, mo));
 
   // Host tier: the KV of kMaxDepth + 2 tokens.
@@ -196,7 +199,7 @@ Result<ModelRun*> GetRun(const std::string& path) {
   run->seq = run->cache->NewSequence();
   run->weight_bytes = WeightBytesPerToken(*file, run->model->config());
   run->logits.resize(static_cast<size_t>(run->model->config().n_vocab));
-  run->dram_bps = DramBandwidth(run->model->pool(), 3);
+  run->dram_bps = DramBandwidth(run->exec->pool(), 3);
   cur = std::move(run);
   return cur.get();
 }
@@ -215,7 +218,7 @@ void BM_Decode(benchmark::State& state, std::string path, int depth) {
   }
   Model& model = *run.model;
   KvCache& cache = *run.cache;
-  kernels::ThreadPool& pool = model.pool();
+  kernels::ThreadPool& pool = run.exec->pool();
   const uint64_t kv_bytes = static_cast<uint64_t>(depth + 2) * cache.token_bytes();
   const uint64_t bytes = run.weight_bytes + kv_bytes;
   run.buffer.Resize(bytes);

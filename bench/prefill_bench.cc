@@ -159,7 +159,7 @@ void BM_Prefill(benchmark::State& state, std::string name, int depth, int chunk)
   state.counters["one_tok_s"] = tokens / one_s;
   state.counters["chunk_tok_s"] = tokens / chunk_s;
   state.counters["ratio"] = one_s / chunk_s;
-  state.counters["threads"] = run.model->pool().size();
+  state.counters["threads"] = run.model->executor().threads();
 }
 
 void Register() {

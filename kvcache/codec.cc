@@ -57,19 +57,19 @@ VectorCodec::~VectorCodec() = default;
 void VectorCodec::DotMany(const float* q_prep, const void* k_enc, size_t n,
                           float* scores) const {
   const auto* p = static_cast<const uint8_t*>(k_enc);
-  for (size_t i = 0; i < n; ++i) scores[i] = Dot(q_prep, p + i * vector_bytes_);
+  for (size_t i = 0; i < n; ++i) scores[i] = Dot(q_prep, p + i * vector_bytes());
 }
 
 void VectorCodec::AccumulateMany(const float* w, const void* v_enc, size_t n,
                                  float* acc) const {
   const auto* p = static_cast<const uint8_t*>(v_enc);
-  for (size_t i = 0; i < n; ++i) Accumulate(w[i], p + i * vector_bytes_, acc);
+  for (size_t i = 0; i < n; ++i) Accumulate(w[i], p + i * vector_bytes(), acc);
 }
 
 void VectorCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n,
                                float* scores, size_t scores_stride) const {
   for (int h = 0; h < heads; ++h) {
-    DotMany(q_prep + static_cast<size_t>(h) * head_dim_, k_enc, n,
+    DotMany(q_prep + static_cast<size_t>(h) * head_dim(), k_enc, n,
             scores + static_cast<size_t>(h) * scores_stride);
   }
 }
@@ -78,7 +78,7 @@ void VectorCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads
                                       const void* v_enc, size_t n, float* acc) const {
   for (int h = 0; h < heads; ++h) {
     AccumulateMany(w + static_cast<size_t>(h) * w_stride, v_enc, n,
-                   acc + static_cast<size_t>(h) * head_dim_);
+                   acc + static_cast<size_t>(h) * head_dim());
   }
 }
 
@@ -89,7 +89,7 @@ void VectorCodec::AccumulateManyGroupRuns(const float* w, size_t w_stride, int h
     const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
     AccumulateManyGroup(w + h0 * w_stride, w_stride, heads,
                         static_cast<const uint8_t*>(v_enc) + static_cast<size_t>(r) * run_stride, n,
-                        acc + h0 * static_cast<size_t>(head_dim_));
+                        acc + h0 * static_cast<size_t>(head_dim()));
   }
 }
 
@@ -103,12 +103,12 @@ void VectorCodec::DotManyGroupTiled(const float*, int, const void*, size_t, floa
 
 void VectorCodec::EncodeMany(const float* x, size_t n, void* out) const {
   auto* p = static_cast<uint8_t*>(out);
-  for (size_t i = 0; i < n; ++i) Encode(x + i * head_dim_, p + i * vector_bytes_);
+  for (size_t i = 0; i < n; ++i) Encode(x + i * head_dim(), p + i * vector_bytes());
 }
 
 void VectorCodec::DecodeMany(const void* in, size_t n, float* out) const {
   const auto* p = static_cast<const uint8_t*>(in);
-  for (size_t i = 0; i < n; ++i) Decode(p + i * vector_bytes_, out + i * head_dim_);
+  for (size_t i = 0; i < n; ++i) Decode(p + i * vector_bytes(), out + i * head_dim());
 }
 
 namespace codec_internal {

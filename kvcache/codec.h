@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/kv_vector_kernels.h"
 #include "memory/status.h"
 
 namespace tierkv {
@@ -55,7 +56,9 @@ inline constexpr int kTqGroup = 64;
 // tq: codebooks per (group size, levels); the header's 3 low bits pick one.
 inline constexpr int kTqBooks = 8;
 
-class VectorCodec {
+// The kernels' interface (kernels/kv_vector_kernels.h) with kvcache's codec id and
+// factory: every virtual member below overrides one of KvVectorKernels.
+class VectorCodec : public kernels::KvVectorKernels {
  public:
   // REQUIRES (else InvalidArgument): 1 <= head_dim <= kMaxCodecHeadDim;
   //   q8_0, q4_0: head_dim % 32 == 0;  tq4, tq3: head_dim a power of two >= 8.
@@ -63,58 +66,57 @@ class VectorCodec {
   // header stores it: the same (codec, head_dim, seed) decodes the same bytes.
   static Result<std::unique_ptr<VectorCodec>> Create(KvCodec codec, int head_dim,
                                                      uint64_t seed);
-  virtual ~VectorCodec();
+  ~VectorCodec() override;
 
   VectorCodec(const VectorCodec&) = delete;
   VectorCodec& operator=(const VectorCodec&) = delete;
 
   KvCodec codec() const { return codec_; }
-  int head_dim() const { return head_dim_; }
-  uint64_t seed() const { return seed_; }
-  size_t vector_bytes() const { return vector_bytes_; }  // encoded bytes of one vector
+  // head_dim() and vector_bytes() (encoded bytes of one vector): KvVectorKernels's.
+  uint64_t seed() const { return desc().seed; }
   double bits_per_value() const {
-    return static_cast<double>(vector_bytes_) * 8.0 / static_cast<double>(head_dim_);
+    return static_cast<double>(vector_bytes()) * 8.0 / static_cast<double>(head_dim());
   }
 
   // x: [head_dim] -> out: [vector_bytes()]. Deterministic: same input, same bytes.
   // Non-finite inputs give non-finite decodes for f16 and tq; q8_0/q4_0 follow
   // llama.cpp (a non-finite value makes its block's scale inf or NaN).
-  virtual void Encode(const float* x, void* out) const = 0;
+  void Encode(const float* x, void* out) const override = 0;
   // in: [vector_bytes()] -> out: [head_dim].
-  virtual void Decode(const void* in, float* out) const = 0;
+  void Decode(const void* in, float* out) const override = 0;
   // q, q_prep: [head_dim]; q_prep may equal q.
-  virtual void PrepareQuery(const float* q, float* q_prep) const = 0;
-  virtual float Dot(const float* q_prep, const void* k_enc) const = 0;
+  void PrepareQuery(const float* q, float* q_prep) const override = 0;
+  float Dot(const float* q_prep, const void* k_enc) const override = 0;
   // acc[head_dim] += w * (decoded v, in the codec's accumulation domain).
-  virtual void Accumulate(float w, const void* v_enc, float* acc) const = 0;
+  void Accumulate(float w, const void* v_enc, float* acc) const override = 0;
   // acc, out: [head_dim]; out may equal acc.
-  virtual void FinishOutput(const float* acc, float* out) const = 0;
+  void FinishOutput(const float* acc, float* out) const override = 0;
 
   // Batched forms over n consecutive encoded vectors (stride vector_bytes()), one
   // virtual call per batch; bit-identical to the single-vector calls.
   // scores: [n]; w: [n]; x, out (Encode/DecodeMany): [n][head_dim].
-  virtual void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const;
-  virtual void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const;
-  virtual void EncodeMany(const float* x, size_t n, void* out) const;
-  virtual void DecodeMany(const void* in, size_t n, float* out) const;
+  void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override;
+  void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override;
+  void EncodeMany(const float* x, size_t n, void* out) const override;
+  void DecodeMany(const void* in, size_t n, float* out) const override;
 
   // Grouped forms, for grouped-query attention: `heads` query heads against the same n
   // consecutive encoded vectors, each vector read once for all of them. Per head,
   // bit-identical to DotMany / AccumulateMany (so to the single-vector calls).
   // q_prep: [heads][head_dim]; scores: [heads][scores_stride], the first n of each row.
-  virtual void DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n,
-                            float* scores, size_t scores_stride) const;
+  void DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n,
+                            float* scores, size_t scores_stride) const override;
   // w: [heads][w_stride], the first n of each row; acc: [heads][head_dim].
-  virtual void AccumulateManyGroup(const float* w, size_t w_stride, int heads,
-                                   const void* v_enc, size_t n, float* acc) const;
+  void AccumulateManyGroup(const float* w, size_t w_stride, int heads,
+                                   const void* v_enc, size_t n, float* acc) const override;
   // AccumulateManyGroup for `runs` KV heads at once: run r's n vectors start at v_enc +
   // r * run_stride bytes and feed query heads [r * heads, (r + 1) * heads) of w and acc.
   // Each head's sum is a chain of dependent multiply-adds in token order, so a few heads
   // of head_dim 32 leave the FMA units waiting on latency; two runs side by side give
   // them twice the independent chains. Per head bit-identical to AccumulateMany.
-  virtual void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs,
+  void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs,
                                        const void* v_enc, size_t run_stride, size_t n,
-                                       float* acc) const;
+                                       float* acc) const override;
 
   // Key tiles. A cache whose blocks hold a multiple of kKeyTileTokens tokens may store
   // each KV head's keys as tiles of kKeyTileTokens consecutive keys, dimension by
@@ -122,32 +124,29 @@ class VectorCodec {
   // vectors): the scores of a tile's keys are then kKeyTileTokens-lane vectors with no
   // horizontal sums. Only codecs that say so here (f16, head_dim % 8 == 0); the values
   // stay vector by vector.
-  static constexpr int kKeyTileTokens = 16;
-  virtual bool KeyTiles(int block_tokens) const { return false; }
+  // (kKeyTileTokens: KvVectorKernels's, 16.)
+  bool KeyTiles(int block_tokens) const override { return false; }
   // x: [head_dim] -> key `lane` (0 .. kKeyTileTokens - 1) of the tile at `tile`, and
   // back. REQUIRES: KeyTiles (of the cache's block_tokens).
-  virtual void EncodeKeyInTile(const float* x, void* tile, int lane) const;
-  virtual void DecodeKeyInTile(const void* tile, int lane, float* out) const;
+  void EncodeKeyInTile(const float* x, void* tile, int lane) const override;
+  void DecodeKeyInTile(const void* tile, int lane, float* out) const override;
   // DotManyGroup over n keys stored as consecutive tiles from `k_tiles` (the last tile
   // may be partly filled; its other lanes are read but not reported), bit-identical per
   // (head, key) to DotManyGroup over the same keys stored vector by vector.
-  virtual void DotManyGroupTiled(const float* q_prep, int heads, const void* k_tiles, size_t n,
-                                 float* scores, size_t scores_stride) const;
+  void DotManyGroupTiled(const float* q_prep, int heads, const void* k_tiles, size_t n,
+                                 float* scores, size_t scores_stride) const override;
 
   // Which inner loops run: "avx512" (f16 only: its batched and grouped forms use
   // AVX-512F, the single-vector calls AVX2), "avx2" (AVX2+FMA+F16C, chosen at run time)
   // or "generic".
-  virtual const char* kernel_name() const = 0;
+  const char* kernel_name() const override = 0;
 
  protected:
   VectorCodec(KvCodec codec, int head_dim, uint64_t seed, size_t vector_bytes)
-      : codec_(codec), head_dim_(head_dim), seed_(seed), vector_bytes_(vector_bytes) {}
+      : KvVectorKernels({static_cast<int>(codec), head_dim, seed, vector_bytes}), codec_(codec) {}
 
  private:
   const KvCodec codec_;
-  const int head_dim_;
-  const uint64_t seed_;
-  const size_t vector_bytes_;
 };
 
 // The tq rotation, block-diagonal: each block of `block` coordinates is rotated by

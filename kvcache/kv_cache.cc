@@ -258,7 +258,7 @@ namespace {
 int TileLane(int slot) { return slot % VectorCodec::kKeyTileTokens; }
 }  // namespace
 
-Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* v) {
+Result<KvCache::WriteTarget> KvCache::PrepareWrite(SeqId s, int layer, int pos, Tier tier) {
   Sequence* seq = Seq(s);
   if (!seq) return Status::NotFound("write to unknown sequence " + std::to_string(s.value));
   if (layer < 0 || layer >= g_.n_layers || pos < 0 || pos >= seq->length) {
@@ -267,29 +267,41 @@ Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* 
   }
   const int block = pos / g_.block_tokens, slot = pos % g_.block_tokens;
   TIERKV_RETURN_IF_ERROR(MakeExclusive(*seq, layer, block));
-  BlockMeta& b = blocks_[seq->table[static_cast<size_t>(layer)][static_cast<size_t>(block)].value];
-  TIERKV_ASSIGN_OR_RETURN(Pin pin, mm_->Acquire(b.page, write_tier(), Access::kWrite));
+  const BlockId id = seq->table[static_cast<size_t>(layer)][static_cast<size_t>(block)];
+  BlockMeta& b = blocks_[id.value];
+  TIERKV_ASSIGN_OR_RETURN(Pin pin, mm_->Acquire(b.page, tier, Access::kWrite));
   b.saved = BlockSaveState{};  // its saved record no longer holds it
   const size_t vb = vector_bytes();
   const size_t half = static_cast<size_t>(g_.n_kv_heads) * g_.block_tokens * vb;
-  for (int h = 0; h < g_.n_kv_heads; ++h) {
-    const size_t off = (static_cast<size_t>(h) * g_.block_tokens + slot) * vb;
-    const float* kh = k + static_cast<size_t>(h) * g_.head_dim;
-    if (key_tiles_) {
-      codec_->EncodeKeyInTile(kh, pin.data() + off - TileLane(slot) * vb, TileLane(slot));
-    } else {
-      codec_->Encode(kh, pin.data() + off);
-    }
-    codec_->Encode(v + static_cast<size_t>(h) * g_.head_dim, pin.data() + half + off);
+  WriteTarget t;
+  t.slot.head_stride = static_cast<size_t>(g_.block_tokens) * vb;
+  t.slot.n_kv_heads = g_.n_kv_heads;
+  t.slot.k = pin.data() + static_cast<size_t>(slot) * vb;
+  t.slot.v = pin.data() + half + static_cast<size_t>(slot) * vb;
+  if (key_tiles_) {
+    t.slot.tile_lane = TileLane(slot);
+    t.slot.k -= static_cast<size_t>(t.slot.tile_lane) * vb;
   }
-  if (b.summary != kNoSummary) {
-    float* lo = SummaryMin(b.summary);
-    float* hi = lo + summary_floats_;
-    for (size_t i = 0; i < summary_floats_; ++i) {
-      lo[i] = std::min(lo[i], k[i]);
-      hi[i] = std::max(hi[i], k[i]);
-    }
+  t.pin = std::move(pin);
+  t.block = id;
+  return t;
+}
+
+void KvCache::NoteKeys(BlockId id, const float* k) {
+  const BlockMeta& b = blocks_[id.value];
+  if (b.summary == kNoSummary) return;
+  float* lo = SummaryMin(b.summary);
+  float* hi = lo + summary_floats_;
+  for (size_t i = 0; i < summary_floats_; ++i) {
+    lo[i] = std::min(lo[i], k[i]);
+    hi[i] = std::max(hi[i], k[i]);
   }
+}
+
+Status KvCache::Write(SeqId s, int layer, int pos, const float* k, const float* v) {
+  TIERKV_ASSIGN_OR_RETURN(WriteTarget t, PrepareWrite(s, layer, pos, write_tier()));
+  kernels::EncodeKvSlot(*codec_, t.slot, k, v);
+  NoteKeys(t.block, k);
   return Status::Ok();
 }
 

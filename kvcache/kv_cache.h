@@ -98,9 +98,28 @@ class KvCache {
   // Grows s by one token (a new block per layer when the last is full); returns its
   // position. The token's K/V are then written layer by layer with Write.
   Result<int> AppendToken(SeqId s);
-  // Encodes one token's K and V (each [n_kv_heads][head_dim] f32) for one layer at pos.
+  // Encodes one token's K and V (each [n_kv_heads][head_dim] f32) for one layer at pos,
+  // on the host: PrepareWrite, the codec's encoding (kernels::EncodeKvSlot), NoteKeys.
   // REQUIRES: pos < Length(s).
   Status Write(SeqId s, int layer, int pos, const float* k, const float* v);
+
+  // The block table's half of a write, for an executor to encode into
+  // (kernels::Executor::AppendKv): the block holding (s, layer, pos) made exclusive to s
+  // (copied if shared), its saved-record state cleared, pinned for writing on `tier`,
+  // and where the token's K and V go in it. The pin must stay held until the encoding
+  // has completed (an executor's Retire). Then NoteKeys with the token's keys.
+  struct WriteTarget {
+    Pin pin;
+    kernels::KvWriteSlot slot;
+    BlockId block;
+  };
+  Result<WriteTarget> PrepareWrite(SeqId s, int layer, int pos, Tier tier);
+  // Widens the block's per-channel key bounds by k ([n_kv_heads][head_dim], host
+  // memory) where the block keeps them.
+  void NoteKeys(BlockId b, const float* k);
+  // The tier KV blocks are allocated and written on: the compute tier where it is
+  // host-addressable, else the host tier.
+  Tier write_tier() const;
   // Decodes one token's K and V for one layer (tests, reference paths).
   Status Read(SeqId s, int layer, int pos, float* k, float* v);
 
@@ -149,7 +168,6 @@ class KvCache {
   Status MakeExclusive(Sequence& seq, int layer, int block);
   Sequence* Seq(SeqId s);
   const Sequence* Seq(SeqId s) const;
-  Tier write_tier() const;
 
   MemoryManager* mm_;
   KvGeometry g_;

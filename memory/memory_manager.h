@@ -134,9 +134,6 @@ class MemoryManager {
   // True when pins on tier t hand out host pointers (Host, sim Device), so CPU code
   // can read and write the page in place.
   bool host_addressable(Tier t) const { return has_tier(t) && tiers_[TierIndex(t)].backend->base() != nullptr; }
-  // Where CPU kernels read pages: the compute tier when its pins are host pointers
-  // (Host, sim Device), else Host (a CUDA device is not CPU-addressable).
-  Tier cpu_tier() const { return host_addressable(compute_tier()) ? compute_tier() : Tier::kHost; }
   PolicyKind policy_kind() const { return policy_->kind(); }
 
   // A new page of `bytes` with its only copy on `tier` (dirty; contents unspecified),

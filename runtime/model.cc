@@ -127,7 +127,7 @@ Result<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
   rp.beta_fast = c.yarn_beta_fast;
   rp.beta_slow = c.yarn_beta_slow;
   rp.n_ctx_orig = c.rope_orig_ctx;
-  m->pool_ = std::make_unique<kernels::ThreadPool>(options.threads);
+  m->exec_ = options.executor != nullptr ? options.executor : kernels::MakeCpuExecutor(options.threads);
   if (Status st = m->BindWeights(); !st.ok()) {
     return m->file_->path().empty() ? st : st.Annotate(m->file_->path());  // which file lacks the tensor
   }

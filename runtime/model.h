@@ -29,10 +29,10 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "kernels/attention_types.h"
+#include "kernels/executor.h"
 #include "kernels/matvec.h"
 #include "kernels/rope.h"
-#include "kernels/thread_pool.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "memory/status.h"
@@ -118,7 +118,10 @@ struct RopeOverrides {
 Status ApplyRopeOverrides(const RopeOverrides& o, int n_ctx, ModelConfig* c);
 
 struct ModelOptions {
-  // Kernel threads in all (the calling thread included); 0 = hardware concurrency.
+  // What computes the forward steps (kernels/executor.h); null: a CPU executor with
+  // `threads` kernel threads in all (the calling thread included; 0 = hardware
+  // concurrency). An executor serves one Model at a time.
+  std::shared_ptr<kernels::Executor> executor;
   int threads = 0;
   RopeOverrides rope;
   int n_ctx = 0;  // the context the caller means to use (0 = the trained one)
@@ -185,7 +188,7 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const ModelOptions& options() const { return options_; }
   const GgufFile& file() const { return *file_; }
-  kernels::ThreadPool& pool() { return *pool_; }
+  kernels::Executor& executor() { return *exec_; }
 
   // Places the weights under `mm`'s budgets: each layer's matrices (attention, dense
   // FFN), each expert, and the output matrix become pages backed by the GGUF mapping
@@ -269,6 +272,11 @@ class Model {
   // Queries q[n][n_heads * head_dim] at positions pos .. pos + n - 1; out likewise.
   // chunk: called for a prefill chunk (ForwardBatch), whose sums follow llama.cpp's batch.
   Status Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bool chunk, const float* q, float* out);
+  struct AttentionPlan;
+  AttentionPlan PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk, int batch) const;
+  bool PinWholeLayer(KvCache& cache, SeqId seq, int layer, int n_blocks);
+  Status PinVisit(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v);
+  void RetirePins();
   Status AcquireOutput(kernels::MatrixView* output);
   Status Logits(std::span<float> logits);
   void Ffn(const Layer& L);
@@ -280,7 +288,6 @@ class Model {
   void MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p, int window);
   void QueueExpert(int layer, int e, bool urgent);
   Status AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin);
-  void CombineExperts(const float* weights, const float* rows, float* out) const;
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
   Status AcquireLayer(int layer, Layer* out);
   // Acquire (for reading) timed into wait_s and *wait; counts the acquire and a hit
@@ -298,7 +305,7 @@ class Model {
   ModelConfig cfg_;
   ModelOptions options_;
   kernels::RopeParams rope_;
-  std::unique_ptr<kernels::ThreadPool> pool_;
+  std::shared_ptr<kernels::Executor> exec_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<Scratch> s_;
   // Paged weights (UseMemory).

@@ -6,10 +6,6 @@
 #include <chrono>
 #include <cmath>
 
-#include "kernels/activation.h"
-#include "kernels/moe.h"
-#include "kernels/norm.h"
-#include "kernels/rope.h"
 #include "runtime/model.h"
 #include "runtime/model_internal.h"
 
@@ -18,10 +14,6 @@ namespace {
 
 using kernels::MatrixView;
 using kernels::MatVecJob;
-
-void AddInPlace(float* y, const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] += x[i];
-}
 
 // Expert e's rows of a stacked [n_expert][rows][cols] tensor.
 MatrixView Expert(const MatrixView& stacked, int e) {
@@ -50,6 +42,16 @@ Status Model::CheckStep(KvCache& cache, SeqId seq, int pos) const {
   return Status::Ok();
 }
 
+// Every pin the step holds, handed to the executor (released once the compute that
+// reads them has completed): after a step, and on its error paths.
+void Model::RetirePins() {
+  Scratch& s = *s_;
+  for (Pin& pin : s.pins) exec_->Retire(std::move(pin));
+  s.pins.clear();
+  exec_->Retire(std::move(s.layer_pin));
+  for (Pin& pin : s.expert_pins) exec_->Retire(std::move(pin));
+}
+
 namespace {
 
 Status CheckToken(int32_t token, int n_vocab) {
@@ -73,8 +75,7 @@ Status Model::Forward(KvCache& cache, SeqId seq, int32_t token, int pos, std::sp
   TIERKV_ASSIGN_OR_RETURN(const int appended, cache.AppendToken(seq));
   if (appended != pos) return Status::Internal("model: KV cache appended at an unexpected position");
   Status st = ForwardLayers(cache, seq, token, pos, logits);
-  s_->pins.clear();
-  s_->layer_pin.Release();
+  RetirePins();
   if (!st.ok()) (void)cache.Truncate(seq, pos);
   ++counters_.steps;
   counters_.step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -108,8 +109,7 @@ Status Model::ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> t
     }
   }
   Status st = ForwardChunk(cache, seq, tokens, pos, logit_rows, logits);
-  s_->pins.clear();
-  s_->layer_pin.Release();
+  RetirePins();
   if (!st.ok()) (void)cache.Truncate(seq, pos);
   counters_.steps += tokens.size();
   counters_.step_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -118,7 +118,7 @@ Status Model::ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> t
 
 Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits) {
   Scratch& s = *s_;
-  kernels::GetRow(w_->token_embd, token, s.x.data());
+  exec_->GetRow(w_->token_embd, token, s.x.data());
   // Layer 0's experts, predicted from the embedding, fetch while its attention computes.
   if (options_.prefetch) PredictExperts(0);
   for (int l = 0; l < cfg_.n_layer; ++l) {
@@ -132,7 +132,7 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
     AttentionOutputProjection(L);
     TIERKV_RETURN_IF_ERROR(FeedForward(L, l, pos));
   }
-  s.layer_pin.Release();
+  exec_->Retire(std::move(s.layer_pin));
   return logits.empty() ? Status::Ok() : Logits(logits);
 }
 
@@ -146,7 +146,6 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
                            std::span<const int> logit_rows, std::span<float> logits) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
-  kernels::ThreadPool* pool = pool_.get();
   const size_t n = tokens.size(), n_embd = static_cast<size_t>(c.n_embd), qd = s.q.size(), kd = s.k.size();
   const size_t n_ff = static_cast<size_t>(c.n_ff);
   const int ni = static_cast<int>(n);
@@ -167,18 +166,18 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
   float* const xs = s.chunk_x.data();
   auto row = [](std::vector<float>& v, size_t i, size_t width) { return v.data() + i * width; };
-  auto load = [&](size_t i) { std::copy_n(xs + i * n_embd, n_embd, s.x.data()); };
+  auto load = [&](size_t i) { exec_->Copy(s.x.data(), xs + i * n_embd, n_embd * sizeof(float)); };
   // acts[i] = the chunk's rows of `in` ([n][width]), normed with `norm` first when given.
   auto set_acts = [&](std::vector<float>& in, size_t width, const float* norm) {
     for (size_t i = 0; i < n; ++i) {
       float* r = row(in, i, width);
       if (norm != nullptr) {
-        kernels::RmsNorm(xs + i * n_embd, norm, c.n_embd, c.rms_eps, r);
+        exec_->RmsNorm(xs + i * n_embd, norm, 1, c.n_embd, c.rms_eps, r);
       }
       acts[i]->Set(r, static_cast<int64_t>(width));
     }
   };
-  for (size_t i = 0; i < n; ++i) kernels::GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
+  for (size_t i = 0; i < n; ++i) exec_->GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
   const int last = pos + ni - 1;
   if (options_.prefetch) {
     load(n - 1);
@@ -201,7 +200,7 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
     const kernels::MatMulJob qkv[] = {{&L.wq, acts, ni, s.chunk_q.data(), qd, kBatched, gemm},
                                       {&L.wk, acts, ni, s.chunk_k.data(), kd, kBatched, gemm},
                                       {&L.wv, acts, ni, s.chunk_v.data(), kd, kBatched, gemm}};
-    kernels::MatMulMany(qkv, pool);
+    exec_->MatMul(qkv);
     for (size_t i = 0; i < n; ++i) {
       TIERKV_RETURN_IF_ERROR(QkvToCache(cache, seq, L, l, pos + static_cast<int>(i), row(s.chunk_q, i, qd),
                                         row(s.chunk_k, i, kd), row(s.chunk_v, i, kd)));
@@ -209,29 +208,29 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
     TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, ni, /*chunk=*/true, s.chunk_q.data(), s.chunk_attn.data()));
     set_acts(s.chunk_attn, qd, nullptr);
     const kernels::MatMulJob wo[] = {{&L.wo, acts, ni, s.chunk_proj.data(), n_embd, kBatched, gemm}};
-    kernels::MatMulMany(wo, pool);
-    for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
+    exec_->MatMul(wo);
+    for (size_t i = 0; i < n; ++i) exec_->Add(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
 
     // Feed-forward block.
     set_acts(s.chunk_xn, n_embd, L.ffn_norm);
     if (c.is_moe()) {
-      s.layer_pin.Release();  // the experts are separate pages: keep the working set small
+      exec_->Retire(std::move(s.layer_pin));  // the experts are separate pages: keep the working set small
       TIERKV_RETURN_IF_ERROR(ChunkMoe(L, l, pos, ni, acts, xs));
       continue;
     }
     const kernels::MatMulJob gu[] = {{&L.gate, acts, ni, s.chunk_gate.data(), n_ff, kBatched, gemm},
                                      {&L.up, acts, ni, s.chunk_up.data(), n_ff, kBatched, gemm}};
-    kernels::MatMulMany(gu, pool);
+    exec_->MatMul(gu);
     for (size_t i = 0; i < n; ++i) {
       float* g = row(s.chunk_gate, i, n_ff);
-      kernels::SwiGlu(g, row(s.chunk_up, i, n_ff), g, c.n_ff);
+      exec_->SwiGlu(g, row(s.chunk_up, i, n_ff), g, c.n_ff);
     }
     set_acts(s.chunk_gate, n_ff, nullptr);
     const kernels::MatMulJob down[] = {{&L.down, acts, ni, s.chunk_proj.data(), n_embd, kBatched, gemm}};
-    kernels::MatMulMany(down, pool);
-    for (size_t i = 0; i < n; ++i) AddInPlace(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
+    exec_->MatMul(down);
+    for (size_t i = 0; i < n; ++i) exec_->Add(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
   }
-  s.layer_pin.Release();
+  exec_->Retire(std::move(s.layer_pin));
   const size_t n_vocab = static_cast<size_t>(c.n_vocab);
   // One product of the output matrix with all the rows, summed as a batch (F16 / BF16 /
   // F32: kernels::TokenSums) however many there are, so that a row's logits do not
@@ -243,21 +242,21 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   const size_t nr = logit_rows.size();
   for (size_t r = 0; r < nr; ++r) {
     float* xn = row(s.chunk_xn, r, n_embd);
-    kernels::RmsNorm(xs + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, c.n_embd, c.rms_eps, xn);
+    exec_->RmsNorm(xs + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, 1, c.n_embd, c.rms_eps, xn);
     acts[r]->Set(xn, c.n_embd);
   }
   const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), logits.data(), n_vocab, kBatched, gemm}};
-  kernels::MatMulMany(out, pool);
+  exec_->MatMul(out);
   return Status::Ok();
 }
 
 Status Model::AttentionInput(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
-  kernels::RmsNorm(s.x.data(), L.attn_norm, c.n_embd, c.rms_eps, s.xn.data());
+  exec_->RmsNorm(s.x.data(), L.attn_norm, 1, c.n_embd, c.rms_eps, s.xn.data());
   s.act.Set(s.xn.data(), c.n_embd);
   const MatVecJob qkv[] = {{&L.wq, &s.act, s.q.data()}, {&L.wk, &s.act, s.k.data()}, {&L.wv, &s.act, s.v.data()}};
-  kernels::MatVecMany(qkv, pool_.get());
+  exec_->MatVec(qkv);
   return QkvToCache(cache, seq, L, layer, pos, s.q.data(), s.k.data(), s.v.data());
 }
 
@@ -266,43 +265,43 @@ Status Model::QkvToCache(KvCache& cache, SeqId seq, const Layer& L, int layer, i
   Scratch& s = *s_;
   const size_t qd = s.q.size(), kd = s.k.size();
   if (L.bq != nullptr) {
-    AddInPlace(q, L.bq, qd);
-    AddInPlace(k, L.bk, kd);
-    AddInPlace(v, L.bv, kd);
+    exec_->Add(q, L.bq, qd);
+    exec_->Add(k, L.bk, kd);
+    exec_->Add(v, L.bv, kd);
   }
   if (c.qk_norm) {
-    kernels::RmsNormRows(q, L.q_norm, c.n_head, c.head_dim, c.rms_eps, q);
-    kernels::RmsNormRows(k, L.k_norm, c.n_head_kv, c.head_dim, c.rms_eps, k);
+    exec_->RmsNorm(q, L.q_norm, c.n_head, c.head_dim, c.rms_eps, q);
+    exec_->RmsNorm(k, L.k_norm, c.n_head_kv, c.head_dim, c.rms_eps, k);
   }
-  if (s.cos_sin_pos != pos) {
-    kernels::RopeAngles(rope_, pos, s.cos_sin.data());
-    s.cos_sin_pos = pos;
-  }
-  kernels::ApplyRope(rope_, s.cos_sin.data(), q, c.n_head, c.head_dim);
-  kernels::ApplyRope(rope_, s.cos_sin.data(), k, c.n_head_kv, c.head_dim);
-  return cache.Write(seq, layer, pos, k, v);
+  exec_->Rope(rope_, pos, q, c.n_head, c.head_dim);
+  exec_->Rope(rope_, pos, k, c.n_head_kv, c.head_dim);
+  TIERKV_ASSIGN_OR_RETURN(KvCache::WriteTarget t, cache.PrepareWrite(seq, layer, pos, exec_->tier_for(cache.memory())));
+  exec_->AppendKv(cache.codec(), t.slot, k, v);
+  cache.NoteKeys(t.block, k);  // host-side key bounds (k is host memory on the CPU executor)
+  exec_->Retire(std::move(t.pin));
+  return Status::Ok();
 }
 
 // x += wo(attn).
 void Model::AttentionOutputProjection(const Layer& L) {
   Scratch& s = *s_;
   s.act2.Set(s.attn.data(), static_cast<int64_t>(s.attn.size()));
-  kernels::MatVec(L.wo, s.act2, s.proj.data(), pool_.get());
-  AddInPlace(s.x.data(), s.proj.data(), s.x.size());
+  exec_->MatVecOne(L.wo, s.act2, s.proj.data());
+  exec_->Add(s.x.data(), s.proj.data(), s.x.size());
 }
 
 // x += FFN or MoE of RMSNorm(x).
 Status Model::FeedForward(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
-  kernels::RmsNorm(s.x.data(), L.ffn_norm, c.n_embd, c.rms_eps, s.xn.data());
+  exec_->RmsNorm(s.x.data(), L.ffn_norm, 1, c.n_embd, c.rms_eps, s.xn.data());
   if (c.is_moe()) {
-    s.layer_pin.Release();  // the experts are separate pages: keep the working set small
+    exec_->Retire(std::move(s.layer_pin));  // the experts are separate pages: keep the working set small
     TIERKV_RETURN_IF_ERROR(Moe(L, layer, pos));
-    AddInPlace(s.x.data(), s.moe_out.data(), s.x.size());
+    exec_->Add(s.x.data(), s.moe_out.data(), s.x.size());
   } else {
     Ffn(L);
-    AddInPlace(s.x.data(), s.proj.data(), s.x.size());
+    exec_->Add(s.x.data(), s.proj.data(), s.x.size());
   }
   return Status::Ok();
 }
@@ -325,9 +324,9 @@ Status Model::Logits(std::span<float> logits) {
   Scratch& s = *s_;
   kernels::MatrixView output;
   TIERKV_RETURN_IF_ERROR(AcquireOutput(&output));
-  kernels::RmsNorm(s.x.data(), w_->output_norm, cfg_.n_embd, cfg_.rms_eps, s.xn.data());
+  exec_->RmsNorm(s.x.data(), w_->output_norm, 1, cfg_.n_embd, cfg_.rms_eps, s.xn.data());
   s.act.Set(s.xn.data(), cfg_.n_embd);
-  kernels::MatVec(output, s.act, logits.data(), pool_.get());
+  exec_->MatVecOne(output, s.act, logits.data());
   return Status::Ok();
 }
 
@@ -336,10 +335,10 @@ void Model::Ffn(const Layer& L) {
   Scratch& s = *s_;
   s.act.Set(s.xn.data(), cfg_.n_embd);
   const MatVecJob gu[] = {{&L.gate, &s.act, s.gate.data()}, {&L.up, &s.act, s.up.data()}};
-  kernels::MatVecMany(gu, pool_.get());
-  kernels::SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), cfg_.n_ff);
+  exec_->MatVec(gu);
+  exec_->SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), cfg_.n_ff);
   s.act2.Set(s.gate.data(), cfg_.n_ff);
-  kernels::MatVec(L.down, s.act2, s.proj.data(), pool_.get());
+  exec_->MatVecOne(L.down, s.act2, s.proj.data());
 }
 
 // The experts of one token from its router logits: ids and weights [n_expert_used] in
@@ -347,7 +346,7 @@ void Model::Ffn(const Layer& L) {
 // the layer's prediction was made for this token (in a chunk, only for the last one).
 void Model::Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights) {
   const ModelConfig& c = cfg_;
-  kernels::RouteTopK(router, c.n_expert, c.n_expert_used, c.norm_topk_prob, ids, weights);
+  exec_->RouteTopK(router, c.n_expert, c.n_expert_used, c.norm_topk_prob, ids, weights);
   static const std::vector<int32_t> kNone;
   const bool have = predicted_for_it && options_.prefetch && static_cast<size_t>(layer) < predicted_.size();
   const std::vector<int32_t>& predicted = have ? predicted_[static_cast<size_t>(layer)] : kNone;
@@ -426,17 +425,6 @@ Status Model::AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixVie
   return Status::Ok();
 }
 
-// out = sum over i in router order of weights[i] * rows[i] ([n_expert_used][n_embd]).
-void Model::CombineExperts(const float* weights, const float* rows, float* out) const {
-  const size_t n_embd = static_cast<size_t>(cfg_.n_embd);
-  std::fill(out, out + n_embd, 0.0f);
-  for (int i = 0; i < cfg_.n_expert_used; ++i) {
-    const float w = weights[i];
-    const float* row = rows + static_cast<size_t>(i) * n_embd;
-    for (size_t d = 0; d < n_embd; ++d) out[d] += w * row[d];
-  }
-}
-
 // moe_out = sum over the selected experts, in router order, of weight * expert(xn).
 // Each expert's output has its own row and the rows are summed in router order, so the
 // result does not depend on the order the experts compute in, nor on which of them
@@ -450,7 +438,7 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   s.act.Set(s.xn.data(), c.n_embd);
-  kernels::MatVec(L.gate_inp, s.act, s.router.data(), pool_.get());
+  exec_->MatVecOne(L.gate_inp, s.act, s.router.data());
   s.expert_ids.resize(static_cast<size_t>(c.n_expert_used));
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
   Route(layer, pos, s.router.data(), /*predicted_for_it=*/true, s.expert_ids.data(), s.expert_weights.data());
@@ -464,7 +452,7 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
     TIERKV_RETURN_IF_ERROR(MoeGroup(L, layer, order.subspan(p, n)));
     p += n;
   }
-  CombineExperts(s.expert_weights.data(), s.expert_out.data(), s.moe_out.data());
+  exec_->CombineExperts(s.expert_weights.data(), s.expert_out.data(), c.n_expert_used, c.n_embd, s.moe_out.data());
   return Status::Ok();
 }
 
@@ -482,7 +470,7 @@ Status Model::MoeGroup(const Layer& L, int layer, std::span<const int> slots) {
   s.expert_views.resize(3 * k);
   s.expert_pins.resize(k);
   const auto release = [&] {
-    for (int i : slots) s.expert_pins[static_cast<size_t>(i)].Release();
+    for (int i : slots) exec_->Retire(std::move(s.expert_pins[static_cast<size_t>(i)]));
   };
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
@@ -498,16 +486,16 @@ Status Model::MoeGroup(const Layer& L, int layer, std::span<const int> slots) {
     s.expert_jobs.push_back({&s.expert_views[3 * u], &s.act, s.expert_gate.data() + u * n_ff});
     s.expert_jobs.push_back({&s.expert_views[3 * u + 1], &s.act, s.expert_up.data() + u * n_ff});
   }
-  kernels::MatVecMany(s.expert_jobs, pool_.get());
+  exec_->MatVec(s.expert_jobs);
   s.expert_jobs.clear();
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
     float* g = s.expert_gate.data() + u * n_ff;
-    kernels::SwiGlu(g, s.expert_up.data() + u * n_ff, g, c.n_ff_exp);
+    exec_->SwiGlu(g, s.expert_up.data() + u * n_ff, g, c.n_ff_exp);
     s.expert_hidden[u].Set(g, c.n_ff_exp);
     s.expert_jobs.push_back({&s.expert_views[3 * u + 2], &s.expert_hidden[u], s.expert_out.data() + u * n_embd});
   }
-  kernels::MatVecMany(s.expert_jobs, pool_.get());
+  exec_->MatVec(s.expert_jobs);
   release();
   return Status::Ok();
 }
@@ -524,7 +512,7 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
   const size_t nt = static_cast<size_t>(n);
   s.chunk_router.resize(nt * ne);
   const kernels::MatMulJob router[] = {{&L.gate_inp, acts, n, s.chunk_router.data(), ne}};
-  kernels::MatMulMany(router, pool_.get());
+  exec_->MatMul(router);
   s.chunk_expert_ids.resize(nt * k);
   s.chunk_expert_weights.resize(nt * k);
   // users[e]: the (token, slot) pairs that chose expert e, in token order; experts in
@@ -565,171 +553,187 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
     constexpr kernels::TokenSums kOne = kernels::TokenSums::kPerToken;
     const kernels::MatMulJob gu[] = {{&w[0], s.chunk_in_ptrs.data(), mi, s.chunk_gate.data(), n_ff, kOne},
                                      {&w[1], s.chunk_in_ptrs.data(), mi, s.chunk_up.data(), n_ff, kOne}};
-    kernels::MatMulMany(gu, pool_.get());
+    exec_->MatMul(gu);
     if (s.chunk_hidden.size() < m) s.chunk_hidden.resize(m);
     s.chunk_hidden_ptrs.clear();
     for (size_t r = 0; r < m; ++r) {
       float* g = s.chunk_gate.data() + r * n_ff;
-      kernels::SwiGlu(g, s.chunk_up.data() + r * n_ff, g, c.n_ff_exp);
+      exec_->SwiGlu(g, s.chunk_up.data() + r * n_ff, g, c.n_ff_exp);
       s.chunk_hidden[r].Set(g, c.n_ff_exp);
       s.chunk_hidden_ptrs.push_back(&s.chunk_hidden[r]);
     }
     s.chunk_proj.resize(std::max(s.chunk_proj.size(), m * n_embd));
     const kernels::MatMulJob down[] = {{&w[2], s.chunk_hidden_ptrs.data(), mi, s.chunk_proj.data(), n_embd, kOne}};
-    kernels::MatMulMany(down, pool_.get());
+    exec_->MatMul(down);
     for (size_t r = 0; r < m; ++r) {
       const auto [t, slot] = who[r];
-      std::copy_n(s.chunk_proj.data() + r * n_embd, n_embd,
-                  s.chunk_expert_out.data() + (static_cast<size_t>(t) * k + static_cast<size_t>(slot)) * n_embd);
+      exec_->Copy(s.chunk_expert_out.data() + (static_cast<size_t>(t) * k + static_cast<size_t>(slot)) * n_embd,
+                  s.chunk_proj.data() + r * n_embd, n_embd * sizeof(float));
     }
+    exec_->Retire(std::move(pin));
   }
   for (size_t i = 0; i < nt; ++i) {
-    CombineExperts(s.chunk_expert_weights.data() + i * k, s.chunk_expert_out.data() + i * k * n_embd, s.moe_out.data());
-    AddInPlace(x + i * n_embd, s.moe_out.data(), n_embd);
+    exec_->CombineExperts(s.chunk_expert_weights.data() + i * k, s.chunk_expert_out.data() + i * k * n_embd,
+                          c.n_expert_used, c.n_embd, s.moe_out.data());
+    exec_->Add(x + i * n_embd, s.moe_out.data(), n_embd);
   }
   return Status::Ok();
 }
 
-// Attention of the n queries at positions pos .. pos + n - 1 (q and out [n][n_heads *
-// head_dim]) over the sequence's blocks of `layer`, pinned on the compute tier a batch at
-// a time and read in their codec's encoding. With prefetch on, the copies of the batch
-// kKvLookahead visits ahead are queued before the current batch computes; the first
-// ones were queued before the layer started (PrefetchLayer). Several queries go through
-// the same visits together (the kernels' *Multi forms), in groups whose score rows fit
-// kChunkScoreBytes.
-Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bool chunk, const float* q,
-                        float* out) {
+// The attention plan of n queries at positions pos .. pos + n - 1 over the sequence's
+// blocks of a layer, `batch` blocks at a time; no side effects. Two passes (llama.cpp's
+// exact softmax weights) with an f16 cache and llama rounding, otherwise one online
+// pass. Either way the blocks are visited in order, `batch` at a time: visit v covers
+// blocks [FirstBlock(v), FirstBlock(v) + BlockCount(v)) of pass v / n_batches; a batch
+// holding the whole layer does both passes in one visit (AttentionVisit::kTwoPass).
+// Queries go in groups whose two-pass score rows fit kChunkScoreBytes.
+Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk,
+                                          int batch) const {
   const ModelConfig& c = cfg_;
-  Scratch& s = *s_;
-  MemoryManager& mm = cache.memory();
-  const Tier tier = mm.cpu_tier();
-  const VectorCodec& codec = cache.codec();
-  const KvGeometry& g = cache.geometry();
-  const size_t qd = static_cast<size_t>(c.n_head) * c.head_dim;
-
-  kernels::AttentionParams p;
+  AttentionPlan plan;
+  kernels::AttentionParams& p = plan.params;
   p.n_heads = c.n_head;
   p.n_kv_heads = c.n_head_kv;
   p.head_dim = c.head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   p.query_pos = pos;
-  p.round_query_f16 = p.round_weights_f16 = options_.llama_attention_rounding && codec.codec() == KvCodec::kF16;
+  p.round_query_f16 = p.round_weights_f16 = options_.llama_attention_rounding && cache.codec().codec() == KvCodec::kF16;
   // And llama.cpp's summation orders: a prefill chunk's (even of one token) as its batched
   // products, a decode step's as one token's.
   if (p.round_weights_f16 && options_.llama_attention_sums) {
     p.sums = chunk ? kernels::AttentionSums::kBatch : kernels::AttentionSums::kOneToken;
   }
-
-  // Two passes (llama.cpp's exact softmax weights) with an f16 cache and llama rounding;
-  // otherwise one online pass. Either way the blocks are visited in order, `batch` at a
-  // time: visit v covers blocks [b0, b0 + batch) of pass v / n_batches.
-  const bool two_pass = p.round_weights_f16;
-  const int n_blocks = cache.NumBlocks(seq);
-  int batch = KvBatchBlocks(cache, n_blocks);
-  // Batches bound what has to be brought to the compute tier. When every block of the
-  // layer is there already, the layer is one batch (pinned here, under one lock).
-  bool pinned = false;
-  if (batch < n_blocks) {
-    s.kv_pages.clear();
-    for (int b = 0; b < n_blocks; ++b) s.kv_pages.push_back(cache.BlockPage(seq, layer, b));
-    std::vector<Pin> all = mm.TryAcquireAll(s.kv_pages, tier);
-    if (!all.empty()) {
-      s.pins = std::move(all);
-      s.blocks.clear();
-      for (const Pin& pin : s.pins) s.blocks.push_back(pin.data());
-      counters_.kv_acquires += static_cast<uint64_t>(n_blocks);
-      counters_.kv_hits += static_cast<uint64_t>(n_blocks);
-      batch = n_blocks;
-      pinned = true;
-    }
-  }
-  const int n_batches = (n_blocks + batch - 1) / batch;
-  // One batch holding the whole layer: both passes in one visit (AttentionTwoPass).
-  const bool fused = two_pass && n_batches == 1;
-  const int n_visits = fused ? 1 : n_batches * (two_pass ? 2 : 1);
-  auto first_block = [&](int v) { return (v % n_batches) * batch; };
-  auto block_count = [&](int v) { return std::min(batch, n_blocks - first_block(v)); };
-
-  // Query groups: the two-pass form keeps n_heads score rows of every key per query.
+  plan.two_pass = p.round_weights_f16;
+  plan.n_blocks = cache.NumBlocks(seq);
+  plan.batch = batch;
+  plan.n_batches = (plan.n_blocks + batch - 1) / batch;
+  plan.fused = plan.two_pass && plan.n_batches == 1;
+  plan.n_visits = plan.fused ? 1 : plan.n_batches * (plan.two_pass ? 2 : 1);
   constexpr uint64_t kChunkScoreBytes = uint64_t{64} << 20;
   const uint64_t row_bytes = static_cast<uint64_t>(c.n_head) * static_cast<uint64_t>(cache.Length(seq)) * 4;
-  int group = two_pass ? static_cast<int>(std::clamp<uint64_t>(kChunkScoreBytes / row_bytes, 1, n)) : n;
-  if (options_.attention_query_group > 0) group = std::min(n, options_.attention_query_group);
+  plan.group = plan.two_pass ? static_cast<int>(std::clamp<uint64_t>(kChunkScoreBytes / row_bytes, 1, n)) : n;
+  if (options_.attention_query_group > 0) plan.group = std::min(n, options_.attention_query_group);
+  return plan;
+}
+
+kernels::AttentionVisit Model::AttentionPlan::Visit(int v) const {
+  if (!two_pass) return kernels::AttentionVisit::kOnline;
+  if (fused) return kernels::AttentionVisit::kTwoPass;
+  return v < n_batches ? kernels::AttentionVisit::kScores : kernels::AttentionVisit::kValues;
+}
+
+// Pins the blocks of visit v in s_->pins (their pointers in s_->blocks) and, with
+// prefetch on, queues the copies of the batch kKvLookahead visits ahead (PrefetchLayer
+// queued the first ones before the layer started).
+Status Model::PinVisit(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v) {
+  Scratch& s = *s_;
+  MemoryManager& mm = cache.memory();
+  const Tier tier = exec_->tier_for(mm);
+  for (Pin& pin : s.pins) exec_->Retire(std::move(pin));
+  s.pins.clear();
+  s.blocks.clear();
+  const int b0 = plan.FirstBlock(v), count = plan.BlockCount(v);
+  for (int b = b0; b < b0 + count; ++b) {
+    auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s, &counters_.kv_acquires,
+                              &counters_.kv_hits);
+    if (!pin.ok()) {
+      return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
+    }
+    exec_->WaitFor(*pin);
+    s.blocks.push_back(pin->data());
+    s.pins.push_back(std::move(pin).value());
+  }
+  const int ahead = v + kKvLookahead;
+  if (options_.prefetch && ahead < plan.n_visits && plan.n_batches > 1) {
+    std::vector<PageId> next;
+    for (int b = plan.FirstBlock(ahead); b < plan.FirstBlock(ahead) + plan.BlockCount(ahead); ++b) {
+      next.push_back(cache.BlockPage(seq, layer, b));
+    }
+    counters_.prefetched_pages += next.size();
+    (void)mm.Prefetch(std::move(next), tier);
+  }
+  return Status::Ok();
+}
+
+// Where every block of the layer is on the compute tier already, all of them pinned at
+// once (under one lock) into s_->pins; false (nothing pinned) otherwise.
+bool Model::PinWholeLayer(KvCache& cache, SeqId seq, int layer, int n_blocks) {
+  Scratch& s = *s_;
+  MemoryManager& mm = cache.memory();
+  s.kv_pages.clear();
+  for (int b = 0; b < n_blocks; ++b) s.kv_pages.push_back(cache.BlockPage(seq, layer, b));
+  std::vector<Pin> all = mm.TryAcquireAll(s.kv_pages, exec_->tier_for(mm));
+  if (all.empty()) return false;
+  s.pins = std::move(all);
+  s.blocks.clear();
+  for (const Pin& pin : s.pins) s.blocks.push_back(pin.data());
+  counters_.kv_acquires += static_cast<uint64_t>(n_blocks);
+  counters_.kv_hits += static_cast<uint64_t>(n_blocks);
+  return true;
+}
+
+// Attention of the n queries at positions pos .. pos + n - 1 (q and out [n][n_heads *
+// head_dim]) over the sequence's blocks of `layer`, pinned on the executor's tier a
+// batch at a time (all at once when they are all there) and read in their codec's
+// encoding: plan (PlanAttention), then per query group begin, the plan's visits (one
+// query: the single-query forms; several: the *Multi forms, each query with the bits it
+// has alone), end.
+Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bool chunk, const float* q,
+                        float* out) {
+  Scratch& s = *s_;
+  const VectorCodec& codec = cache.codec();
+  const KvGeometry& g = cache.geometry();
+  const size_t qd = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim;
+  const int n_blocks = cache.NumBlocks(seq);
+  int batch = KvBatchBlocks(cache, n_blocks);
+  // Batches bound what has to be brought to the compute tier; a layer already all there
+  // is one batch.
+  const bool pinned = batch < n_blocks && PinWholeLayer(cache, seq, layer, n_blocks);
+  if (pinned) batch = n_blocks;
+  AttentionPlan plan = PlanAttention(cache, seq, pos, n, chunk, batch);
+
+  const int group = plan.group;
   if (n > 1) {
     if (s.chunk_states.size() < static_cast<size_t>(group)) s.chunk_states.resize(static_cast<size_t>(group));
-    s.chunk_params.assign(static_cast<size_t>(group), p);
+    s.chunk_params.assign(static_cast<size_t>(group), plan.params);
     s.chunk_state_ptrs.clear();
     for (int i = 0; i < group; ++i) s.chunk_state_ptrs.push_back(&s.chunk_states[static_cast<size_t>(i)]);
   }
+  kernels::AttentionParams& p = plan.params;
   for (int q0 = 0; q0 < n; q0 += group) {
     const int m = std::min(group, n - q0);
     kernels::AttentionParams* ps = n > 1 ? s.chunk_params.data() : &p;
     kernels::AttentionState* const* sts = n > 1 ? s.chunk_state_ptrs.data() : nullptr;
     for (int i = 0; i < m; ++i) {
       ps[i].query_pos = pos + q0 + i;
-      kernels::AttentionBegin(codec, ps[i], q + static_cast<size_t>(q0 + i) * qd, n > 1 ? sts[i] : &s.attention);
+      exec_->AttentionBegin(codec, ps[i], q + static_cast<size_t>(q0 + i) * qd, n > 1 ? sts[i] : &s.attention);
     }
-    for (int v = 0; v < n_visits; ++v) {
-      const int b0 = first_block(v), count = block_count(v);
-      if (!pinned) {
-        s.pins.clear();
-        s.blocks.clear();
-        for (int b = b0; b < b0 + count; ++b) {
-          auto pin = AcquireCounted(mm, cache.BlockPage(seq, layer, b), tier, &counters_.kv_wait_s,
-                                    &counters_.kv_acquires, &counters_.kv_hits);
-          if (!pin.ok()) {
-            return pin.status().Annotate("attention, layer " + std::to_string(layer) + " block " + std::to_string(b));
-          }
-          s.blocks.push_back(pin->data());
-          s.pins.push_back(std::move(pin).value());
-        }
-      }
-      // Keep kKvLookahead batches in flight: PrefetchLayer queued visits 0 .. k-1, each
-      // visit queues the one k ahead.
-      const int ahead = v + kKvLookahead;
-      if (options_.prefetch && ahead < n_visits && n_batches > 1) {
-        std::vector<PageId> next;
-        for (int b = first_block(ahead); b < first_block(ahead) + block_count(ahead); ++b) {
-          next.push_back(cache.BlockPage(seq, layer, b));
-        }
-        counters_.prefetched_pages += next.size();
-        (void)mm.Prefetch(std::move(next), tier);
-      }
+    for (int v = 0; v < plan.n_visits; ++v) {
+      if (!pinned) TIERKV_RETURN_IF_ERROR(PinVisit(cache, seq, layer, plan, v));
       kernels::PagedKvView view;
       view.blocks = s.blocks.data();
-      view.n_blocks = count;
-      view.first_block = b0;
+      view.n_blocks = plan.BlockCount(v);
+      view.first_block = plan.FirstBlock(v);
       view.n_tokens = cache.Length(seq);
       view.block_tokens = g.block_tokens;
       view.n_kv_heads = g.n_kv_heads;
       view.vector_bytes = codec.vector_bytes();
       view.key_tiles = cache.key_tiles();
+      const kernels::AttentionVisit visit = plan.Visit(v);
+      const bool softmax = visit == kernels::AttentionVisit::kScores && v + 1 == plan.n_batches;
       if (n == 1) {
-        if (!two_pass) {
-          kernels::AttentionBlocks(codec, p, view, &s.attention, pool_.get());
-        } else if (fused) {
-          kernels::AttentionTwoPass(codec, p, view, &s.attention, pool_.get());
-        } else if (v < n_batches) {
-          kernels::AttentionScores(codec, p, view, &s.attention, pool_.get());
-          if (v + 1 == n_batches) kernels::AttentionSoftmax(p, &s.attention, pool_.get());
-        } else {
-          kernels::AttentionValues(codec, p, view, &s.attention, pool_.get());
-        }
-      } else if (!two_pass) {
-        kernels::AttentionBlocksMulti(codec, ps, sts, m, view, pool_.get());
-      } else if (fused) {
-        kernels::AttentionTwoPassMulti(codec, ps, sts, m, view, pool_.get());
-      } else if (v < n_batches) {
-        kernels::AttentionScoresMulti(codec, ps, sts, m, view, pool_.get());
-        if (v + 1 == n_batches) kernels::AttentionSoftmaxMulti(ps, sts, m, pool_.get());
+        exec_->AttentionStep(codec, visit, p, view, &s.attention);
+        if (softmax) exec_->AttentionSoftmax(p, &s.attention);
       } else {
-        kernels::AttentionValuesMulti(codec, ps, sts, m, view, pool_.get());
+        exec_->AttentionStepMulti(codec, visit, ps, sts, m, view);
+        if (softmax) exec_->AttentionSoftmaxMulti(ps, sts, m);
       }
     }
     for (int i = 0; i < m; ++i) {
-      kernels::AttentionEnd(codec, ps[i], n > 1 ? sts[i] : &s.attention, out + static_cast<size_t>(q0 + i) * qd);
+      exec_->AttentionEnd(codec, ps[i], n > 1 ? sts[i] : &s.attention, out + static_cast<size_t>(q0 + i) * qd);
     }
   }
+  for (Pin& pin : s.pins) exec_->Retire(std::move(pin));
   s.pins.clear();
   return Status::Ok();
 }

@@ -5,11 +5,12 @@
 // Not for other callers.
 #pragma once
 
+#include <algorithm>
 #include <span>
 #include <utility>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "kernels/attention_types.h"
 #include "kernels/matvec.h"
 #include "memory/memory_manager.h"
 #include "runtime/model.h"
@@ -32,6 +33,21 @@ struct Model::Layer {
   // The matrices a layer page holds, in page order (absent ones, data == null, are
   // skipped): attention and dense FFN. Routers, norms and experts are not in it.
   static std::span<kernels::MatrixView Layer::* const> PagedMatrices();
+};
+
+// Attention of a layer for n queries, planned without side effects (PlanAttention).
+struct Model::AttentionPlan {
+  kernels::AttentionParams params;  // query_pos: the first query's
+  int n_blocks = 0;   // the sequence's blocks in the layer
+  int batch = 0;      // blocks a visit covers
+  int n_batches = 0;
+  bool two_pass = false;  // llama.cpp's exact softmax (f16 codec with its rounding)
+  bool fused = false;     // two-pass over one batch holding the layer: one visit
+  int n_visits = 0;
+  int group = 0;          // queries through the visits together
+  int FirstBlock(int v) const { return (v % n_batches) * batch; }
+  int BlockCount(int v) const { return std::min(batch, n_blocks - FirstBlock(v)); }
+  kernels::AttentionVisit Visit(int v) const;
 };
 
 struct Model::Weights {
@@ -59,8 +75,7 @@ struct Model::Scratch {
         up(gate.size()),
         router(static_cast<size_t>(c.n_expert)),
         pred_xn(static_cast<size_t>(c.n_embd)),
-        moe_out(static_cast<size_t>(c.n_embd)),
-        cos_sin(static_cast<size_t>(c.rope_dims)) {}
+        moe_out(static_cast<size_t>(c.n_embd)) {}
 
   std::vector<float> x;      // residual stream [n_embd]
   std::vector<float> xn;     // normed input of a block
@@ -72,8 +87,6 @@ struct Model::Scratch {
   std::vector<float> pred_xn;         // the next layer's router input, predicted
   kernels::ActivationRow pred_act;
   std::vector<float> moe_out;
-  std::vector<float> cos_sin;
-  int cos_sin_pos = -1;  // the position cos_sin holds
   kernels::ActivationRow act;   // the current matvec input, converted per weight type
   kernels::ActivationRow act2;  // the FFN's hidden activation
   kernels::AttentionState attention;

@@ -14,8 +14,6 @@
 #include <chrono>
 #include <cstring>
 
-#include "kernels/moe.h"
-#include "kernels/norm.h"
 #include "memory/size.h"
 #include "runtime/model.h"
 #include "runtime/model_internal.h"
@@ -141,7 +139,7 @@ uint64_t Model::WeightPageBytes(uint64_t frame_bytes) const {
 Status Model::UseMemory(MemoryManager* mm) {
   if (mm == nullptr) return Status::InvalidArgument("model: no memory manager");
   if (mm_ != nullptr) return Status::FailedPrecondition("model: weights are already placed in a memory manager");
-  const Tier tier = mm->cpu_tier();
+  const Tier tier = exec_->tier_for(*mm);
   const uint64_t budget = mm->Stats(tier).budget_bytes;
   std::vector<WeightPage> plan = PlanWeightPages();
   for (const WeightPage& p : plan) {
@@ -219,7 +217,7 @@ Status Model::AcquireLayer(int layer, Layer* out) {
 int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
   if (options_.kv_batch_blocks > 0) return options_.kv_batch_blocks;
   const MemoryManager& mm = cache.memory();
-  const Tier tier = mm.cpu_tier();
+  const Tier tier = exec_->tier_for(mm);
   const uint64_t block_frames = (cache.block_bytes() + mm.frame_bytes() - 1) / mm.frame_bytes();
   const uint64_t budget_frames = mm.Stats(tier).frames;
   return static_cast<int>(std::clamp<uint64_t>(budget_frames / 8 / std::max<uint64_t>(block_frames, 1), 1,
@@ -228,7 +226,7 @@ int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
 
 void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
   MemoryManager& mm = cache.memory();
-  const Tier tier = mm.cpu_tier();
+  const Tier tier = exec_->tier_for(mm);
   std::vector<PageId> pages;
   if (mm_ != nullptr) {
     pages.push_back(layer_pages_[static_cast<size_t>(next)]);
@@ -259,14 +257,14 @@ void Model::PredictExperts(int layer) {
   // The layer's router on the current hidden state (normed as its input will be).
   Scratch& s = *s_;
   const Layer& N = w_->layers[static_cast<size_t>(layer)];
-  kernels::RmsNorm(s.x.data(), N.ffn_norm, c.n_embd, c.rms_eps, s.pred_xn.data());
+  exec_->RmsNorm(s.x.data(), N.ffn_norm, 1, c.n_embd, c.rms_eps, s.pred_xn.data());
   s.pred_act.Set(s.pred_xn.data(), c.n_embd);
-  kernels::MatVec(N.gate_inp, s.pred_act, s.router.data(), pool_.get());
+  exec_->MatVecOne(N.gate_inp, s.pred_act, s.router.data());
   const int extra = options_.predict_extra >= 0 ? options_.predict_extra : c.n_expert_used / 2;
   const int k = std::min(c.n_expert, c.n_expert_used + extra);
   predicted.resize(static_cast<size_t>(k));
   std::vector<float> weights(predicted.size());
-  kernels::RouteTopK(s.router.data(), c.n_expert, k, c.norm_topk_prob, predicted.data(), weights.data());
+  exec_->RouteTopK(s.router.data(), c.n_expert, k, c.norm_topk_prob, predicted.data(), weights.data());
   // One expert per task, so that a demand miss (urgent) waits for at most one expert's
   // copy in progress, not for the whole prediction.
   if (mm_ == nullptr) return;

@@ -718,7 +718,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
   r.kv_type = KvCodecName(o.kv_type);
   r.llama_sums = mo.llama_attention_sums;
-  r.threads = model->pool().size();
+  r.threads = model->executor().threads();
 
   // Session restore and prefix reuse.
   // Only with a session: the fingerprint reads a page of every tensor.

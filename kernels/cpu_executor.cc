@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
+#include <string>
 
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -22,12 +24,35 @@ bool SameRope(const RopeParams& a, const RopeParams& b) {
 
 std::unique_ptr<Executor> MakeCpuExecutor(int threads) { return std::make_unique<CpuExecutor>(threads); }
 
+std::unique_ptr<Executor> MakeExecutor(std::string_view name, int threads, std::string* why_not) {
+  if (name == "cpu") return MakeCpuExecutor(threads);
+  if (why_not != nullptr) {
+    *why_not = name == "cuda" ? "this build has no CUDA executor (compute runs on the CPU; docs/architecture.md)"
+                              : "unknown executor \"" + std::string(name) + "\"";
+  }
+  return nullptr;
+}
+
+std::span<const std::string_view> ExecutorNames() {
+  static constexpr std::string_view kNames[] = {"cpu", "cuda"};
+  return kNames;
+}
+
 CpuExecutor::CpuExecutor(int threads) : pool_(threads) {}
 CpuExecutor::~CpuExecutor() = default;
 
 Tier CpuExecutor::tier_for(const MemoryManager& mm) const {
   const Tier t = mm.compute_tier();
   return mm.host_addressable(t) ? t : Tier::kHost;
+}
+
+void* CpuExecutor::Allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  return ::operator new(bytes, std::align_val_t{64});
+}
+
+void CpuExecutor::Deallocate(void* p) {
+  if (p != nullptr) ::operator delete(p, std::align_val_t{64});
 }
 
 void CpuExecutor::Upload(void* dst, const void* host_src, size_t bytes) {

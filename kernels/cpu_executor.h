@@ -29,6 +29,9 @@ class CpuExecutor final : public Executor {
   const char* name() const override { return "cpu"; }
   int threads() const override { return pool_.size(); }
   Tier tier_for(const MemoryManager& mm) const override;
+  bool host_memory() const override { return true; }
+  void* Allocate(size_t bytes) override;
+  void Deallocate(void* p) override;
 
   void Upload(void* dst, const void* host_src, size_t bytes) override;
   void ReadBack(void* host_dst, const void* src, size_t bytes) override;
@@ -42,6 +45,7 @@ class CpuExecutor final : public Executor {
   void Rope(const RopeParams& p, int64_t pos, float* x, int n_heads, int head_dim) override;
   void Add(float* y, const float* x, size_t n) override;
   void SwiGlu(const float* gate, const float* up, float* out, int64_t n) override;
+  void SetActivation(ActivationRow& row, const float* x, int64_t n) override { row.Set(x, n); }
   void MatVec(std::span<const MatVecJob> jobs) override;
   void MatMul(std::span<const MatMulJob> jobs) override;
   void RouteTopK(const float* logits, int n_expert, int k, bool normalize, int* ids, float* weights) override;

@@ -34,6 +34,8 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "kernels/attention_types.h"
 #include "kernels/kv_vector_kernels.h"
@@ -60,6 +62,15 @@ class Executor {
   // weights and KV blocks, and where KV blocks are written.
   virtual Tier tier_for(const MemoryManager& mm) const = 0;
 
+  // True when ops take host pointers (the CPU executor): the decoder then lets them
+  // write the caller's host arrays (logits) directly instead of reading them back.
+  virtual bool host_memory() const = 0;
+
+  // Executor-visible memory (the decoder's scratch), at least 64-byte aligned;
+  // contents unspecified. Allocate(0) may return null.
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Deallocate(void* p) = 0;
+
   // Data movement. Upload / Copy may be queued; ReadBack returns with dst filled.
   virtual void Upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void ReadBack(void* host_dst, const void* src, size_t bytes) = 0;
@@ -82,6 +93,9 @@ class Executor {
   // out[n] = SiLU(gate) * up (kernels/activation.h); out may be gate.
   virtual void SwiGlu(const float* gate, const float* up, float* out, int64_t n) = 0;
 
+  // row = x[n], an activation for the matrix products below, converted on demand to each
+  // weight type's activation type (once per type; kernels/matvec.h, ActivationRow).
+  virtual void SetActivation(ActivationRow& row, const float* x, int64_t n) = 0;
   // Matrix products (kernels/matvec.h): one token's, and a chunk's.
   virtual void MatVec(std::span<const MatVecJob> jobs) = 0;
   virtual void MatMul(std::span<const MatMulJob> jobs) = 0;
@@ -116,8 +130,60 @@ class Executor {
                             float* out) = 0;
 };
 
-// The executors this build has, by name ("cpu"; "cuda" where built with CUDA and a
-// device answers). threads: the CPU executor's (0 = hardware concurrency).
+// An array of T in an executor's memory (Allocate), owned; resize keeps no contents.
+// The host touches it only through the executor (Upload, ReadBack, the ops).
+template <typename T>
+class ExecArray {
+ public:
+  ExecArray() = default;
+  ExecArray(Executor* e, size_t n) : e_(e) { resize(n); }
+  ~ExecArray() { Reset(); }
+  ExecArray(ExecArray&& o) noexcept : e_(o.e_), p_(o.p_), n_(o.n_), cap_(o.cap_) { o.p_ = nullptr; o.n_ = o.cap_ = 0; }
+  ExecArray& operator=(ExecArray&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      e_ = o.e_;
+      p_ = o.p_;
+      n_ = o.n_;
+      cap_ = o.cap_;
+      o.p_ = nullptr;
+      o.n_ = o.cap_ = 0;
+    }
+    return *this;
+  }
+  ExecArray(const ExecArray&) = delete;
+  ExecArray& operator=(const ExecArray&) = delete;
+
+  // n elements (reallocated, contents lost, when more than it holds).
+  void resize(size_t n) {
+    if (n > cap_) {
+      Reset();
+      p_ = static_cast<T*>(e_->Allocate(n * sizeof(T)));
+      cap_ = n;
+    }
+    n_ = n;
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void Reset() {
+    if (p_ != nullptr) e_->Deallocate(p_);
+    p_ = nullptr;
+    n_ = cap_ = 0;
+  }
+  Executor* e_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+};
+
+// Executors by name: "cpu" always; "cuda" (issue 35) where built with CUDA and a device
+// answers. Null with *why_not set when this build or machine has none of that name.
+// threads: the CPU executor's kernel threads (0 = hardware concurrency).
+std::unique_ptr<Executor> MakeExecutor(std::string_view name, int threads, std::string* why_not);
 std::unique_ptr<Executor> MakeCpuExecutor(int threads);
+// Every name MakeExecutor knows (the conformance suite runs each that is present).
+std::span<const std::string_view> ExecutorNames();
 
 }  // namespace tierkv::kernels

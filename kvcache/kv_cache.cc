@@ -288,8 +288,13 @@ Result<KvCache::WriteTarget> KvCache::PrepareWrite(SeqId s, int layer, int pos, 
 }
 
 void KvCache::NoteKeys(BlockId id, const float* k) {
-  const BlockMeta& b = blocks_[id.value];
+  BlockMeta& b = blocks_[id.value];
   if (b.summary == kNoSummary) return;
+  if (k == nullptr) {  // keys not seen: the block is unbounded from now on
+    free_summaries_.push_back(b.summary);
+    b.summary = kNoSummary;
+    return;
+  }
   float* lo = SummaryMin(b.summary);
   float* hi = lo + summary_floats_;
   for (size_t i = 0; i < summary_floats_; ++i) {

@@ -115,7 +115,8 @@ class KvCache {
   };
   Result<WriteTarget> PrepareWrite(SeqId s, int layer, int pos, Tier tier);
   // Widens the block's per-channel key bounds by k ([n_kv_heads][head_dim], host
-  // memory) where the block keeps them.
+  // memory) where the block keeps them; k == null (keys the host never saw): drops
+  // them, the block is unbounded as a restored one.
   void NoteKeys(BlockId b, const float* k);
   // The tier KV blocks are allocated and written on: the compute tier where it is
   // host-addressable, else the host tier.

@@ -132,7 +132,7 @@ Result<std::unique_ptr<Model>> Model::Load(std::shared_ptr<const GgufFile> file,
     return m->file_->path().empty() ? st : st.Annotate(m->file_->path());  // which file lacks the tensor
   }
   // Only now, with every size matched by a bound tensor.
-  m->s_ = std::make_unique<Scratch>(c);
+  m->s_ = std::make_unique<Scratch>(c, m->exec_.get());
   return m;
 }
 

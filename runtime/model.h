@@ -279,6 +279,7 @@ class Model {
   void RetirePins();
   Status AcquireOutput(kernels::MatrixView* output);
   Status Logits(std::span<float> logits);
+  float* HostLogitsOr(std::span<float> logits);
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
   Status MoeGroup(const Layer& L, int layer, std::span<const int> slots);

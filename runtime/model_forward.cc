@@ -165,16 +165,16 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   for (size_t i = 0; i < n; ++i) s.chunk_act_ptrs.push_back(&s.chunk_acts[i]);
   kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
   float* const xs = s.chunk_x.data();
-  auto row = [](std::vector<float>& v, size_t i, size_t width) { return v.data() + i * width; };
+  auto row = [](Scratch::Array& v, size_t i, size_t width) { return v.data() + i * width; };
   auto load = [&](size_t i) { exec_->Copy(s.x.data(), xs + i * n_embd, n_embd * sizeof(float)); };
   // acts[i] = the chunk's rows of `in` ([n][width]), normed with `norm` first when given.
-  auto set_acts = [&](std::vector<float>& in, size_t width, const float* norm) {
+  auto set_acts = [&](Scratch::Array& in, size_t width, const float* norm) {
     for (size_t i = 0; i < n; ++i) {
       float* r = row(in, i, width);
       if (norm != nullptr) {
         exec_->RmsNorm(xs + i * n_embd, norm, 1, c.n_embd, c.rms_eps, r);
       }
-      acts[i]->Set(r, static_cast<int64_t>(width));
+      exec_->SetActivation(*acts[i], r, static_cast<int64_t>(width));
     }
   };
   for (size_t i = 0; i < n; ++i) exec_->GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
@@ -243,10 +243,12 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   for (size_t r = 0; r < nr; ++r) {
     float* xn = row(s.chunk_xn, r, n_embd);
     exec_->RmsNorm(xs + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, 1, c.n_embd, c.rms_eps, xn);
-    acts[r]->Set(xn, c.n_embd);
+    exec_->SetActivation(*acts[r], xn, c.n_embd);
   }
-  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), logits.data(), n_vocab, kBatched, gemm}};
+  float* y = HostLogitsOr(logits);
+  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), y, n_vocab, kBatched, gemm}};
   exec_->MatMul(out);
+  exec_->ReadBack(logits.data(), y, logits.size_bytes());
   return Status::Ok();
 }
 
@@ -254,7 +256,7 @@ Status Model::AttentionInput(KvCache& cache, SeqId seq, const Layer& L, int laye
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   exec_->RmsNorm(s.x.data(), L.attn_norm, 1, c.n_embd, c.rms_eps, s.xn.data());
-  s.act.Set(s.xn.data(), c.n_embd);
+  exec_->SetActivation(s.act, s.xn.data(), c.n_embd);
   const MatVecJob qkv[] = {{&L.wq, &s.act, s.q.data()}, {&L.wk, &s.act, s.k.data()}, {&L.wv, &s.act, s.v.data()}};
   exec_->MatVec(qkv);
   return QkvToCache(cache, seq, L, layer, pos, s.q.data(), s.k.data(), s.v.data());
@@ -277,7 +279,8 @@ Status Model::QkvToCache(KvCache& cache, SeqId seq, const Layer& L, int layer, i
   exec_->Rope(rope_, pos, k, c.n_head_kv, c.head_dim);
   TIERKV_ASSIGN_OR_RETURN(KvCache::WriteTarget t, cache.PrepareWrite(seq, layer, pos, exec_->tier_for(cache.memory())));
   exec_->AppendKv(cache.codec(), t.slot, k, v);
-  cache.NoteKeys(t.block, k);  // host-side key bounds (k is host memory on the CPU executor)
+  // The block's key bounds are kept on the host: from k where it is host memory.
+  cache.NoteKeys(t.block, exec_->host_memory() ? k : nullptr);
   exec_->Retire(std::move(t.pin));
   return Status::Ok();
 }
@@ -285,7 +288,7 @@ Status Model::QkvToCache(KvCache& cache, SeqId seq, const Layer& L, int layer, i
 // x += wo(attn).
 void Model::AttentionOutputProjection(const Layer& L) {
   Scratch& s = *s_;
-  s.act2.Set(s.attn.data(), static_cast<int64_t>(s.attn.size()));
+  exec_->SetActivation(s.act2, s.attn.data(), static_cast<int64_t>(s.attn.size()));
   exec_->MatVecOne(L.wo, s.act2, s.proj.data());
   exec_->Add(s.x.data(), s.proj.data(), s.x.size());
 }
@@ -319,25 +322,35 @@ Status Model::AcquireOutput(kernels::MatrixView* output) {
   return Status::Ok();
 }
 
+// Where the output projection writes `logits` (the caller's host array): there, when
+// the executor computes on host memory; else a scratch array read back after it.
+float* Model::HostLogitsOr(std::span<float> logits) {
+  if (exec_->host_memory()) return logits.data();
+  s_->logits.resize(logits.size());
+  return s_->logits.data();
+}
+
 // logits = output(RMSNorm(x)).
 Status Model::Logits(std::span<float> logits) {
   Scratch& s = *s_;
   kernels::MatrixView output;
   TIERKV_RETURN_IF_ERROR(AcquireOutput(&output));
   exec_->RmsNorm(s.x.data(), w_->output_norm, 1, cfg_.n_embd, cfg_.rms_eps, s.xn.data());
-  s.act.Set(s.xn.data(), cfg_.n_embd);
-  exec_->MatVecOne(output, s.act, logits.data());
+  exec_->SetActivation(s.act, s.xn.data(), cfg_.n_embd);
+  float* y = HostLogitsOr(logits);
+  exec_->MatVecOne(output, s.act, y);
+  exec_->ReadBack(logits.data(), y, logits.size_bytes());
   return Status::Ok();
 }
 
 // proj = down(SiLU(gate(xn)) * up(xn)).
 void Model::Ffn(const Layer& L) {
   Scratch& s = *s_;
-  s.act.Set(s.xn.data(), cfg_.n_embd);
+  exec_->SetActivation(s.act, s.xn.data(), cfg_.n_embd);
   const MatVecJob gu[] = {{&L.gate, &s.act, s.gate.data()}, {&L.up, &s.act, s.up.data()}};
   exec_->MatVec(gu);
   exec_->SwiGlu(s.gate.data(), s.up.data(), s.gate.data(), cfg_.n_ff);
-  s.act2.Set(s.gate.data(), cfg_.n_ff);
+  exec_->SetActivation(s.act2, s.gate.data(), cfg_.n_ff);
   exec_->MatVecOne(L.down, s.act2, s.proj.data());
 }
 
@@ -437,7 +450,7 @@ Status Model::AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixVie
 Status Model::Moe(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
-  s.act.Set(s.xn.data(), c.n_embd);
+  exec_->SetActivation(s.act, s.xn.data(), c.n_embd);
   exec_->MatVecOne(L.gate_inp, s.act, s.router.data());
   s.expert_ids.resize(static_cast<size_t>(c.n_expert_used));
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
@@ -492,7 +505,7 @@ Status Model::MoeGroup(const Layer& L, int layer, std::span<const int> slots) {
     const size_t u = static_cast<size_t>(i);
     float* g = s.expert_gate.data() + u * n_ff;
     exec_->SwiGlu(g, s.expert_up.data() + u * n_ff, g, c.n_ff_exp);
-    s.expert_hidden[u].Set(g, c.n_ff_exp);
+    exec_->SetActivation(s.expert_hidden[u], g, c.n_ff_exp);
     s.expert_jobs.push_back({&s.expert_views[3 * u + 2], &s.expert_hidden[u], s.expert_out.data() + u * n_embd});
   }
   exec_->MatVec(s.expert_jobs);
@@ -559,7 +572,7 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
     for (size_t r = 0; r < m; ++r) {
       float* g = s.chunk_gate.data() + r * n_ff;
       exec_->SwiGlu(g, s.chunk_up.data() + r * n_ff, g, c.n_ff_exp);
-      s.chunk_hidden[r].Set(g, c.n_ff_exp);
+      exec_->SetActivation(s.chunk_hidden[r], g, c.n_ff_exp);
       s.chunk_hidden_ptrs.push_back(&s.chunk_hidden[r]);
     }
     s.chunk_proj.resize(std::max(s.chunk_proj.size(), m * n_embd));

@@ -60,44 +60,53 @@ struct Model::Weights {
 
 // Sized from the config only after ReadModelConfig matched every size against the
 // tensors and BindWeights bound them, so no buffer is larger than the weights it serves.
+// The float arrays are the executor's memory (ExecArray): the host reads them only
+// through it. Expert choices and their weights are host memory (RouteTopK's outputs).
 struct Model::Scratch {
-  explicit Scratch(const ModelConfig& c)
-      : x(static_cast<size_t>(c.n_embd)),
-        xn(static_cast<size_t>(c.n_embd)),
-        q(static_cast<size_t>(c.n_head) * c.head_dim),
-        k(static_cast<size_t>(c.n_head_kv) * c.head_dim),
-        v(static_cast<size_t>(c.n_head_kv) * c.head_dim),
-        attn(static_cast<size_t>(c.n_head) * c.head_dim),
-        proj(static_cast<size_t>(c.n_embd)),
+  using Array = kernels::ExecArray<float>;
+  Scratch(const ModelConfig& c, kernels::Executor* e)
+      : x(e, static_cast<size_t>(c.n_embd)),
+        xn(e, static_cast<size_t>(c.n_embd)),
+        q(e, static_cast<size_t>(c.n_head) * c.head_dim),
+        k(e, static_cast<size_t>(c.n_head_kv) * c.head_dim),
+        v(e, static_cast<size_t>(c.n_head_kv) * c.head_dim),
+        attn(e, static_cast<size_t>(c.n_head) * c.head_dim),
+        proj(e, static_cast<size_t>(c.n_embd)),
         // The FFN hidden width: a MoE layer's experts', else the dense FFN's (a MoE
         // model's feed_forward_length sizes nothing: ReadModelConfig).
-        gate(static_cast<size_t>(c.is_moe() ? c.n_ff_exp : c.n_ff)),
-        up(gate.size()),
-        router(static_cast<size_t>(c.n_expert)),
-        pred_xn(static_cast<size_t>(c.n_embd)),
-        moe_out(static_cast<size_t>(c.n_embd)) {}
+        gate(e, static_cast<size_t>(c.is_moe() ? c.n_ff_exp : c.n_ff)),
+        up(e, gate.size()),
+        router(e, static_cast<size_t>(c.n_expert)),
+        pred_xn(e, static_cast<size_t>(c.n_embd)),
+        moe_out(e, static_cast<size_t>(c.n_embd)),
+        logits(e, 0),
+        chunk_x(e, 0), chunk_xn(e, 0), chunk_q(e, 0), chunk_k(e, 0), chunk_v(e, 0), chunk_attn(e, 0),
+        chunk_proj(e, 0), chunk_gate(e, 0), chunk_up(e, 0), chunk_router(e, 0), chunk_expert_out(e, 0),
+        expert_out(e, 0), expert_gate(e, 0), expert_up(e, 0) {}
 
-  std::vector<float> x;      // residual stream [n_embd]
-  std::vector<float> xn;     // normed input of a block
-  std::vector<float> q, k, v;
-  std::vector<float> attn;   // attention output [n_head * head_dim]
-  std::vector<float> proj;   // output of attn_output / ffn_down [n_embd]
-  std::vector<float> gate, up;
-  std::vector<float> router;
-  std::vector<float> pred_xn;         // the next layer's router input, predicted
+  Array x;      // residual stream [n_embd]
+  Array xn;     // normed input of a block
+  Array q, k, v;
+  Array attn;   // attention output [n_head * head_dim]
+  Array proj;   // output of attn_output / ffn_down [n_embd]
+  Array gate, up;
+  Array router;
+  Array pred_xn;         // the next layer's router input, predicted
   kernels::ActivationRow pred_act;
-  std::vector<float> moe_out;
+  Array moe_out;
+  Array logits;  // [n_vocab] where the executor cannot write the caller's host array
   kernels::ActivationRow act;   // the current matvec input, converted per weight type
   kernels::ActivationRow act2;  // the FFN's hidden activation
   kernels::AttentionState attention;
   // A prefill chunk (ForwardBatch): per token residual streams and queries, attention
   // outputs, and one attention state per query of a group.
-  std::vector<float> chunk_x, chunk_xn, chunk_q, chunk_k, chunk_v, chunk_attn, chunk_proj, chunk_gate, chunk_up;
+  Array chunk_x, chunk_xn, chunk_q, chunk_k, chunk_v, chunk_attn, chunk_proj, chunk_gate, chunk_up;
   std::vector<kernels::ActivationRow> chunk_acts;  // per token, the current matmul input
   std::vector<kernels::ActivationRow*> chunk_act_ptrs;
   // ChunkMoe: router logits, choices and outputs per (token, slot); per expert its users
   // and, while it computes, its tokens' inputs and hidden activations.
-  std::vector<float> chunk_router, chunk_expert_weights, chunk_expert_out;
+  Array chunk_router, chunk_expert_out;
+  std::vector<float> chunk_expert_weights;  // host
   std::vector<int> chunk_expert_ids, chunk_experts;
   std::vector<std::vector<std::pair<int, int>>> chunk_expert_users;
   std::vector<kernels::ActivationRow*> chunk_in_ptrs, chunk_hidden_ptrs;
@@ -109,17 +118,17 @@ struct Model::Scratch {
   Pin layer_pin;          // the current layer's weight page (paged weights)
   std::vector<const std::byte*> blocks;
   std::vector<PageId> kv_pages;  // a layer's KV block pages (the all-resident check)
-  std::vector<int> expert_ids;
+  std::vector<int> expert_ids;     // host
   std::vector<int> expert_order;   // the order the selected experts compute in
-  std::vector<float> expert_out;   // [n_expert_used][n_embd]: each expert's output
+  Array expert_out;                // [n_expert_used][n_embd]: each expert's output
   // Moe's group of experts computing together: per slot its gate and up outputs
   // ([n_expert_used][n_ff_exp]), hidden activation, matrices and pin.
-  std::vector<float> expert_gate, expert_up;
+  Array expert_gate, expert_up;
   std::vector<kernels::ActivationRow> expert_hidden;
   std::vector<kernels::MatrixView> expert_views;
   std::vector<Pin> expert_pins;
   std::vector<kernels::MatVecJob> expert_jobs;
-  std::vector<float> expert_weights;
+  std::vector<float> expert_weights;  // host
 };
 
 }  // namespace tierkv

@@ -258,7 +258,7 @@ void Model::PredictExperts(int layer) {
   Scratch& s = *s_;
   const Layer& N = w_->layers[static_cast<size_t>(layer)];
   exec_->RmsNorm(s.x.data(), N.ffn_norm, 1, c.n_embd, c.rms_eps, s.pred_xn.data());
-  s.pred_act.Set(s.pred_xn.data(), c.n_embd);
+  exec_->SetActivation(s.pred_act, s.pred_xn.data(), c.n_embd);
   exec_->MatVecOne(N.gate_inp, s.pred_act, s.router.data());
   const int extra = options_.predict_extra >= 0 ? options_.predict_extra : c.n_expert_used / 2;
   const int k = std::min(c.n_expert, c.n_expert_used + extra);

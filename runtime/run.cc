@@ -59,6 +59,12 @@ nlohmann::json EntryJson(const LogitsEntry& e) {
   return {{"pos", e.pos}, {"top", top}, {"logsumexp", e.logsumexp}};
 }
 
+// Whether the decoder computes on pages of the device tier. The simulated device is host
+// memory the CPU executor computes on; a CUDA device only stores pages in this build
+// (there is no CUDA executor yet: docs/architecture.md), so its VRAM is not room for the
+// KV cache or the weights the decoder reads, nor a reason to keep the host budget small.
+bool DecoderUsesDevice(const MemoryOptions& m) { return m.device == DeviceKind::kSim; }
+
 // The context's KV blocks (one frame each) must fit in all tiers together, or the run
 // would fail when the cache fills, after the prefill's work: refused before it starts
 // (and before the warmup touches the arenas).
@@ -75,7 +81,7 @@ Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m, const
     frames += budget / frame;
     held += std::string(held.empty() ? "" : " + ") + TierName(t) + " " + FormatBytes(budget);
   };
-  if (m.device != DeviceKind::kNone) add(Tier::kDevice, m.device_bytes);
+  if (DecoderUsesDevice(m)) add(Tier::kDevice, m.device_bytes);
   add(Tier::kHost, m.host_bytes);
   held += host_note;
   if (m.disk_bytes > 0) add(Tier::kDisk, m.disk_bytes);
@@ -83,7 +89,8 @@ Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m, const
   return Status::InvalidArgument(
       "impossible budget: a context of " + std::to_string(n_ctx) + " tokens needs " + FormatBytes(blocks * frame) +
       " of KV cache (" + std::to_string(blocks) + " blocks of " + FormatBytes(frame) + "), more than all tiers hold (" +
-      held + "); raise --host, add --disk SIZE, or lower -c (by default the prompt plus -n)");
+      held + (m.device == DeviceKind::kCuda ? "; --vram is not counted: this build computes on the CPU" : "") +
+      "); raise --host, add --disk SIZE, or lower -c (by default the prompt plus -n)");
 }
 
 // The RoPE settings that shape the cached K (stored after RoPE), as text.
@@ -214,7 +221,7 @@ TiersHold KvTokensTiersHold(const KvGeometry& g, const RunOptions& o, int n_ctx_
     const uint64_t available = meminfo.ok() ? meminfo->available_bytes : 0;
     // With device or disk tiers the floor; else as much as any context could get.
     const AutoHost h = AutoHostBytes(std::numeric_limits<int32_t>::max(), g, m, available, mapped);
-    if (available == 0 && m.device == DeviceKind::kNone && m.disk_bytes == 0) return best;  // no cap known
+    if (available == 0 && !DecoderUsesDevice(m) && m.disk_bytes == 0) return best;  // no cap known
     m.host_bytes = h.bytes;
     note = AutoHostNote(h);
   }
@@ -229,7 +236,7 @@ TiersHold KvTokensTiersHold(const KvGeometry& g, const RunOptions& o, int n_ctx_
     const auto block_tokens = KvCache::BlockTokensFor(g, f);
     if (!block_tokens.ok()) continue;
     uint64_t n = m.host_bytes / f + m.disk_bytes / f;
-    if (m.device != DeviceKind::kNone) n += m.device_bytes / f;
+    if (DecoderUsesDevice(m)) n += m.device_bytes / f;
     const uint64_t tokens = n / static_cast<uint64_t>(g.n_layers) * static_cast<uint64_t>(*block_tokens);
     const int64_t t = static_cast<int64_t>(std::min<uint64_t>(tokens, std::numeric_limits<int32_t>::max()));
     if (!any || t > best.tokens) {
@@ -471,8 +478,9 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
   h.mapped_bytes = mapped_bytes;
   // The weights read in place stay in the page cache, out of the arena's way.
   h.usable_bytes = available_bytes - std::min(available_bytes, mapped_bytes);
-  // A device or disk tier is a hierarchy the user laid out: the host keeps the floor.
-  if (m.device != DeviceKind::kNone || m.disk_bytes > 0) return h;
+  // A device tier the decoder computes on, or a disk tier, is a hierarchy the user laid
+  // out: the host keeps the floor.
+  if (DecoderUsesDevice(m) || m.disk_bytes > 0) return h;
   // The KV cache in blocks of the frame, at least 1 MiB (the largest grain --frame auto
   // picks, and the most rounding), the weight pages asked for, plus 1/16 and 64 MiB for
   // copies in flight and the working set of weight pages.

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <memory>
 
-#include "bench/tools/cli_checks.h"
+#include "runtime/cli/cli_checks.h"
 #include "bench/tools/fragbench_report.h"
 #include "memory/size.h"
 

@@ -5,7 +5,7 @@
 // those of the code paths a decode uses, including their merging of adjacent ops.
 #include "bench/tools/probe.h"
 
-#include "bench/tools/cli_checks.h"
+#include "runtime/cli/cli_checks.h"
 
 #include <sys/stat.h>
 #include <sys/statfs.h>

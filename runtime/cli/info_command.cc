@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench/tools/cli_checks.h"
+#include "runtime/cli/cli_checks.h"
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
 #include "runtime/chat_template.h"

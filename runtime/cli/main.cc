@@ -14,7 +14,7 @@
 
 #include "bench/tools/fragbench.h"
 #include "bench/tools/probe.h"
-#include "runtime/cli/expertbench_command.h"
+#include "bench/tools/expertbench_command.h"
 #include "runtime/cli/info_command.h"
 #include "runtime/cli/make_model_command.h"
 #include "runtime/cli/run_command.h"

@@ -307,6 +307,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     spdlog::warn("--vram {} is ignored: --device none has no device tier (use --device cuda or sim)", f.vram);
     m.device_bytes = 0;
   }
+  if (m.device == DeviceKind::kCuda) {
+    spdlog::warn("--device cuda: this build computes on the CPU (no CUDA executor yet); VRAM only stores pages between "
+                 "uses, and the KV cache must fit --host and --disk");
+  }
   o.auto_host = f.host == "auto";
   if (!o.auto_host) {
     TIERKV_ASSIGN_OR_RETURN(m.host_bytes, size("--host", f.host));
@@ -348,8 +352,10 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     return Status::InvalidArgument("-ngl/--n-gpu-layers must be a layer count, auto or all, not '" + ngl + "'");
   }
   const bool wants_layers = count ? digits_from == 0 && ngl.find_first_not_of('0') != std::string::npos : !ngl.empty();
-  if (wants_layers && m.device == DeviceKind::kNone) {
-    spdlog::warn("-ngl {} is ignored: tierkv places layers by tier budgets (--device cuda --vram SIZE)", f.gpu_layers);
+  if (wants_layers) {
+    spdlog::warn("-ngl {} is ignored: this build computes on the CPU and places weights and KV pages by the --host and "
+                 "--disk budgets",
+                 f.gpu_layers);
   }
   static const char* kFlashValues[] = {"on", "off", "auto", "1", "0", "-1", "true", "false", "enabled", "disabled"};
   if (!f.flash_attn.empty() &&

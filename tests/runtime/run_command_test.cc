@@ -702,6 +702,21 @@ TEST(RunCommandTest, RopeFlagsReachTheModelAndSeparateSessions) {
   std::remove(session.c_str());
 }
 
+// Until the CUDA executor lands, --device cuda computes on the CPU: the run says so, and
+// VRAM is no room for the KV cache (the same context with --device sim, whose memory the
+// CPU computes on, fits). The refusal comes before any device is opened, so it holds on
+// machines with and without a GPU.
+TEST(RunCommandTest, CudaDeviceSaysComputeIsOnTheCpuAndVramHoldsNoKv) {
+  const CliResult r = RunCli(Quick({"--device", "cuda", "--vram", "64GiB", "-c", "262144"}));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--device cuda: this build computes on the CPU"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: impossible budget: a context of 262144 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--vram is not counted: this build computes on the CPU"), std::string::npos) << r.err;
+  const CliResult sim = RunCli(Quick({"--device", "sim", "--vram", "1GiB", "-c", "262144", "-n", "1"}));
+  EXPECT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_EQ(sim.err.find("computes on the CPU"), std::string::npos) << sim.err;
+}
+
 // tiny-moe keeps 512 tokens of a layer in a 256 KiB block: -c 262144 needs 4 x 512
 // blocks (512 MiB) of KV cache, more than --host 64MiB (with or without a 64 MiB disk
 // tier) holds. Refused up front with one line naming the need and the budgets; with a

@@ -1,6 +1,6 @@
-// bench/tools/cli_checks.h
+// runtime/cli/cli_checks.h
 //
-// CLI11 checks shared by the tierkv commands (the tools here and runtime/cli/).
+// CLI11 checks shared by the tierkv commands (runtime/cli/ and the tools in bench/tools/).
 #pragma once
 
 #include <string>

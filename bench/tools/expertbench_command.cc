@@ -1,5 +1,5 @@
-// runtime/cli/expertbench_command.cc
-#include "runtime/cli/expertbench_command.h"
+// bench/tools/expertbench_command.cc
+#include "bench/tools/expertbench_command.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "bench/tools/cli_checks.h"
+#include "runtime/cli/cli_checks.h"
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/builtin_model.h"

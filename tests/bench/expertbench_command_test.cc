@@ -1,10 +1,10 @@
-// tests/runtime/expertbench_command_test.cc
+// tests/bench/expertbench_command_test.cc
 //
 // `tierkv expertbench` flag handling, in process: negative counts are usage errors (one
 // line, exit 2), and -t above the CPUs is lowered to them with a warning, as for `run`
 // (the threads the model starts are counted); a short recording of builtin:tiny-moe
 // then reports every policy.
-#include "runtime/cli/expertbench_command.h"
+#include "bench/tools/expertbench_command.h"
 
 #include <algorithm>
 #include <atomic>

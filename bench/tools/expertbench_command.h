@@ -1,4 +1,4 @@
-// runtime/cli/expertbench_command.h
+// bench/tools/expertbench_command.h
 //
 // `tierkv expertbench` (docs/expertbench.md): expert-paging policies compared on expert
 // routing traces. Records the routing trace of a MoE model decoding a fixed text

@@ -261,6 +261,11 @@ class Model {
   Status CheckStep(KvCache& cache, SeqId seq, int pos) const;
   Status ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
                       std::span<const int> logit_rows, std::span<float> logits);
+  void SizeChunk(size_t n);
+  void SetChunkActivations(kernels::ExecArray<float>& in, size_t width, const float* norm, size_t n);
+  Status ChunkAttentionBlock(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos, int n);
+  Status ChunkFeedForwardBlock(const Layer& L, int layer, int pos, int n);
+  Status ChunkLogits(std::span<const int> logit_rows, std::span<float> logits);
   // The layer's attention block up to the K/V write, for the token in s_->x at pos:
   // leaves the query (after RoPE) in s_->q.
   Status AttentionInput(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos);
@@ -295,8 +300,11 @@ class Model {
   // where those are given.
   Result<Pin> AcquireCounted(MemoryManager& mm, PageId page, Tier tier, double* wait, uint64_t* acquires = nullptr,
                              uint64_t* hits = nullptr);
-  // Queues what layer `next` needs (weights, first KV batch, predicted experts).
-  void PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos);
+  // The pages layer `next` needs first (its weight page, the output matrix's before
+  // layer 0, its first KV batches and last block), planned without side effects; and
+  // PrefetchLayer, which queues them and the layer's predicted experts.
+  std::vector<PageId> PlanPrefetch(KvCache& cache, SeqId seq, int next) const;
+  void PrefetchLayer(KvCache& cache, SeqId seq, int next);
   // predicted_[layer] = the layer's router's top n_expert_used + predict_extra for the
   // hidden state in s_->x, and their copies queued (paged experts).
   void PredictExperts(int layer);

@@ -116,6 +116,9 @@ Status Model::ForwardBatch(KvCache& cache, SeqId seq, std::span<const int32_t> t
   return st;
 }
 
+// One token through every layer. Per layer: first the plan of what the next layer
+// needs (PlanPrefetch, no side effects) queued on the copy stream with the next layer's
+// predicted experts, then this layer's weights pinned and its blocks applied.
 Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits) {
   Scratch& s = *s_;
   exec_->GetRow(w_->token_embd, token, s.x.data());
@@ -124,7 +127,7 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
   for (int l = 0; l < cfg_.n_layer; ++l) {
     // What layer l + 1 needs (after the last layer: layer 0 of the next step) is queued
     // on the copy stream before layer l computes.
-    if (options_.prefetch) PrefetchLayer(cache, seq, (l + 1) % cfg_.n_layer, pos);
+    if (options_.prefetch) PrefetchLayer(cache, seq, (l + 1) % cfg_.n_layer);
     Layer L;
     TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
     TIERKV_RETURN_IF_ERROR(AttentionInput(cache, seq, L, l, pos));
@@ -136,19 +139,52 @@ Status Model::ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, s
   return logits.empty() ? Status::Ok() : Logits(logits);
 }
 
+namespace {
+
+// Row i of a chunk's [n][width] array.
+float* Row(kernels::ExecArray<float>& a, size_t i, size_t width) { return a.data() + i * width; }
+
+}  // namespace
+
 // The chunk layer by layer: per token the arithmetic of ForwardLayers, with each matrix
-// multiplied by all the chunk's tokens in one pass (MatMulMany: quantized weights give
-// the bits of one MatVec per token, F32 / F16 / BF16 sum as a batch), attention once
-// for all the chunk's queries, and each selected expert once for all its tokens
-// (ChunkMoe). A MoE layer's weight page is released only after every token's output
-// projection, as one token's step releases it.
+// multiplied by all the chunk's tokens in one pass (MatMul: quantized weights give the
+// bits of one MatVec per token, F32 / F16 / BF16 sum as a batch), attention once for
+// all the chunk's queries, and each selected expert once for all its tokens (ChunkMoe).
+// A MoE layer's weight page is released only after every token's output projection, as
+// one token's step releases it.
 Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
                            std::span<const int> logit_rows, std::span<float> logits) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
-  const size_t n = tokens.size(), n_embd = static_cast<size_t>(c.n_embd), qd = s.q.size(), kd = s.k.size();
-  const size_t n_ff = static_cast<size_t>(c.n_ff);
-  const int ni = static_cast<int>(n);
+  const size_t n = tokens.size(), n_embd = static_cast<size_t>(c.n_embd);
+  SizeChunk(n);
+  float* const xs = s.chunk_x.data();
+  for (size_t i = 0; i < n; ++i) exec_->GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
+  // The experts are predicted for the chunk's last token (its hidden state in s.x).
+  const auto last_to_x = [&] { exec_->Copy(s.x.data(), xs + (n - 1) * n_embd, n_embd * sizeof(float)); };
+  if (options_.prefetch) {
+    last_to_x();
+    PredictExperts(0);
+  }
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (options_.prefetch) {
+      last_to_x();
+      PrefetchLayer(cache, seq, (l + 1) % c.n_layer);
+    }
+    Layer L;
+    TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
+    TIERKV_RETURN_IF_ERROR(ChunkAttentionBlock(cache, seq, L, l, pos, static_cast<int>(n)));
+    TIERKV_RETURN_IF_ERROR(ChunkFeedForwardBlock(L, l, pos, static_cast<int>(n)));
+  }
+  exec_->Retire(std::move(s.layer_pin));
+  return logit_rows.empty() ? Status::Ok() : ChunkLogits(logit_rows, logits);
+}
+
+// The chunk's arrays for n tokens, and one activation row per token.
+void Model::SizeChunk(size_t n) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t n_embd = static_cast<size_t>(c.n_embd), qd = s.q.size(), kd = s.k.size();
   s.chunk_x.resize(n * n_embd);
   s.chunk_xn.resize(n * n_embd);
   s.chunk_q.resize(n * qd);
@@ -157,96 +193,104 @@ Status Model::ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> t
   s.chunk_attn.resize(n * qd);
   s.chunk_proj.resize(n * n_embd);
   if (!c.is_moe()) {
-    s.chunk_gate.resize(n * n_ff);
-    s.chunk_up.resize(n * n_ff);
+    s.chunk_gate.resize(n * static_cast<size_t>(c.n_ff));
+    s.chunk_up.resize(n * static_cast<size_t>(c.n_ff));
   }
   if (s.chunk_acts.size() < n) s.chunk_acts.resize(n);
   s.chunk_act_ptrs.clear();
   for (size_t i = 0; i < n; ++i) s.chunk_act_ptrs.push_back(&s.chunk_acts[i]);
-  kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
-  float* const xs = s.chunk_x.data();
-  auto row = [](Scratch::Array& v, size_t i, size_t width) { return v.data() + i * width; };
-  auto load = [&](size_t i) { exec_->Copy(s.x.data(), xs + i * n_embd, n_embd * sizeof(float)); };
-  // acts[i] = the chunk's rows of `in` ([n][width]), normed with `norm` first when given.
-  auto set_acts = [&](Scratch::Array& in, size_t width, const float* norm) {
-    for (size_t i = 0; i < n; ++i) {
-      float* r = row(in, i, width);
-      if (norm != nullptr) {
-        exec_->RmsNorm(xs + i * n_embd, norm, 1, c.n_embd, c.rms_eps, r);
-      }
-      exec_->SetActivation(*acts[i], r, static_cast<int64_t>(width));
-    }
-  };
-  for (size_t i = 0; i < n; ++i) exec_->GetRow(w_->token_embd, tokens[i], xs + i * n_embd);
-  const int last = pos + ni - 1;
-  if (options_.prefetch) {
-    load(n - 1);
-    PredictExperts(0);
+}
+
+// The chunk's activations (s.chunk_act_ptrs) = its n rows of `in` ([n][width]); with
+// `norm`, in = RMSNorm(chunk_x) * norm first.
+void Model::SetChunkActivations(kernels::ExecArray<float>& in, size_t width, const float* norm, size_t n) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t n_embd = static_cast<size_t>(c.n_embd);
+  for (size_t i = 0; i < n; ++i) {
+    float* r = Row(in, i, width);
+    if (norm != nullptr) exec_->RmsNorm(s.chunk_x.data() + i * n_embd, norm, 1, c.n_embd, c.rms_eps, r);
+    exec_->SetActivation(*s.chunk_act_ptrs[i], r, static_cast<int64_t>(width));
   }
+}
+
+// x += wo(attention(RoPE(q, k), v)) for the chunk's n tokens at pos .. pos + n - 1:
+// Q/K/V in one pass per matrix, each token's K/V written to the cache, attention for
+// all the queries.
+Status Model::ChunkAttentionBlock(KvCache& cache, SeqId seq, const Layer& L, int layer, int pos, int n) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t nt = static_cast<size_t>(n), n_embd = static_cast<size_t>(c.n_embd), qd = s.q.size(), kd = s.k.size();
+  kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
   // With llama.cpp's sums, its repacked Q4_K gemm's activation rounding too
   // (kernels::MatMulJob::llama_gemm).
   constexpr kernels::TokenSums kBatched = kernels::TokenSums::kBatched;
   const bool gemm = options_.llama_attention_sums;
-  for (int l = 0; l < c.n_layer; ++l) {
-    if (options_.prefetch) {
-      load(n - 1);  // the next layer's experts are predicted for the chunk's last token
-      PrefetchLayer(cache, seq, (l + 1) % c.n_layer, last);
-    }
-    Layer L;
-    TIERKV_RETURN_IF_ERROR(AcquireLayer(l, &L));
-
-    // Attention block.
-    set_acts(s.chunk_xn, n_embd, L.attn_norm);
-    const kernels::MatMulJob qkv[] = {{&L.wq, acts, ni, s.chunk_q.data(), qd, kBatched, gemm},
-                                      {&L.wk, acts, ni, s.chunk_k.data(), kd, kBatched, gemm},
-                                      {&L.wv, acts, ni, s.chunk_v.data(), kd, kBatched, gemm}};
-    exec_->MatMul(qkv);
-    for (size_t i = 0; i < n; ++i) {
-      TIERKV_RETURN_IF_ERROR(QkvToCache(cache, seq, L, l, pos + static_cast<int>(i), row(s.chunk_q, i, qd),
-                                        row(s.chunk_k, i, kd), row(s.chunk_v, i, kd)));
-    }
-    TIERKV_RETURN_IF_ERROR(Attention(cache, seq, l, pos, ni, /*chunk=*/true, s.chunk_q.data(), s.chunk_attn.data()));
-    set_acts(s.chunk_attn, qd, nullptr);
-    const kernels::MatMulJob wo[] = {{&L.wo, acts, ni, s.chunk_proj.data(), n_embd, kBatched, gemm}};
-    exec_->MatMul(wo);
-    for (size_t i = 0; i < n; ++i) exec_->Add(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
-
-    // Feed-forward block.
-    set_acts(s.chunk_xn, n_embd, L.ffn_norm);
-    if (c.is_moe()) {
-      exec_->Retire(std::move(s.layer_pin));  // the experts are separate pages: keep the working set small
-      TIERKV_RETURN_IF_ERROR(ChunkMoe(L, l, pos, ni, acts, xs));
-      continue;
-    }
-    const kernels::MatMulJob gu[] = {{&L.gate, acts, ni, s.chunk_gate.data(), n_ff, kBatched, gemm},
-                                     {&L.up, acts, ni, s.chunk_up.data(), n_ff, kBatched, gemm}};
-    exec_->MatMul(gu);
-    for (size_t i = 0; i < n; ++i) {
-      float* g = row(s.chunk_gate, i, n_ff);
-      exec_->SwiGlu(g, row(s.chunk_up, i, n_ff), g, c.n_ff);
-    }
-    set_acts(s.chunk_gate, n_ff, nullptr);
-    const kernels::MatMulJob down[] = {{&L.down, acts, ni, s.chunk_proj.data(), n_embd, kBatched, gemm}};
-    exec_->MatMul(down);
-    for (size_t i = 0; i < n; ++i) exec_->Add(xs + i * n_embd, row(s.chunk_proj, i, n_embd), n_embd);
+  SetChunkActivations(s.chunk_xn, n_embd, L.attn_norm, nt);
+  const kernels::MatMulJob qkv[] = {{&L.wq, acts, n, s.chunk_q.data(), qd, kBatched, gemm},
+                                    {&L.wk, acts, n, s.chunk_k.data(), kd, kBatched, gemm},
+                                    {&L.wv, acts, n, s.chunk_v.data(), kd, kBatched, gemm}};
+  exec_->MatMul(qkv);
+  for (size_t i = 0; i < nt; ++i) {
+    TIERKV_RETURN_IF_ERROR(QkvToCache(cache, seq, L, layer, pos + static_cast<int>(i), Row(s.chunk_q, i, qd),
+                                      Row(s.chunk_k, i, kd), Row(s.chunk_v, i, kd)));
   }
-  exec_->Retire(std::move(s.layer_pin));
-  const size_t n_vocab = static_cast<size_t>(c.n_vocab);
-  // One product of the output matrix with all the rows, summed as a batch (F16 / BF16 /
-  // F32: kernels::TokenSums) however many there are, so that a row's logits do not
-  // depend on how the prompt was cut into chunks. (llama.cpp sums a batch of one output
-  // as one token; a run reads one row, where the orders differ in the last bits.)
-  if (logit_rows.empty()) return Status::Ok();
+  TIERKV_RETURN_IF_ERROR(Attention(cache, seq, layer, pos, n, /*chunk=*/true, s.chunk_q.data(), s.chunk_attn.data()));
+  SetChunkActivations(s.chunk_attn, qd, nullptr, nt);
+  const kernels::MatMulJob wo[] = {{&L.wo, acts, n, s.chunk_proj.data(), n_embd, kBatched, gemm}};
+  exec_->MatMul(wo);
+  for (size_t i = 0; i < nt; ++i) exec_->Add(s.chunk_x.data() + i * n_embd, Row(s.chunk_proj, i, n_embd), n_embd);
+  return Status::Ok();
+}
+
+// x += FFN or MoE of RMSNorm(x) for the chunk's n tokens.
+Status Model::ChunkFeedForwardBlock(const Layer& L, int layer, int pos, int n) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t nt = static_cast<size_t>(n), n_embd = static_cast<size_t>(c.n_embd), n_ff = static_cast<size_t>(c.n_ff);
+  kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
+  SetChunkActivations(s.chunk_xn, n_embd, L.ffn_norm, nt);
+  if (c.is_moe()) {
+    exec_->Retire(std::move(s.layer_pin));  // the experts are separate pages: keep the working set small
+    return ChunkMoe(L, layer, pos, n, acts, s.chunk_x.data());
+  }
+  constexpr kernels::TokenSums kBatched = kernels::TokenSums::kBatched;
+  const bool gemm = options_.llama_attention_sums;
+  const kernels::MatMulJob gu[] = {{&L.gate, acts, n, s.chunk_gate.data(), n_ff, kBatched, gemm},
+                                   {&L.up, acts, n, s.chunk_up.data(), n_ff, kBatched, gemm}};
+  exec_->MatMul(gu);
+  for (size_t i = 0; i < nt; ++i) {
+    float* g = Row(s.chunk_gate, i, n_ff);
+    exec_->SwiGlu(g, Row(s.chunk_up, i, n_ff), g, c.n_ff);
+  }
+  SetChunkActivations(s.chunk_gate, n_ff, nullptr, nt);
+  const kernels::MatMulJob down[] = {{&L.down, acts, n, s.chunk_proj.data(), n_embd, kBatched, gemm}};
+  exec_->MatMul(down);
+  for (size_t i = 0; i < nt; ++i) exec_->Add(s.chunk_x.data() + i * n_embd, Row(s.chunk_proj, i, n_embd), n_embd);
+  return Status::Ok();
+}
+
+// The logits of the chunk entries in logit_rows: one product of the output matrix with
+// all those rows, summed as a batch (F16 / BF16 / F32: kernels::TokenSums) however many
+// there are, so that a row's logits do not depend on how the prompt was cut into
+// chunks. (llama.cpp sums a batch of one output as one token; a run reads one row,
+// where the orders differ in the last bits.)
+Status Model::ChunkLogits(std::span<const int> logit_rows, std::span<float> logits) {
+  const ModelConfig& c = cfg_;
+  Scratch& s = *s_;
+  const size_t n_embd = static_cast<size_t>(c.n_embd), nr = logit_rows.size();
+  kernels::ActivationRow* const* acts = s.chunk_act_ptrs.data();
   kernels::MatrixView output;
   TIERKV_RETURN_IF_ERROR(AcquireOutput(&output));
-  const size_t nr = logit_rows.size();
   for (size_t r = 0; r < nr; ++r) {
-    float* xn = row(s.chunk_xn, r, n_embd);
-    exec_->RmsNorm(xs + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, 1, c.n_embd, c.rms_eps, xn);
+    float* xn = Row(s.chunk_xn, r, n_embd);
+    exec_->RmsNorm(s.chunk_x.data() + static_cast<size_t>(logit_rows[r]) * n_embd, w_->output_norm, 1, c.n_embd,
+                   c.rms_eps, xn);
     exec_->SetActivation(*acts[r], xn, c.n_embd);
   }
   float* y = HostLogitsOr(logits);
-  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), y, n_vocab, kBatched, gemm}};
+  const kernels::MatMulJob out[] = {{&output, acts, static_cast<int>(nr), y, static_cast<size_t>(c.n_vocab),
+                                     kernels::TokenSums::kBatched, options_.llama_attention_sums}};
   exec_->MatMul(out);
   exec_->ReadBack(logits.data(), y, logits.size_bytes());
   return Status::Ok();

@@ -224,9 +224,7 @@ int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
                                                static_cast<uint64_t>(std::max(n_blocks, 1))));
 }
 
-void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
-  MemoryManager& mm = cache.memory();
-  const Tier tier = exec_->tier_for(mm);
+std::vector<PageId> Model::PlanPrefetch(KvCache& cache, SeqId seq, int next) const {
   std::vector<PageId> pages;
   if (mm_ != nullptr) {
     pages.push_back(layer_pages_[static_cast<size_t>(next)]);
@@ -237,11 +235,16 @@ void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next, int pos) {
   const int ahead = std::min(kKvLookahead * KvBatchBlocks(cache, n_blocks), n_blocks);
   for (int b = 0; b < ahead; ++b) pages.push_back(cache.BlockPage(seq, next, b));
   if (n_blocks > ahead) pages.push_back(cache.BlockPage(seq, next, n_blocks - 1));
-  (void)pos;
+  return pages;
+}
+
+void Model::PrefetchLayer(KvCache& cache, SeqId seq, int next) {
+  std::vector<PageId> pages = PlanPrefetch(cache, seq, next);
   // Fire and forget: a failed prefetch is retried, and reported, by the Acquire that
   // needs the page.
   counters_.prefetched_pages += pages.size();
-  (void)mm.Prefetch(std::move(pages), tier);
+  MemoryManager& mm = cache.memory();
+  (void)mm.Prefetch(std::move(pages), exec_->tier_for(mm));
   // Layer 0's experts are predicted when the next token's embedding is known, at the
   // start of its step (ForwardLayers).
   if (next > 0) PredictExperts(next);

@@ -490,13 +490,11 @@ int SessionFile::RemoveLeftovers(const std::string& target) {
   const std::string long_prefix = name + ".tierkv-tmp.";
   const std::string short_suffix = "." + Hex16(Hash(name.data(), name.size()));
   const std::string old_prefix = name + ".tmp.";  // before format 3: PATH.tmp.PID
-  const int dfd = open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return 0;
-  DIR* d = fdopendir(dfd);
-  if (d == nullptr) {
-    close(dfd);
-    return 0;
-  }
+  UniqueFd opened(open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!opened.valid()) return 0;
+  DIR* d = fdopendir(opened.get());
+  if (d == nullptr) return 0;
+  const int dfd = opened.release();  // closedir closes it
   std::vector<std::string> doomed;
   while (const dirent* e = readdir(d)) {
     const std::string_view n = e->d_name;
@@ -553,25 +551,19 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   bool fresh = false;
   struct stat old_stat {};
   bool replacing = false;  // a compaction: the new file takes over the old one's mode and owner
-  int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-  if (fd >= 0) {
-    auto loaded = Load(path, fd);
-    if (!loaded.ok()) {
-      close(fd);
-      return loaded.status().Annotate("refusing to overwrite " + path);
-    }
+  UniqueFd fd(open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  if (fd.valid()) {
+    auto loaded = Load(path, fd.get());
+    if (!loaded.ok()) return loaded.status().Annotate("refusing to overwrite " + path);
     if (!loaded->newest_damage.empty()) {
-      close(fd);
       return Status::Corruption(loaded->Damage() + "; refusing to overwrite " + path);
     }
     header = loaded->header;
     if (header.model.hash != model.hash) {
-      close(fd);
       return Status::FailedPrecondition("wrong model: " + path + " holds a session of " + Describe(header.model, model) +
                                         ", not " + Describe(model, header.model) + "; refusing to overwrite it");
     }
     if (!(header.geometry == g)) {
-      close(fd);
       return Status::FailedPrecondition(GeometryMismatch(header.geometry, g, path) + "; refusing to overwrite it");
     }
     prev = loaded->slot;
@@ -579,36 +571,35 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     old_size = loaded->file_bytes;
     // A file with other hard links is only appended to: a new file renamed over this
     // name would leave the other names on the old session.
-    const bool linked = fstat(fd, &old_stat) != 0 || old_stat.st_nlink > 1;
+    const bool linked = fstat(fd.get(), &old_stat) != 0 || old_stat.st_nlink > 1;
     if (!linked && ShouldCompact(cache, s, keys, header.file_id, append_at)) {
       // More garbage than live blocks after this save: write the session afresh, aside,
       // and rename it over this file (which stays intact until then). Blocks not yet
       // paged in are read from this file through the restore's open descriptor.
-      close(fd);
-      fd = -1;
+      fd.reset();
       out.compacted = true;
       replacing = true;
     }
   } else if (errno != ENOENT) {
     return Status::FromErrno(errno, "opening " + path);
   }
-  if (fd < 0) {
+  if (!fd.valid()) {
     fresh = true;
     append_at = kHeaderBytes;
     write_path = TempPathFor(target);
     // A new name, created exclusively (never a file or link someone placed there).
     for (int tries = 0;; ++tries) {
       write_path = TempPathFor(target);
-      fd = open(write_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);  // as the umask allows
-      if (fd >= 0 || errno != EEXIST || tries == 8) break;
+      fd.reset(open(write_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));  // as the umask allows
+      if (fd.valid() || errno != EEXIST || tries == 8) break;
     }
-    if (fd < 0) return Status::FromErrno(errno, "creating " + write_path);
+    if (!fd.valid()) return Status::FromErrno(errno, "creating " + write_path);
     if (replacing) {
       // The same owner where this process may give it (root), and the same mode.
-      (void)!fchown(fd, old_stat.st_uid, old_stat.st_gid);
-      if (fchmod(fd, old_stat.st_mode & 07777) != 0) {
+      (void)!fchown(fd.get(), old_stat.st_uid, old_stat.st_gid);
+      if (fchmod(fd.get(), old_stat.st_mode & 07777) != 0) {
         const int err = errno;
-        close(fd);
+        fd.reset();
         unlink(write_path.c_str());
         return Status::FromErrno(err, "setting the mode of " + write_path);
       }
@@ -630,16 +621,17 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     if (!fresh) {
       const bool slot_back =
           !slot_touched ||
-          (io->PWrite(fd, old_slot.data(), old_slot.size(), kSlotOffset[(prev.seq + 1) % 2]).ok() && io->Sync(fd).ok());
-      if (slot_back) (void)io->Truncate(fd, old_size);
+          (io->PWrite(fd.get(), old_slot.data(), old_slot.size(), kSlotOffset[(prev.seq + 1) % 2]).ok() &&
+           io->Sync(fd.get()).ok());
+      if (slot_back) (void)io->Truncate(fd.get(), old_size);
     }
-    close(fd);
+    fd.reset();
     if (fresh) unlink(write_path.c_str());
     return st.Annotate("saving session " + path);
   };
   if (fresh) {
     const auto h = EncodeHeader(header);
-    Status st = io->PWrite(fd, h.data(), h.size(), 0);
+    Status st = io->PWrite(fd.get(), h.data(), h.size(), 0);
     if (!st.ok()) return fail(st);
     out.bytes_written += h.size();
   }
@@ -658,7 +650,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   uint64_t write_at = append_at, pending = 0;
   auto flush = [&]() -> Status {
     if (iov.empty()) return Status::Ok();
-    TIERKV_RETURN_IF_ERROR(io->PWritev(fd, iov.data(), static_cast<int>(iov.size()), write_at));
+    TIERKV_RETURN_IF_ERROR(io->PWritev(fd.get(), iov.data(), static_cast<int>(iov.size()), write_at));
     out.bytes_written += pending;
     write_at += pending;
     pending = 0;
@@ -730,9 +722,9 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
     Append<uint64_t>(m, r.checksum);
   }
   const uint64_t manifest_at = batch_at;
-  if (Status st = io->PWrite(fd, m.data(), m.size(), manifest_at); !st.ok()) return fail(st);
+  if (Status st = io->PWrite(fd.get(), m.data(), m.size(), manifest_at); !st.ok()) return fail(st);
   out.bytes_written += m.size();
-  if (Status st = io->Sync(fd); !st.ok()) return fail(st);
+  if (Status st = io->Sync(fd.get()); !st.ok()) return fail(st);
   Slot next;
   next.seq = prev.seq + 1;
   next.manifest_offset = manifest_at;
@@ -741,21 +733,22 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   next.data_end = manifest_at + m.size();
   const auto slot = EncodeSlot(next);
   if (!fresh) {
-    if (Status st = ReadAt(fd, old_slot.data(), old_slot.size(), kSlotOffset[next.seq % 2], "the commit slot"); !st.ok()) {
+    if (Status st = ReadAt(fd.get(), old_slot.data(), old_slot.size(), kSlotOffset[next.seq % 2], "the commit slot");
+        !st.ok()) {
       return fail(st);
     }
   }
   slot_touched = true;
-  if (Status st = io->PWrite(fd, slot.data(), slot.size(), kSlotOffset[next.seq % 2]); !st.ok()) return fail(st);
+  if (Status st = io->PWrite(fd.get(), slot.data(), slot.size(), kSlotOffset[next.seq % 2]); !st.ok()) return fail(st);
   out.bytes_written += slot.size();
-  if (Status st = io->Sync(fd); !st.ok()) return fail(st);
+  if (Status st = io->Sync(fd.get()); !st.ok()) return fail(st);
   // Garbage past the commit (a crashed earlier save) is no longer referenced: trim it.
   struct stat stt {};
-  if (fstat(fd, &stt) == 0 && static_cast<uint64_t>(stt.st_size) > next.data_end) {
-    (void)!ftruncate(fd, static_cast<off_t>(next.data_end));
+  if (fstat(fd.get(), &stt) == 0 && static_cast<uint64_t>(stt.st_size) > next.data_end) {
+    (void)!ftruncate(fd.get(), static_cast<off_t>(next.data_end));
   }
   out.file_bytes = next.data_end;
-  close(fd);
+  fd.reset();
   if (fresh) {
     if (Status st = io->Rename(write_path, target); !st.ok()) {
       unlink(write_path.c_str());
@@ -767,10 +760,10 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
 }
 
 // --------------------------------------------------------------------------- restoring
-SessionFile::SessionFile(std::string path, int fd, uint64_t block_bytes, std::vector<Record> records)
-    : path_(std::move(path)), fd_(fd), id_(0), block_bytes_(block_bytes), records_(std::move(records)) {}
+SessionFile::SessionFile(std::string path, UniqueFd fd, uint64_t block_bytes, std::vector<Record> records)
+    : path_(std::move(path)), fd_(std::move(fd)), id_(0), block_bytes_(block_bytes), records_(std::move(records)) {}
 
-SessionFile::~SessionFile() { close(fd_); }
+SessionFile::~SessionFile() = default;
 
 Status SessionFile::CheckModel(const std::string& path, const ModelFingerprint& saved, const ModelFingerprint& model) {
   if (saved.hash == model.hash) return Status::Ok();
@@ -779,23 +772,19 @@ Status SessionFile::CheckModel(const std::string& path, const ModelFingerprint& 
 }
 
 Result<SessionFile::Restored> SessionFile::Restore(KvCache& cache, const std::string& path, const ModelFingerprint& model) {
-  int fd = -1;
+  UniqueFd fd;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
   if (!loaded->newest_damage.empty()) {
-    close(fd);
     return Status::Corruption(loaded->Damage() + "; refusing to restore or overwrite it");
   }
   const Header& h = loaded->header;
-  if (Status s = CheckModel(path, h.model, model); !s.ok()) {
-    close(fd);
-    return s;
-  }
+  if (Status s = CheckModel(path, h.model, model); !s.ok()) return s;
   if (!(h.geometry == cache.geometry())) {
-    close(fd);
     return Status::FailedPrecondition(GeometryMismatch(h.geometry, cache.geometry(), path));
   }
-  auto file = std::shared_ptr<SessionFile>(new SessionFile(path, fd, h.block_bytes, std::move(loaded->records)));
+  auto file =
+      std::shared_ptr<SessionFile>(new SessionFile(path, std::move(fd), h.block_bytes, std::move(loaded->records)));
   file->id_ = h.file_id;
   MemoryManager& mm = cache.memory();
   const int32_t source = mm.AddSource(file);
@@ -836,12 +825,12 @@ Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
   while (done < want) {
     ssize_t n;
     if (done == 0) {
-      n = preadv(fd_, iov, 2, static_cast<off_t>(r.offset));
+      n = preadv(fd_.get(), iov, 2, static_cast<off_t>(r.offset));
     } else {
       // Resume after a short read (rare): finish with plain preads.
       std::byte* dst = done < kRecordHeaderBytes ? hdr + done : out.data() + (done - kRecordHeaderBytes);
       const uint64_t len = done < kRecordHeaderBytes ? kRecordHeaderBytes - done : want - done;
-      n = pread(fd_, dst, len, static_cast<off_t>(r.offset + done));
+      n = pread(fd_.get(), dst, len, static_cast<off_t>(r.offset + done));
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, "reading " + name);
@@ -861,16 +850,13 @@ Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
 }
 
 // ------------------------------------------------------------------- inspect / verify
-Result<SessionFile::Loaded> SessionFile::OpenAndLoad(const std::string& path, int* fd_out) {
+Result<SessionFile::Loaded> SessionFile::OpenAndLoad(const std::string& path, UniqueFd* fd_out) {
   // O_NONBLOCK: a FIFO at `path` is refused by Load instead of blocking the open.
-  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, "opening session " + path);
-  auto loaded = Load(path, fd);
-  if (!loaded.ok()) {
-    close(fd);
-    return loaded.status();
-  }
-  *fd_out = fd;
+  UniqueFd fd(open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno(errno, "opening session " + path);
+  auto loaded = Load(path, fd.get());
+  if (!loaded.ok()) return loaded.status();
+  *fd_out = std::move(fd);
   return loaded;
 }
 
@@ -893,27 +879,23 @@ SessionSummary SessionFile::Summarize(const Loaded& loaded) {
 }
 
 Result<SessionSummary> SessionFile::Inspect(const std::string& path) {
-  int fd = -1;
+  UniqueFd fd;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
-  close(fd);
   return Summarize(*loaded);
 }
 
 Status SessionFile::Verify(const std::string& path, SessionSummary* summary) {
-  int fd = -1;
+  UniqueFd fd;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
-  if (!loaded->newest_damage.empty()) {
-    close(fd);
-    return Status::Corruption(loaded->Damage());
-  }
+  if (!loaded->newest_damage.empty()) return Status::Corruption(loaded->Damage());
   if (summary) *summary = Summarize(*loaded);
-  return VerifyBlocks(path, fd, std::move(*loaded));
+  return VerifyBlocks(path, std::move(fd), std::move(*loaded));
 }
 
-Status SessionFile::VerifyBlocks(const std::string& path, int fd, Loaded loaded) {
-  SessionFile file(path, fd, loaded.header.block_bytes, std::move(loaded.records));  // owns fd now
+Status SessionFile::VerifyBlocks(const std::string& path, UniqueFd fd, Loaded loaded) {
+  SessionFile file(path, std::move(fd), loaded.header.block_bytes, std::move(loaded.records));
   std::unique_ptr<std::byte[]> buf(new std::byte[file.block_bytes_]);
   for (size_t i = 0; i < file.records_.size(); ++i) {
     TIERKV_RETURN_IF_ERROR(file.ReadPage(i, std::span<std::byte>(buf.get(), file.block_bytes_)));
@@ -925,7 +907,7 @@ Status SessionFile::Repair(const std::string& path, const std::string& backup, b
                            SessionSummary* summary, SessionIo* io) {
   if (io == nullptr) io = SessionIo::Default();
   *repaired = false;
-  int fd = -1;
+  UniqueFd fd;
   auto loaded = OpenAndLoad(path, &fd);
   if (!loaded.ok()) return loaded.status();
   if (summary) *summary = Summarize(*loaded);
@@ -933,46 +915,43 @@ Status SessionFile::Repair(const std::string& path, const std::string& backup, b
   const uint64_t keep_seq = loaded->slot.seq;
   const uint64_t file_bytes = loaded->file_bytes;
   // The save rolled back to must itself be whole: a damaged block is lost either way.
-  if (Status st = VerifyBlocks(path, fd, std::move(*loaded)); !st.ok()) {  // closes fd
+  if (Status st = VerifyBlocks(path, std::move(fd), std::move(*loaded)); !st.ok()) {
     return st.Annotate(damaged ? "cannot repair (the save before the damaged one has a damaged block)"
                                : "cannot repair (block data is lost; only a damaged newest save can be rolled back)");
   }
   if (!damaged) return Status::Ok();
 
   // The copy first, so that what the rollback makes unreachable stays readable.
-  const int in = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (in < 0) return Status::FromErrno(errno, "opening " + path + " to repair it");
-  const int out = open(backup.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (out < 0) {
+  const UniqueFd in(open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!in.valid()) return Status::FromErrno(errno, "opening " + path + " to repair it");
+  UniqueFd out(open(backup.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!out.valid()) {
     const int err = errno;
-    close(in);
     return Status::FromErrno(err, "creating the backup " + backup + (err == EEXIST ? " (move it aside first)" : ""));
   }
   Status st = Status::Ok();
   std::vector<std::byte> buf(4 * kMiB);
   for (uint64_t off = 0; st.ok() && off < file_bytes; off += buf.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file_bytes - off));
-    st = ReadAt(in, buf.data(), n, off, path);
-    if (st.ok()) st = io->PWrite(out, buf.data(), n, off);
+    st = ReadAt(in.get(), buf.data(), n, off, path);
+    if (st.ok()) st = io->PWrite(out.get(), buf.data(), n, off);
   }
-  if (st.ok()) st = io->Sync(out);
-  close(out);
+  if (st.ok()) st = io->Sync(out.get());
+  out.reset();
   if (!st.ok()) {
-    close(in);
     unlink(backup.c_str());  // a partial copy is no backup; the session file is untouched
     return st.Annotate("backing up " + path + " to " + backup);
   }
   // Clear every commit slot newer than the save kept (the damaged one), then sync.
   std::vector<std::byte> head(kHeaderBytes);
-  st = ReadAt(in, head.data(), head.size(), 0, "the session header");
+  st = ReadAt(in.get(), head.data(), head.size(), 0, "the session header");
   for (int i = 0; st.ok() && i < 2; ++i) {
     const Slot slot = DecodeSlot(head.data() + kSlotOffset[i]);
     if (!slot.valid || slot.seq <= keep_seq) continue;
     const std::array<std::byte, kSlotBytes> zero{};
-    st = io->PWrite(in, zero.data(), zero.size(), kSlotOffset[i]);
+    st = io->PWrite(in.get(), zero.data(), zero.size(), kSlotOffset[i]);
   }
-  if (st.ok()) st = io->Sync(in);
-  close(in);
+  if (st.ok()) st = io->Sync(in.get());
   if (!st.ok()) return st.Annotate("repairing " + path + " (its copy " + backup + " is whole)");
   *repaired = true;
   return Status::Ok();

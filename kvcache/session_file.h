@@ -32,6 +32,7 @@
 #include <sys/uio.h>
 
 #include "kvcache/kv_cache.h"
+#include "memory/fd.h"
 #include "memory/page_source.h"
 
 namespace tierkv {
@@ -169,15 +170,15 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   struct Loaded;  // header + slot + manifest, parsed
   static Result<Loaded> Load(const std::string& path, int fd);
   // Opens `path` read-only and loads it; on success *fd is the open descriptor.
-  static Result<Loaded> OpenAndLoad(const std::string& path, int* fd);
+  static Result<Loaded> OpenAndLoad(const std::string& path, UniqueFd* fd);
   static SessionSummary Summarize(const Loaded& loaded);
   // Reads and checks every block `loaded` references; takes (and closes) fd.
-  static Status VerifyBlocks(const std::string& path, int fd, Loaded loaded);
+  static Status VerifyBlocks(const std::string& path, UniqueFd fd, Loaded loaded);
 
-  SessionFile(std::string path, int fd, uint64_t block_bytes, std::vector<Record> records);
+  SessionFile(std::string path, UniqueFd fd, uint64_t block_bytes, std::vector<Record> records);
 
   std::string path_;
-  int fd_;
+  UniqueFd fd_;
   uint64_t id_;
   uint64_t block_bytes_;
   std::vector<Record> records_;

@@ -17,12 +17,12 @@ namespace {
 
 // Opens the lock file: created exclusively, or an existing one only if it is a regular
 // file of this user with no other name (so a planted link or file is never written).
-Result<int> OpenLockFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd >= 0) return fd;
+Result<UniqueFd> OpenLockFile(const std::string& path) {
+  UniqueFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.valid()) return fd;
   if (errno != EEXIST) return Status::FromErrno(errno, "creating the session lock " + path);
-  fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
+  fd.reset(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) {
     if (errno == ENOENT) return Status::NotFound("");  // removed in between: try again
     if (errno == ELOOP) {
       return Status::PermissionDenied("the session lock " + path +
@@ -31,8 +31,7 @@ Result<int> OpenLockFile(const std::string& path) {
     return Status::FromErrno(errno, "opening the session lock " + path);
   }
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1) {
-    close(fd);
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_nlink != 1) {
     return Status::PermissionDenied("the session lock " + path +
                                     " is not a lock file tierkv made (another owner, type or link count); "
                                     "refusing to use it");
@@ -68,16 +67,14 @@ Result<std::unique_ptr<SessionLock>> SessionLock::Acquire(const std::string& ses
     if (!fd.ok() && fd.status().code() == StatusCode::kNotFound) continue;
     if (!fd.ok()) return fd.status();
     bool waited_out = false;
-    while (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+    while (flock(fd->get(), LOCK_EX | LOCK_NB) != 0) {
       if (errno == EINTR) continue;
       if (errno != EWOULDBLOCK) {
         const int err = errno;
-        close(*fd);
         return Status::FromErrno(err, "locking the session " + session_path);
       }
-      const std::string holder = ReadHolder(*fd);
+      const std::string holder = ReadHolder(fd->get());
       if (!options.wait) {
-        close(*fd);
         return Status::FailedPrecondition("session " + session_path + " is in use by " + holder + " (lock " + path + ")");
       }
       if (!told) {
@@ -85,26 +82,22 @@ Result<std::unique_ptr<SessionLock>> SessionLock::Acquire(const std::string& ses
         told = true;
       }
       if (options.cancelled && options.cancelled()) {
-        close(*fd);
         return Status::FailedPrecondition("gave up waiting for session " + session_path + ", in use by " + holder);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      if (!StillNamed(path, *fd)) {  // released and removed: take the new one
+      if (!StillNamed(path, fd->get())) {  // released and removed: take the new one
         waited_out = true;
         break;
       }
     }
-    if (waited_out || !StillNamed(path, *fd)) {
-      close(*fd);
-      continue;
-    }
+    if (waited_out || !StillNamed(path, fd->get())) continue;
     // Ours. Say who holds it, for the message of whoever waits.
     const std::string who = "pid " + std::to_string(getpid()) + ": " + options.command + "\n";
-    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size())) {
+    if (ftruncate(fd->get(), 0) != 0 || pwrite(fd->get(), who.data(), who.size(), 0) != static_cast<ssize_t>(who.size())) {
       // The lock holds without the note; a full disk must not stop a run that may
       // still save into blocks already allocated.
     }
-    std::unique_ptr<SessionLock> lock(new SessionLock(path, *fd));
+    std::unique_ptr<SessionLock> lock(new SessionLock(path, std::move(fd).value()));
     lock->leftovers_removed_ = SessionFile::RemoveLeftovers(SessionFile::SaveTarget(session_path));
     return lock;
   }
@@ -114,7 +107,6 @@ SessionLock::~SessionLock() {
   // Removed while still held, so that a waiter that then gets this (unnamed) file sees
   // it is gone and takes a new one.
   unlink(lock_path_.c_str());
-  close(fd_);
-}
+}  // fd_ closes after the unlink
 
 }  // namespace tierkv

@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 
+#include "memory/fd.h"
 #include "memory/status.h"
 
 namespace tierkv {
@@ -60,10 +61,10 @@ class SessionLock {
   static std::string LockPathFor(const std::string& session_path);
 
  private:
-  SessionLock(std::string lock_path, int fd) : lock_path_(std::move(lock_path)), fd_(fd) {}
+  SessionLock(std::string lock_path, UniqueFd fd) : lock_path_(std::move(lock_path)), fd_(std::move(fd)) {}
 
   std::string lock_path_;
-  int fd_;
+  UniqueFd fd_;
   int leftovers_removed_ = 0;
 };
 

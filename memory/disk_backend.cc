@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "memory/fd.h"
 #include "memory/size.h"
 #include "memory/tier_backend.h"
 
@@ -29,11 +30,10 @@ constexpr uint64_t kDirectAlign = 4096;
 
 class DiskBackend final : public TierBackend {
  public:
-  DiskBackend(int fd, std::string path, uint64_t bytes, bool direct, std::byte* map, double warmup_s)
-      : fd_(fd), path_(std::move(path)), bytes_(bytes), direct_(direct), map_(map), warmup_s_(warmup_s) {}
+  DiskBackend(UniqueFd fd, std::string path, uint64_t bytes, bool direct, std::byte* map, double warmup_s)
+      : fd_(std::move(fd)), path_(std::move(path)), bytes_(bytes), direct_(direct), map_(map), warmup_s_(warmup_s) {}
   ~DiskBackend() override {
     if (map_ != nullptr) munmap(map_, bytes_);
-    close(fd_);
   }
 
   Tier tier() const override { return Tier::kDisk; }
@@ -89,8 +89,8 @@ class DiskBackend final : public TierBackend {
     uint64_t done = 0;
     while (done < total) {
       const int count = static_cast<int>(iov.size() - first);
-      const ssize_t n = write ? pwritev(fd_, &iov[first], count, static_cast<off_t>(offset + done))
-                              : preadv(fd_, &iov[first], count, static_cast<off_t>(offset + done));
+      const ssize_t n = write ? pwritev(fd_.get(), &iov[first], count, static_cast<off_t>(offset + done))
+                              : preadv(fd_.get(), &iov[first], count, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
         return Status::FromErrno(errno, std::string(write ? "pwrite" : "pread") + " disk tier at offset " +
@@ -118,7 +118,7 @@ class DiskBackend final : public TierBackend {
     return Status::Ok();
   }
 
-  int fd_;
+  UniqueFd fd_;
   std::string path_;
   uint64_t bytes_;
   bool direct_;
@@ -141,38 +141,36 @@ Result<std::unique_ptr<TierBackend>> CreateDiskBackend(const DiskBackendOptions&
   if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument("disk tier directory " + options.dir + " is not a directory");
 
   std::string tmpl = options.dir + "/tierkv-disk-XXXXXX";
-  int fd = mkstemp(tmpl.data());
-  if (fd < 0) return Status::FromErrno(errno, "disk tier: cannot create a file in " + options.dir);
+  UniqueFd fd(mkstemp(tmpl.data()));
+  if (!fd.valid()) return Status::FromErrno(errno, "disk tier: cannot create a file in " + options.dir);
   unlink(tmpl.c_str());  // anonymous from now on: a crash leaves no arena file behind
 
   // Only a preallocated file: a fault on a hole of a full tmpfs would be SIGBUS, not ENOSPC.
-  const bool map = options.map_memory_fs && options.warmup && OnMemoryFilesystem(fd);
+  const bool map = options.map_memory_fs && options.warmup && OnMemoryFilesystem(fd.get());
   bool direct = false;
   if (!map && options.direct_io && options.bytes % kDirectAlign == 0) {
     // Some filesystems refuse O_DIRECT with EINVAL (tmpfs before Linux 6.6); then stay
     // buffered. Describe() says which mode the tier runs in.
-    const int flags = fcntl(fd, F_GETFL);
-    direct = flags >= 0 && fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
+    const int flags = fcntl(fd.get(), F_GETFL);
+    direct = flags >= 0 && fcntl(fd.get(), F_SETFL, flags | O_DIRECT) == 0;
   }
   if (options.warmup) {
-    const int err = posix_fallocate(fd, 0, static_cast<off_t>(options.bytes));
+    const int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(options.bytes));
     if (err != 0) {
-      close(fd);
       return Status::FromErrno(err, "disk tier: cannot preallocate " + FormatBytes(options.bytes) + " in " + options.dir);
     }
-  } else if (ftruncate(fd, static_cast<off_t>(options.bytes)) != 0) {
+  } else if (ftruncate(fd.get(), static_cast<off_t>(options.bytes)) != 0) {
     const int err = errno;
-    close(fd);
     return Status::FromErrno(err, "disk tier: cannot size the file in " + options.dir);
   }
   std::byte* mapping = nullptr;
   if (map) {
-    void* p = mmap(nullptr, options.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* p = mmap(nullptr, options.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p != MAP_FAILED) mapping = static_cast<std::byte*>(p);  // else pread/pwrite, as on any disk
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return std::unique_ptr<TierBackend>(
-      new DiskBackend(fd, options.dir, options.bytes, direct, mapping, secs));
+      new DiskBackend(std::move(fd), options.dir, options.bytes, direct, mapping, secs));
 }
 
 }  // namespace tierkv

@@ -747,7 +747,6 @@ class GgufParser {
 
 GgufFile::~GgufFile() {
   if (mapping_ != nullptr) munmap(mapping_, mapping_size_);
-  if (fd_ >= 0) ::close(fd_);
 }
 
 Result<std::unique_ptr<GgufFile>> GgufFile::Parse(const void* data, size_t size) {
@@ -773,32 +772,23 @@ Result<std::unique_ptr<GgufFile>> GgufFile::ParseOwned(std::vector<uint8_t> imag
 
 Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   // O_NONBLOCK: a FIFO is refused below instead of blocking the open.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno(errno, path);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) return Status::FromErrno(errno, path);
   struct stat st{};
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return Status::FromErrno(err, path);
-  }
+  if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, path);
   if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
     return Status::InvalidArgument(Cat(path, S_ISDIR(st.st_mode) ? ": a directory, not a GGUF file" : ": not a regular file"));
   }
   const auto size = static_cast<uint64_t>(st.st_size);
-  if (size == 0) {
-    ::close(fd);
-    return Status::Corruption(Cat(path, ": gguf: file is empty"));
-  }
-  void* mapping = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (size == 0) return Status::Corruption(Cat(path, ": gguf: file is empty"));
+  void* mapping = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
   const int map_errno = errno;
   if (mapping == MAP_FAILED) {
-    ::close(fd);
     return Status::FromErrno(map_errno, Cat(path, ": mmap"));
   }
 
   std::unique_ptr<GgufFile> file(new GgufFile());
-  file->fd_ = fd;  // kept for reads that bypass the mapping (paged weights)
+  file->fd_ = std::move(fd);  // kept for reads that bypass the mapping (paged weights)
   file->path_ = path;
   file->mapping_ = mapping;
   file->mapping_size_ = size;

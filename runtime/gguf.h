@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "memory/fd.h"
 #include "memory/status.h"
 #include "runtime/ggml_types.h"
 
@@ -155,7 +156,7 @@ class GgufFile {
   // The file Open() mapped, still open, for reads that bypass the mapping (a pread of
   // the page cache touches no mapped page, so the process's RSS does not grow); -1 for
   // images in memory. Offsets are those of base().
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   uint32_t version() const { return version_; }       // 2 or 3
   uint64_t file_size() const { return size_; }
   const uint8_t* base() const { return base_; }
@@ -215,7 +216,7 @@ class GgufFile {
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
   void* mapping_ = nullptr;  // owned when Open() mapped the file
-  int fd_ = -1;              // owned: the mapped file (Open)
+  UniqueFd fd_;              // the mapped file (Open)
   std::vector<uint8_t> owned_image_;  // ParseOwned()
   size_t mapping_size_ = 0;
   uint32_t version_ = 0;

@@ -30,6 +30,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kvcache/session_file.h"
+#include "memory/fd.h"
 #include "memory/memory_manager.h"
 #include "memory/size.h"
 #include "runtime/chat_template.h"
@@ -117,9 +118,7 @@ Status CheckPromptFile(const std::string& path) {
   const std::string what = PromptFileName(path);
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(what + ": a directory, not a file");
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return Status::FromErrno(errno, what);
-  close(fd);
+  if (!UniqueFd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)).valid()) return Status::FromErrno(errno, what);
   return Status::Ok();
 }
 
@@ -129,11 +128,12 @@ Result<std::string> ReadPromptFile(const std::string& path, size_t max_bytes) {
   const bool stdin_ = path == "-";
   const std::string what = PromptFileName(path);
   TIERKV_RETURN_IF_ERROR(CheckPromptFile(path));
-  int fd = STDIN_FILENO;
+  UniqueFd file;  // standard input stays open
   if (!stdin_) {
-    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, what);
+    file.reset(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!file.valid()) return Status::FromErrno(errno, what);
   }
+  const int fd = stdin_ ? STDIN_FILENO : file.get();
   // One byte past the bound says "more" without reading the rest (-f /dev/zero).
   const size_t limit = std::min(max_bytes, kMaxPromptBytes) + 1;
   std::string text;
@@ -149,7 +149,6 @@ Result<std::string> ReadPromptFile(const std::string& path, size_t max_bytes) {
     if (n == 0) break;
     text.append(buf.data(), static_cast<size_t>(n));
   }
-  if (!stdin_) close(fd);
   if (!st.ok()) return st;
   if (text.size() > kMaxPromptBytes) {
     return Status::InvalidArgument(what + ": more than " + FormatBytes(kMaxPromptBytes) + ", more than any context holds");
@@ -185,9 +184,9 @@ Status CheckSessionPath(const std::string& session) {
   if (exists) {
     // An append rewrites it in place (O_RDWR: refused for read-only, immutable and
     // append-only files alike).
-    const int fd = open(target.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, flag + ": cannot write the file");
-    close(fd);
+    if (!UniqueFd(open(target.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC)).valid()) {
+      return Status::FromErrno(errno, flag + ": cannot write the file");
+    }
   }
   // The save's own new file made there and removed: access(W_OK) says yes to root even
   // where nothing can be created (/proc).

@@ -505,6 +505,7 @@ void DequantizeRow(WeightType type, const void* row, float* out, int64_t n) {
     case WeightType::kQ6_K: DequantQ6_K(static_cast<const BlockQ6_K*>(row), out, n / kQkK); return;
     case WeightType::kIQ4_XS: DequantIq4Xs(static_cast<const BlockIq4Xs*>(row), out, n / kQkK); return;
     case WeightType::kQ8_K: DequantQ8_K(static_cast<const BlockQ8_K*>(row), out, n / kQkK); return;
+    default: break;  // the ggml types the kernels do not read (FindWeightType refuses them)
   }
   assert(false && "unsupported weight type");
 }
@@ -552,6 +553,7 @@ DotFn ScalarDot(WeightType weight) {
     case WeightType::kIQ4_XS: return DotIq4XsScalar;
     case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
+    default: break;  // the ggml types the kernels do not read
   }
   return nullptr;
 }

@@ -62,29 +62,14 @@
 #include <cstdint>
 
 #include "kernels/cpu_features.h"
+#include "kernels/ggml_types.h"
 
 namespace tierkv::kernels {
 
-// Numeric ids are ggml's (as written in GGUF tensor infos).
-enum class WeightType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ8_1 = 9,  // activations only
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kQ8_K = 15,  // activations only
-  kIQ4_NL = 20,
-  kIQ4_XS = 23,
-  kBF16 = 30,
-};
+// The ggml type of a weight matrix or an activation row: the one ggml type enum
+// (kernels/ggml_types.h, ids as written in GGUF tensor infos). The kernels read the
+// types FindWeightType knows; Q8_1 and Q8_K only as converted activations.
+using WeightType = ::tierkv::GgmlType;
 
 inline constexpr int kQk0 = 32;    // values per Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / IQ4_NL block
 inline constexpr int kQkK = 256;   // values per K-quant super-block

@@ -861,6 +861,7 @@ DotFn Avx2Dot(WeightType weight) {
     case WeightType::kIQ4_XS: return DotIq4XsAvx2;
     case WeightType::kQ8_1:
     case WeightType::kQ8_K: return nullptr;
+    default: break;  // the ggml types the kernels do not read
   }
   return nullptr;
 }

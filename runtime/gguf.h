@@ -33,7 +33,7 @@
 
 #include "memory/fd.h"
 #include "memory/status.h"
-#include "runtime/ggml_types.h"
+#include "kernels/ggml_types.h"
 
 namespace tierkv {
 

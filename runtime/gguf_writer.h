@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "memory/status.h"
-#include "runtime/ggml_types.h"
+#include "kernels/ggml_types.h"
 
 namespace tierkv {
 

@@ -9,7 +9,7 @@
 
 #include "kernels/fp16.h"
 #include "memory/rng.h"
-#include "runtime/ggml_types.h"
+#include "kernels/ggml_types.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
 

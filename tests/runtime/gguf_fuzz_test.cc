@@ -30,7 +30,7 @@
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "runtime/builtin_model.h"
-#include "runtime/ggml_types.h"
+#include "kernels/ggml_types.h"
 #include "runtime/gguf.h"
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"

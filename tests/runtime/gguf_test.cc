@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/cli/info_command.h"
-#include "runtime/ggml_types.h"
+#include "kernels/ggml_types.h"
 #include "tests/runtime/cli_test_util.h"
 #include "tests/runtime/reference_util.h"
 

@@ -1,4 +1,4 @@
-// runtime/ggml_types.h
+// kernels/ggml_types.h
 //
 // The ggml tensor element types a GGUF file may name: their numeric ids (as written in
 // GGUF tensor infos), their names (the upper-case spelling of llama.cpp's gguf-py, e.g.

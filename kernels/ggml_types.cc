@@ -1,5 +1,5 @@
-// runtime/ggml_types.cc
-#include "runtime/ggml_types.h"
+// kernels/ggml_types.cc
+#include "kernels/ggml_types.h"
 
 #include <array>
 #include <cassert>

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu_features.h"
 #include "kernels/thread_pool.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -52,7 +53,7 @@ __attribute__((target("avx2"))) inline uint64_t SumWordsAvx2(const uint64_t* p, 
 // The sum of the n 64-bit words at p (8-byte aligned).
 inline uint64_t SumWords(const uint64_t* p, size_t n) {
 #if defined(__x86_64__) || defined(_M_X64)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = kernels::CpuHas().avx2;
   if (avx2) return SumWordsAvx2(p, n);
 #endif
   return SumWordsScalar(p, n);

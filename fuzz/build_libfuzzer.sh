@@ -8,7 +8,8 @@
 #   build/libfuzzer/gguf_fuzzer -max_total_time=90 -max_len=32768 -malloc_limit_mb=512 /tmp/corpus
 # or, for the session reader, a corpus of small session files (docs/testing.md):
 #   build/libfuzzer/session_fuzzer -max_total_time=150 -max_len=20000 -malloc_limit_mb=512 /tmp/sessions
-# clang 14 does not know the "avxvnni" CPU feature kernels/cpu_features.cc asks for: that
+# clang 14 does not know the "avxvnni" and "f16c" CPU features kernels/cpu_features.cc (the one
+# place tierkv asks the CPU) checks: that
 # file is compiled with __builtin_cpu_supports() = 0 (scalar kernels; fuzzing needs no SIMD).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,18 +15,29 @@
 namespace tierkv::kernels {
 namespace {
 
-SimdLevel DetectCpu() {
+CpuFeatures DetectFeatures() {
+  CpuFeatures f;
 #if defined(TIERKV_KERNELS_X86)
+  // libgcc's checks include the OS's support for the AVX and AVX-512 register state.
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  if (!avx2) return SimdLevel::kScalar;
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return avx512 ? SimdLevel::kAvx512 : SimdLevel::kAvx2;
-#else
-  return SimdLevel::kScalar;
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  f.f16c = __builtin_cpu_supports("f16c");
+  f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512dq = __builtin_cpu_supports("avx512dq");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+  f.avx_vnni = __builtin_cpu_supports("avxvnni");
 #endif
+  return f;
+}
+
+SimdLevel DetectCpu() {
+  const CpuFeatures& f = CpuHas();
+  if (!(f.avx2 && f.fma && f.f16c)) return SimdLevel::kScalar;
+  const bool avx512 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  return avx512 ? SimdLevel::kAvx512 : SimdLevel::kAvx2;
 }
 
 SimdLevel Detect() { return std::min(DetectCpu(), static_cast<SimdLevel>(SimdCapFromEnv().level)); }
@@ -34,16 +45,14 @@ SimdLevel Detect() { return std::min(DetectCpu(), static_cast<SimdLevel>(SimdCap
 std::atomic<int> g_forced{static_cast<int>(SimdLevel::kAvx512)};
 std::atomic<bool> g_avx_vnni_allowed{true};
 
-bool DetectAvxVnni() {
-#if defined(TIERKV_KERNELS_X86)
-  __builtin_cpu_init();
-  return SimdCapFromEnv().avx_vnni && __builtin_cpu_supports("avxvnni");
-#else
-  return false;
-#endif
-}
+bool DetectAvxVnni() { return SimdCapFromEnv().avx_vnni && CpuHas().avx_vnni; }
 
 }  // namespace
+
+const CpuFeatures& CpuHas() {
+  static const CpuFeatures features = DetectFeatures();
+  return features;
+}
 
 SimdLevel DetectedSimdLevel() {
   static const SimdLevel level = Detect();

@@ -10,6 +10,16 @@
 
 namespace tierkv::kernels {
 
+// What this CPU (with the OS's support for the register state) has, detected once, no
+// cap applied: the one place tierkv asks the CPU. (memory/half.h's F16C check for the
+// fp16 array conversions is the exception: the memory layer cannot include kernels/.)
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avx_vnni = false;
+};
+const CpuFeatures& CpuHas();
+
 enum class SimdLevel : int {
   kScalar = 0,  // portable C++
   kAvx2 = 1,    // AVX2 + FMA + F16C

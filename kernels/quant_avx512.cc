@@ -1735,7 +1735,7 @@ TIERKV_AVX512_FN void BatchDotRowsTokens(const void* rows, size_t row_bytes, int
 
 namespace quant_internal {
 bool HasAvx512Vnni() {
-  static const bool has = DetectedSimdLevel() >= SimdLevel::kAvx512 && __builtin_cpu_supports("avx512vnni");
+  static const bool has = DetectedSimdLevel() >= SimdLevel::kAvx512 && CpuHas().avx512vnni;
   return has;
 }
 

@@ -3,12 +3,14 @@
 
 #include <xxhash.h>
 
+#include "kernels/cpu_features.h"
+
 namespace tierkv {
 
 uint64_t ChecksumAvx2(const void* data, size_t bytes);  // checksum_avx2.cc (-mavx2)
 
 uint64_t Checksum(const void* data, size_t bytes) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
+  static const bool avx2 = kernels::CpuHas().avx2;
   return avx2 ? ChecksumAvx2(data, bytes) : XXH3_64bits(data, bytes);
 }
 

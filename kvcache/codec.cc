@@ -5,7 +5,7 @@
 // codec_quality.cc.
 //
 // Each codec picks its inner loops once, at construction: AVX2+FMA+F16C versions
-// (kernels/kv_codec_simd.h: target attributes, chosen with __builtin_cpu_supports; the
+// (kernels/kv_codec_simd.h: target attributes, chosen by kernels::CpuHas; the
 // build has no -march flags) or the generic ones here, written so the compiler can
 // vectorise them at the baseline ISA, which are also the scalar references.
 // Float sums use fixed lane counts, so results never depend on the compiler's choices.
@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cpu_features.h"
 #include "kernels/kv_codec_simd.h"
 #include "memory/half.h"
 #include "memory/simd_env.h"
@@ -123,8 +124,7 @@ void ForceNoAvx512Kernels(bool force) { g_force_no_avx512.store(force); }
 bool UseAvx512Kernels() {
   if (g_force_no_avx512.load() || !UseAvx2Kernels()) return false;
 #if defined(TIERKV_CODEC_X86)
-  // libgcc's check includes the OS's support for the 512-bit register state.
-  static const bool has = __builtin_cpu_supports("avx512f") && SimdCapFromEnv().level >= 2;
+  static const bool has = kernels::CpuHas().avx512f && SimdCapFromEnv().level >= 2;
   return has;
 #else
   return false;
@@ -134,8 +134,8 @@ bool UseAvx512Kernels() {
 bool UseAvx2Kernels() {
   if (g_force_generic.load()) return false;
 #if defined(TIERKV_CODEC_X86)
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          half_internal::CpuHasF16c() && SimdCapFromEnv().level >= 1;
+  const kernels::CpuFeatures& cpu = kernels::CpuHas();
+  static const bool has = cpu.avx2 && cpu.fma && cpu.f16c && SimdCapFromEnv().level >= 1;
   return has;
 #else
   return false;

@@ -669,7 +669,7 @@ TIERKV_AVX2 void DecodeQ8Avx2(const uint8_t* in, int nb, float* out) {
   }
 }
 
-TIERKV_AVX2 float DotQ8Avx2(const float* q, const uint8_t* k, int nb) {
+static TIERKV_AVX2 inline float DotQ8Impl(const float* q, const uint8_t* k, int nb) {
   __m256 total = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b, k += kQ8Bytes, q += kQBlock) {
     const auto* qs = reinterpret_cast<const int8_t*>(k + 2);
@@ -681,8 +681,9 @@ TIERKV_AVX2 float DotQ8Avx2(const float* q, const uint8_t* k, int nb) {
   }
   return HorizontalSum(total);
 }
+TIERKV_AVX2 float DotQ8Avx2(const float* q, const uint8_t* k, int nb) { return DotQ8Impl(q, k, nb); }
 
-TIERKV_AVX2 void AccumulateQ8Avx2(float w, const uint8_t* v, int nb, float* acc) {
+static TIERKV_AVX2 inline void AccumulateQ8Impl(float w, const uint8_t* v, int nb, float* acc) {
   for (int b = 0; b < nb; ++b, v += kQ8Bytes, acc += kQBlock) {
     const __m256 wd = _mm256_set1_ps(w * LoadHalf(v));
     const auto* qs = reinterpret_cast<const int8_t*>(v + 2);
@@ -691,6 +692,7 @@ TIERKV_AVX2 void AccumulateQ8Avx2(float w, const uint8_t* v, int nb, float* acc)
     }
   }
 }
+TIERKV_AVX2 void AccumulateQ8Avx2(float w, const uint8_t* v, int nb, float* acc) { AccumulateQ8Impl(w, v, nb, acc); }
 
 // EncodeQ8Block, bit for bit: vmaxps(|x|, acc) ignores a NaN |x| as fmaxf does;
 // round half away from zero as trunc + (|frac| >= 0.5), exact for |v| <= 127.
@@ -755,7 +757,7 @@ TIERKV_AVX2 void DecodeQ4Avx2(const uint8_t* in, int nb, float* out) {
   }
 }
 
-TIERKV_AVX2 float DotQ4Avx2(const float* q, const uint8_t* k, int nb) {
+static TIERKV_AVX2 inline float DotQ4Impl(const float* q, const uint8_t* k, int nb) {
   __m256 total = _mm256_setzero_ps();
   for (int b = 0; b < nb; ++b, k += kQ4Bytes, q += kQBlock) {
     const Q4Unpacked u = UnpackQ4(k + 2);
@@ -767,8 +769,9 @@ TIERKV_AVX2 float DotQ4Avx2(const float* q, const uint8_t* k, int nb) {
   }
   return HorizontalSum(total);
 }
+TIERKV_AVX2 float DotQ4Avx2(const float* q, const uint8_t* k, int nb) { return DotQ4Impl(q, k, nb); }
 
-TIERKV_AVX2 void AccumulateQ4Avx2(float w, const uint8_t* v, int nb, float* acc) {
+static TIERKV_AVX2 inline void AccumulateQ4Impl(float w, const uint8_t* v, int nb, float* acc) {
   for (int b = 0; b < nb; ++b, v += kQ4Bytes, acc += kQBlock) {
     const __m256 wd = _mm256_set1_ps(w * LoadHalf(v));
     const Q4Unpacked u = UnpackQ4(v + 2);
@@ -777,9 +780,12 @@ TIERKV_AVX2 void AccumulateQ4Avx2(float w, const uint8_t* v, int nb, float* acc)
     }
   }
 }
+TIERKV_AVX2 void AccumulateQ4Avx2(float w, const uint8_t* v, int nb, float* acc) { AccumulateQ4Impl(w, v, nb, acc); }
 
 // The per-vector kernel inlined into a loop over the vectors: the same code per vector,
-// so the same bits, without a call per vector.
+// so the same bits, without a call per vector. (The *Impl functions have internal
+// linkage so that the compiler inlines them here as it did when they lived with the
+// codecs; the exported *Avx2 names are one-line wrappers for the single-vector calls.)
 template <float (*kDot)(const float*, const uint8_t*, int)>
 TIERKV_AVX2 void DotManyLoopAvx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
   for (size_t i = 0; i < n; ++i) scores[i] = kDot(q, k + i * stride, nb);
@@ -791,16 +797,16 @@ TIERKV_AVX2 void AccumulateManyLoopAvx2(const float* w, const uint8_t* v, size_t
 }
 
 void DotManyQ8Avx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
-  DotManyLoopAvx2<DotQ8Avx2>(q, k, n, stride, nb, scores);
+  DotManyLoopAvx2<DotQ8Impl>(q, k, n, stride, nb, scores);
 }
 void AccumulateManyQ8Avx2(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc) {
-  AccumulateManyLoopAvx2<AccumulateQ8Avx2>(w, v, n, stride, nb, acc);
+  AccumulateManyLoopAvx2<AccumulateQ8Impl>(w, v, n, stride, nb, acc);
 }
 void DotManyQ4Avx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
-  DotManyLoopAvx2<DotQ4Avx2>(q, k, n, stride, nb, scores);
+  DotManyLoopAvx2<DotQ4Impl>(q, k, n, stride, nb, scores);
 }
 void AccumulateManyQ4Avx2(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc) {
-  AccumulateManyLoopAvx2<AccumulateQ4Avx2>(w, v, n, stride, nb, acc);
+  AccumulateManyLoopAvx2<AccumulateQ4Impl>(w, v, n, stride, nb, acc);
 }
 
 }  // namespace tierkv::kernels::kv_simd

@@ -23,23 +23,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 export XC=${1:-/tmp/tierkv-xcheck}
 export SHARED=${TIERKV_SHARED_DIR:-$(cd "$repo/.." && pwd)/shared}
-ver=3.22.1
-mkdir -p "$XC/models" "$XC/vectors" "$XC/tok"
-cd "$XC"
-if [ ! -d pkg ]; then
-  npm pack "@node-llama-cpp/linux-x64@$ver" "node-llama-cpp@$ver" >/dev/null
-  mkdir -p pkg src && tar xzf node-llama-cpp-linux-x64-$ver.tgz -C pkg && tar xzf node-llama-cpp-$ver.tgz -C src
-  git clone -q src/package/llama/gitRelease.bundle llama.cpp
-fi
-python3 -c 'import numpy' 2>/dev/null || { echo "error: python3-numpy is missing (apt-get install python3-numpy)" >&2; exit 1; }
-export GGUF_PY=$XC/llama.cpp/gguf-py
-B=$XC/pkg/package/bins/linux-x64
-CPU=$B/libggml-cpu-zen4.so
-for t in llama_ref llama_tok quant; do
-  [ -x $t ] || g++ -O2 -std=c++17 -I llama.cpp/include -I llama.cpp/ggml/include "$here/$t.cc" -o $t \
-      -L$B -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,$B
-done
-ls models/*-f32.gguf >/dev/null 2>&1 || python3 "$here/gen_models.py"
+. "$here/setup.sh"  # libllama from npm, llama.cpp's source, llama_ref / llama_tok / quant built
+ls models/*-f32.gguf >/dev/null 2>&1 || $PY "$here/gen_models.py"
 for m in xll xq2 xq3 xq3y xmoe; do
   for t in f16:1 bf16:32 q8_0:7 q4_0:2 q4_k_m:15 q5_k_m:17 q6_k:18 q4_k_s:14 q5_k_s:16; do
     [ -f models/$m-${t%%:*}.gguf ] || ./quant $CPU models/$m-f32.gguf models/$m-${t%%:*}.gguf ${t##*:} >/dev/null 2>&1
@@ -57,7 +42,7 @@ for f in models/*.gguf; do
   n=$(basename $f .gguf)
   [ -f vectors/$n.json ] || ./llama_ref $CPU $f prompts.json vectors/$n.json
 done
-python3 "$here/finish.py" >/dev/null
+$PY "$here/finish.py" >/dev/null
 python3 "$here/gen_texts.py" >/dev/null
 ./llama_tok $CPU "$SHARED/reference/models/ref-llama-f16.gguf" texts.json tok/tok-spm.json
 ./llama_tok $CPU "$SHARED/reference/models/ref-qwen3moe-f16.gguf" texts.json tok/tok-qwen.json

@@ -5,18 +5,45 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "runtime/cli/cli_checks.h"
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
 #include "runtime/chat_template.h"
+#include "runtime/cli/cli_checks.h"
 
 namespace tierkv {
 namespace {
+
+// The tensors' bytes by type, largest first (ties by name): "the type mix".
+struct TypeShare {
+  std::string name;
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+  double percent = 0;
+};
+std::vector<TypeShare> TypeMix(const GgufFile& file) {
+  std::map<std::string, TypeShare> by;
+  for (const GgufTensor& t : file.tensors()) {
+    TypeShare& s = by[t.traits().name];
+    s.name = t.traits().name;
+    ++s.tensors;
+    s.bytes += t.n_bytes;
+  }
+  std::vector<TypeShare> out;
+  for (auto& [name, share] : by) {
+    share.percent = file.tensor_bytes() > 0 ? 100.0 * static_cast<double>(share.bytes) / file.tensor_bytes() : 0.0;
+    out.push_back(share);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const TypeShare& a, const TypeShare& b) { return a.bytes > b.bytes; });
+  return out;
+}
 
 using Json = nlohmann::ordered_json;
 
@@ -284,6 +311,13 @@ std::string FormatInfoText(const GgufFile& file, const InfoOptions& options) {
   line("");
   line("parameters    " + HumanCount(file.parameter_count()) + " (" + std::to_string(file.parameter_count()) + ")");
   line("tensor bytes  " + std::to_string(file.tensor_bytes()) + " (" + FormatBytes(file.tensor_bytes()) + ")");
+  std::string mix;
+  for (const TypeShare& t : TypeMix(file)) {
+    char pct[32];
+    std::snprintf(pct, sizeof pct, " (%.1f%%)", t.percent);
+    mix += (mix.empty() ? "" : ", ") + t.name + " " + FormatBytes(t.bytes) + pct;
+  }
+  if (!mix.empty()) line("type mix      " + mix);
   // What `tierkv run --chat` would use (nothing when the file has no template).
   if (const auto chat = ModelChatFormat(file); chat.status().code() != StatusCode::kNotFound) {
     line("chat format   " + (chat.ok() ? std::string(ChatFamilyName(chat->family)) + " (run --chat)"
@@ -344,6 +378,9 @@ std::string FormatInfoJson(const GgufFile& file, const InfoOptions& options) {
   j["tensors"] = std::move(tensors);
   j["parameter_count"] = file.parameter_count();
   j["tensor_bytes"] = file.tensor_bytes();
+  Json mix = Json::array();
+  for (const TypeShare& t : TypeMix(file)) mix.push_back({{"type", t.name}, {"tensors", t.tensors}, {"bytes", t.bytes}});
+  j["type_mix"] = std::move(mix);
   // The chat format `tierkv run --chat` would use: a name, or null (no template, or one
   // of a family tierkv does not format).
   const auto chat = ModelChatFormat(file);

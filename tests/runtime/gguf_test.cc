@@ -1048,6 +1048,22 @@ TEST(InfoCommand, JsonReportForTheReferenceModels) {
     }
     EXPECT_EQ(j["parameter_count"].get<uint64_t>(), params);
     EXPECT_EQ(j["tensor_bytes"].get<uint64_t>(), bytes);
+    // The type mix: every type's tensors and bytes, largest first, adding up.
+    uint64_t mix_bytes = 0, mix_tensors = 0, last = UINT64_MAX;
+    for (const auto& m : j["type_mix"]) {
+      const uint64_t b = m["bytes"].get<uint64_t>();
+      EXPECT_LE(b, last) << "largest first";
+      last = b;
+      mix_bytes += b;
+      mix_tensors += m["tensors"].get<uint64_t>();
+      uint64_t of_type = 0;
+      for (const auto& t : j["tensors"]) {
+        if (t["type"] == m["type"]) of_type += t["bytes"].get<uint64_t>();
+      }
+      EXPECT_EQ(b, of_type) << m["type"];
+    }
+    EXPECT_EQ(mix_bytes, bytes);
+    EXPECT_EQ(mix_tensors, j["tensors"].size());
     const auto& tokens = j["metadata"]["tokenizer.ggml.tokens"];
     EXPECT_EQ(tokens["element_type"], "string");
     EXPECT_EQ(tokens["values"].size(), 8u);  // summarized
@@ -1090,6 +1106,7 @@ TEST(InfoCommand, TextReport) {
            "  blk.1.ffn_down.weight     Q6_K  [512, 256]     107520  7174912\n",
            "parameters    9.37 M (9372928)\n",
            "tensor bytes  7430912 (7.09 MiB)\n",
+           "type mix      Q6_K 6.54 MiB (92.2%), Q4_K 558 KiB (7.7%), F32 5.00 KiB (0.1%)\n",
            "(n_layer 2, n_head_kv 4, head_dim 32)\n",
            "  f16           1024  32.0 MiB\n",
            "  q8_0           544  17.0 MiB\n",

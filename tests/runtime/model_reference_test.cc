@@ -35,6 +35,7 @@
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
 #include "runtime/model.h"
+#include "runtime/tokenizer.h"
 #include "tests/runtime/reference_util.h"
 
 namespace tierkv {
@@ -242,6 +243,16 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
     file = std::shared_ptr<const GgufFile>(std::move(opened).value());
     ASSERT_EQ(file->file_size(), j["model"]["file_size"].get<uint64_t>());
     ASSERT_EQ(FileSha256(*file), j["model"]["file_sha256"].get<std::string>()) << "the vectors belong to another file";
+  }
+
+  // The prompt as this file's tokenizer reads it: llama.cpp's ids (so a file tierkv
+  // wrote, `tierkv make-model`'s, tokenizes alike in both: scripts/llama_xcheck).
+  if (cs.contains("prompt")) {
+    auto tok = Tokenizer::FromGguf(*file);
+    ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+    EXPECT_EQ((*tok)->Encode(cs["prompt"].get<std::string>(), /*add_special=*/true, /*parse_special=*/false),
+              cs["prompt_ids"].get<std::vector<int32_t>>())
+        << rc.id << ": the prompt's tokens differ from llama.cpp's";
   }
 
   ModelOptions mo;

@@ -18,7 +18,7 @@ $PY -c 'import numpy' 2>/dev/null || { echo "error: python3-numpy is missing (ap
 export GGUF_PY=$XC/llama.cpp/gguf-py
 B=$XC/pkg/package/bins/linux-x64
 CPU=$B/libggml-cpu-zen4.so
-for t in llama_ref llama_tok quant; do
+for t in llama_ref llama_tok quant llama_decode; do
   [ -x $t ] || g++ -O2 -std=c++17 -I llama.cpp/include -I llama.cpp/ggml/include "$here/$t.cc" -o $t \
       -L$B -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,$B
 done

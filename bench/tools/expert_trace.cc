@@ -8,7 +8,9 @@
 #include <fstream>
 #include <memory>
 #include <span>
+#include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "memory/memory_manager.h"
 #include "memory/page_source.h"
@@ -406,6 +408,52 @@ Result<ReplayResult> ReplayExpertTrace(const ExpertTrace& trace, const ReplayOpt
   const TierStats stats = mm->Stats(tier);
   r.misses = r.acquires - r.hits;
   r.bytes_in = stats.bytes_in;
+  r.hit_rate = r.acquires > 0 ? static_cast<double>(r.hits) / static_cast<double>(r.acquires) : 0.0;
+  r.bytes_moved_per_token = r.tokens > 0 ? static_cast<double>(r.bytes_in) / static_cast<double>(r.tokens) : 0.0;
+  return r;
+}
+
+Result<ReplayResult> OracleReplay(const ExpertTrace& trace, uint64_t budget_pages) {
+  TIERKV_RETURN_IF_ERROR(ValidateExpertTrace(trace));
+  if (budget_pages == 0) return Status::InvalidArgument("oracle replay: the budget must hold at least one expert page");
+  std::vector<uint64_t> keys;
+  for (const ExpertStep& s : trace.steps) {
+    for (int32_t e : s.experts) {
+      keys.push_back(static_cast<uint64_t>(s.layer) * static_cast<uint64_t>(trace.n_expert) + static_cast<uint64_t>(e));
+    }
+  }
+  // next[i]: the index of the next acquire of keys[i]'s page, or `never`.
+  const uint64_t never = keys.size();
+  std::vector<uint64_t> next(keys.size(), never);
+  std::unordered_map<uint64_t, uint64_t> seen;
+  for (uint64_t i = keys.size(); i-- > 0;) {
+    auto it = seen.find(keys[i]);
+    next[i] = it == seen.end() ? never : it->second;
+    seen[keys[i]] = i;
+  }
+  ReplayResult r;
+  r.tokens = CountTokens(trace);
+  std::set<std::pair<uint64_t, uint64_t>> by_next;  // (next acquire, page) of the resident pages
+  std::unordered_map<uint64_t, uint64_t> resident;  // page -> its next acquire
+  for (uint64_t i = 0; i < keys.size(); ++i) {
+    ++r.acquires;
+    auto it = resident.find(keys[i]);
+    if (it != resident.end()) {
+      ++r.hits;
+      by_next.erase({it->second, keys[i]});
+    } else {
+      if (resident.size() == budget_pages) {  // evict the page needed furthest ahead
+        const auto victim = std::prev(by_next.end());
+        resident.erase(victim->second);
+        by_next.erase(victim);
+      }
+      it = resident.emplace(keys[i], 0).first;
+    }
+    it->second = next[i];
+    by_next.insert({next[i], keys[i]});
+  }
+  r.misses = r.acquires - r.hits;
+  r.bytes_in = r.misses * trace.expert_bytes;
   r.hit_rate = r.acquires > 0 ? static_cast<double>(r.hits) / static_cast<double>(r.acquires) : 0.0;
   r.bytes_moved_per_token = r.tokens > 0 ? static_cast<double>(r.bytes_in) / static_cast<double>(r.tokens) : 0.0;
   return r;

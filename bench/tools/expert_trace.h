@@ -144,4 +144,11 @@ struct ReplayResult {
 // Deterministic: the same trace and options give the same result.
 Result<ReplayResult> ReplayExpertTrace(const ExpertTrace& trace, const ReplayOptions& options);
 
+// The oracle: Belady's MIN over the trace's acquires (in ReplayExpertTrace's order,
+// demand only), with a compute tier of budget_pages expert pages: on a miss with the tier
+// full, the page evicted is the one whose next acquire lies furthest ahead (or never
+// comes). No policy that fetches only on demand hits more often (prefetching ones can).
+// bytes_in: misses x expert_bytes. REQUIRES: a valid trace, budget_pages >= 1.
+Result<ReplayResult> OracleReplay(const ExpertTrace& trace, uint64_t budget_pages);
+
 }  // namespace tierkv::tools

@@ -132,6 +132,7 @@ struct TraceReport {
   // and >= that of every other variant (prefetch on LRU and 2Q too).
   bool default_beats_simple = false;
   bool default_best = false;
+  ReplayResult oracle;  // Belady's MIN, demand only (tools::OracleReplay)
 };
 
 }  // namespace
@@ -173,10 +174,10 @@ Status RunExpertbench(const ExpertbenchOptions& o, std::FILE* out, std::FILE* er
 
   char buf[512];
   std::vector<TraceReport> reports;
-  reports.push_back({o.trace_path.empty() ? o.model : "trace", model_source, &model_trace, 0, {}, false});
+  reports.push_back({o.trace_path.empty() ? o.model : "trace", model_source, &model_trace, 0, {}, false, false, {}});
   std::snprintf(buf, sizeof(buf), "zipf %.2f, accuracy %.2f, locality %.2f, seed %llu", o.zipf_exponent,
                 o.prediction_accuracy, o.locality, static_cast<unsigned long long>(o.seed));
-  reports.push_back({"synthetic", buf, &synthetic, 0, {}, false});
+  reports.push_back({"synthetic", buf, &synthetic, 0, {}, false, false, {}});
   for (TraceReport& r : reports) {
     r.accuracy = tools::PredictionAccuracy(*r.trace);
     double best_simple = 0, best_other = 0, default_rate = 0;
@@ -195,6 +196,9 @@ Status RunExpertbench(const ExpertbenchOptions& o, std::FILE* out, std::FILE* er
       else best_other = std::max(best_other, res->hit_rate);
       if (!v.prefetch) best_simple = std::max(best_simple, res->hit_rate);
     }
+    Result<ReplayResult> oracle = tools::OracleReplay(*r.trace, budget);
+    if (!oracle.ok()) return oracle.status().Annotate(r.name + " oracle");
+    r.oracle = *oracle;
     r.default_beats_simple = default_rate >= best_simple;
     r.default_best = default_rate >= best_other;
   }
@@ -220,6 +224,11 @@ Status RunExpertbench(const ExpertbenchOptions& o, std::FILE* out, std::FILE* er
                    static_cast<double>(x.prefetch_lost) / tok, 100.0 * r.accuracy,
                    kVariants[i].is_default ? "  (default)" : "");
     }
+    const ReplayResult& x = r.oracle;
+    const double tok = static_cast<double>(std::max<uint64_t>(x.tokens, 1));
+    std::fprintf(err, "%-18s %-14s %8.1f%% %10.1f KiB %12.2f %14s %10s %10s  (bound for demand-only policies)\n",
+                 r.name.c_str(), "oracle (MIN)", 100.0 * x.hit_rate, x.bytes_moved_per_token / 1024.0,
+                 static_cast<double>(x.misses) / tok, "-", "-", "-");
   }
   for (const TraceReport& r : reports) {
     std::fprintf(err, "%s: the default (lfu+prefetch) %s every policy without prefetch; %s\n", r.name.c_str(),
@@ -263,6 +272,9 @@ Status RunExpertbench(const ExpertbenchOptions& o, std::FILE* out, std::FILE* er
                         {"prediction_accuracy", r.accuracy},
                         {"default_beats_simple", r.default_beats_simple},
                         {"default_best", r.default_best},
+                        {"oracle", {{"hit_rate", r.oracle.hit_rate},
+                                    {"bytes_moved_per_token", r.oracle.bytes_moved_per_token},
+                                    {"misses", r.oracle.misses}}},
                         {"results", rows}});
     }
     j["traces"] = traces;

@@ -325,5 +325,40 @@ TEST(ExpertTraceReplay, DeterministicAndPrefetchHelpsOnSkewedTrace) {
   }
 }
 
+// The oracle (Belady's MIN): known answers, and never below a demand-only policy.
+TEST(ExpertTraceOracle, EvictsThePageNeededFurthestAhead) {
+  // Budget 2, 0 1 2 0 1 2: LRU always evicts the page needed next (0 hits); MIN evicts 1
+  // for 2 (0 hits next), then 0 (never again) for 1, and 2 hits: 2 hits.
+  const ExpertTrace cyclic = OneLayer(4, {0, 1, 2, 0, 1, 2});
+  EXPECT_EQ(Replay(cyclic, PolicyKind::kLru, false, 2).hits, 0u);
+  const Result<ReplayResult> o = OracleReplay(cyclic, 2);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->hits, 2u);
+  EXPECT_EQ(o->misses, 4u);
+  EXPECT_EQ(o->bytes_in, 4u * 8192u);
+  EXPECT_EQ(o->tokens, 6u);
+  // 0 0 0 1 2 1 2 0 with 2 pages: 4 hits, as LRU (LruAndLfuDifferOnAKnownPattern).
+  EXPECT_EQ(OracleReplay(OneLayer(4, {0, 0, 0, 1, 2, 1, 2, 0}), 2)->hits, 4u);
+  // Room for every page: only first touches miss.
+  EXPECT_EQ(OracleReplay(cyclic, 3)->misses, 3u);
+  EXPECT_FALSE(OracleReplay(cyclic, 0).ok());
+}
+
+TEST(ExpertTraceOracle, BoundsEveryDemandOnlyPolicy) {
+  SyntheticTraceOptions so;
+  so.seed = 3;
+  so.tokens = 300;
+  const ExpertTrace t = *SyntheticSkewedTrace(so);
+  for (uint64_t budget : {8u, 32u, 64u}) {
+    const Result<ReplayResult> o = OracleReplay(t, budget);
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    for (PolicyKind p : {PolicyKind::kLru, PolicyKind::kTwoQ, PolicyKind::kDecayedLfu}) {
+      const ReplayResult r = Replay(t, p, false, budget);
+      EXPECT_EQ(o->acquires, r.acquires);
+      EXPECT_GE(o->hits, r.hits) << PolicyName(p) << " budget " << budget;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tierkv::tools

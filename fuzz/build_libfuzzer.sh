@@ -20,7 +20,7 @@ obj=build/libfuzzer/obj
 mkdir -p "$obj" "$(dirname "$out")"
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer-no-link,address,undefined -I. -DSPDLOG_COMPILED_LIB
        -DSPDLOG_FMT_EXTERNAL -DSPDLOG_SHARED_LIB -DFMT_SHARED)
-srcs=(runtime/gguf.cc runtime/ggml_types.cc runtime/unicode.cc runtime/model.cc runtime/model_config.cc
+srcs=(runtime/gguf.cc runtime/unicode.cc runtime/model.cc runtime/model_config.cc
       runtime/model_forward.cc runtime/model_paging.cc runtime/tokenizer.cc runtime/tokenizer_bpe.cc
       runtime/tokenizer_spm.cc kernels/*.cc kvcache/*.cc memory/status.cc memory/size.cc memory/meminfo.cc
       memory/frame_allocator.cc memory/host_backend.cc memory/disk_backend.cc memory/sim_device_backend.cc

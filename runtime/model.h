@@ -282,6 +282,7 @@ class Model {
   bool PinWholeLayer(KvCache& cache, SeqId seq, int layer, int n_blocks);
   Status PinVisit(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v);
   void RetirePins();
+  void RetireKvPins();
   Status AcquireOutput(kernels::MatrixView* output);
   Status Logits(std::span<float> logits);
   float* HostLogitsOr(std::span<float> logits);

@@ -46,10 +46,15 @@ Status Model::CheckStep(KvCache& cache, SeqId seq, int pos) const {
 // reads them has completed): after a step, and on its error paths.
 void Model::RetirePins() {
   Scratch& s = *s_;
-  for (Pin& pin : s.pins) exec_->Retire(std::move(pin));
-  s.pins.clear();
+  RetireKvPins();
   exec_->Retire(std::move(s.layer_pin));
   for (Pin& pin : s.expert_pins) exec_->Retire(std::move(pin));
+}
+
+// The KV blocks (or output matrix) pinned in s_->pins, handed to the executor.
+void Model::RetireKvPins() {
+  for (Pin& pin : s_->pins) exec_->Retire(std::move(pin));
+  s_->pins.clear();
 }
 
 namespace {
@@ -686,8 +691,7 @@ Status Model::PinVisit(KvCache& cache, SeqId seq, int layer, const AttentionPlan
   Scratch& s = *s_;
   MemoryManager& mm = cache.memory();
   const Tier tier = exec_->tier_for(mm);
-  for (Pin& pin : s.pins) exec_->Retire(std::move(pin));
-  s.pins.clear();
+  RetireKvPins();
   s.blocks.clear();
   const int b0 = plan.FirstBlock(v), count = plan.BlockCount(v);
   for (int b = b0; b < b0 + count; ++b) {
@@ -790,8 +794,7 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
       exec_->AttentionEnd(codec, ps[i], n > 1 ? sts[i] : &s.attention, out + static_cast<size_t>(q0 + i) * qd);
     }
   }
-  for (Pin& pin : s.pins) exec_->Retire(std::move(pin));
-  s.pins.clear();
+  RetireKvPins();
   return Status::Ok();
 }
 

@@ -26,7 +26,7 @@ model=$dir/qwen3-30b-a3b-q4_k_m.gguf
     --vocab-from "$shared/reference/models/ref-qwen3moe-f16.gguf" --seed 1 -o "$model" >&2
 # libllama and llama_decode (scripts/llama_xcheck/setup.sh, in its work directory).
 here=$repo/scripts/llama_xcheck
-export XC=${XC:-/tmp/tierkv-xcheck}
+export XC=${XC:-/tmp/tierkv-xcheck} SHARED=$shared
 (. "$here/setup.sh" >&2)
 B=$XC/pkg/package/bins/linux-x64
 llama="$XC/llama_decode $B/libggml-cpu-zen4.so"

@@ -25,14 +25,9 @@ for spec in qwen3-30b-a3b:q4_k_m:2 qwen3-8b:q8_0:2 qwen3-235b-a22b:q4_k_m:1; do
   [ -f "$f" ] || "$repo/build/release/runtime/tierkv" make-model --like "$like" --type "$type" --layers "$layers" \
       --vocab-from "$SHARED/reference/models/ref-qwen3moe-f16.gguf" --seed 1 -o "$f"
 done
-python3 - "$SHARED" > "$MM/prompts.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1] + '/reference/vectors/ref-llama-f16.json'))
-print(json.dumps([{"id": c["id"], "prompt": c["prompt"]} for c in d["cases"]]))
-PY
 for f in "$MM"/models/*.gguf; do
   n=$(basename "$f" .gguf)
-  [ -f "$MM/vectors/$n.json" ] || ./llama_ref "$CPU" "$f" "$MM/prompts.json" "$MM/vectors/$n.json"
+  [ -f "$MM/vectors/$n.json" ] || ./llama_ref "$CPU" "$f" "$XC/prompts.json" "$MM/vectors/$n.json"
 done
 XC=$MM $PY "$here/finish.py" >/dev/null
 cd "$repo"

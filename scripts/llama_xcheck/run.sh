@@ -33,11 +33,6 @@ done
 for t in q4_0:2 q4_k_m:15 q5_k_m:17 q6_k:18; do
   [ -f models/rmoe-${t%%:*}.gguf ] || ./quant $CPU "$SHARED/reference/models/ref-qwen3moe-f16.gguf" models/rmoe-${t%%:*}.gguf ${t##*:} >/dev/null 2>&1
 done
-python3 - "$SHARED" > prompts.json <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1] + '/reference/vectors/ref-llama-f16.json'))
-print(json.dumps([{"id": c["id"], "prompt": c["prompt"]} for c in d["cases"]]))
-PY
 for f in models/*.gguf; do
   n=$(basename $f .gguf)
   [ -f vectors/$n.json ] || ./llama_ref $CPU $f prompts.json vectors/$n.json

@@ -1,7 +1,7 @@
 # scripts/llama_xcheck/setup.sh: sourced by run.sh and make_model_check.sh, in $XC:
 # node-llama-cpp's prebuilt libllama and its llama.cpp source bundle (llama.h, gguf-py)
 # from the npm registry, once; llama_ref, llama_tok and quant built against them.
-# Sets PY (a python3 with numpy), GGUF_PY, B (the libraries) and CPU (the ggml CPU
+# Writes $XC/prompts.json. Sets PY (a python3 with numpy), GGUF_PY, B (the libraries) and CPU (the ggml CPU
 # backend: zen4, the reference's).
 ver=3.22.1
 mkdir -p "$XC/models" "$XC/vectors" "$XC/tok"
@@ -22,3 +22,9 @@ for t in llama_ref llama_tok quant llama_decode; do
   [ -x $t ] || g++ -O2 -std=c++17 -I llama.cpp/include -I llama.cpp/ggml/include "$here/$t.cc" -o $t \
       -L$B -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,$B
 done
+# The reference prompts (P1, P2, P3 of ../shared/reference), as llama_ref reads them.
+[ -f prompts.json ] || python3 - "$SHARED" > prompts.json <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1] + '/reference/vectors/ref-llama-f16.json'))
+print(json.dumps([{"id": c["id"], "prompt": c["prompt"]} for c in d["cases"]]))
+PY

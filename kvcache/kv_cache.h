@@ -118,9 +118,6 @@ class KvCache {
   // memory) where the block keeps them; k == null (keys the host never saw): drops
   // them, the block is unbounded as a restored one.
   void NoteKeys(BlockId b, const float* k);
-  // The tier KV blocks are allocated and written on: the compute tier where it is
-  // host-addressable, else the host tier.
-  Tier write_tier() const;
   // Decodes one token's K and V for one layer (tests, reference paths).
   Status Read(SeqId s, int layer, int pos, float* k, float* v);
 
@@ -169,6 +166,9 @@ class KvCache {
   Status MakeExclusive(Sequence& seq, int layer, int block);
   Sequence* Seq(SeqId s);
   const Sequence* Seq(SeqId s) const;
+  // The tier KV blocks are allocated on (and Write writes on): the compute tier where it
+  // is host-addressable, else the host tier (the CPU executor's tier_for).
+  Tier write_tier() const;
 
   MemoryManager* mm_;
   KvGeometry g_;

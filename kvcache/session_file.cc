@@ -69,18 +69,6 @@ void Append(std::vector<std::byte>& buf, T v) {
   Put(buf, off, v);
 }
 
-Status ReadAt(int fd, void* buf, size_t n, uint64_t off, const std::string& what) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = pread(fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::FromErrno(errno, "reading " + what);
-    if (r == 0) return Status::Corruption("truncated: " + what + " ends past the end of the file");
-    done += static_cast<size_t>(r);
-  }
-  return Status::Ok();
-}
-
 struct Header {
   uint32_t version = 0;
   uint64_t file_id = 0;
@@ -304,7 +292,7 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
                               " bytes, shorter than the 4096-byte session header");
   }
   std::vector<std::byte> head(kHeaderBytes);
-  TIERKV_RETURN_IF_ERROR(ReadAt(fd, head.data(), kHeaderBytes, 0, "the session header"));
+  TIERKV_RETURN_IF_ERROR(PreadFully(fd, head.data(), kHeaderBytes, 0, "the session header"));
   TIERKV_ASSIGN_OR_RETURN(L.header, DecodeHeader(head.data(), path));
   const KvGeometry& g = L.header.geometry;
 
@@ -327,7 +315,7 @@ Result<SessionFile::Loaded> SessionFile::Load(const std::string& path, int fd) {
       continue;
     }
     std::vector<std::byte> m(s.manifest_bytes);
-    TIERKV_RETURN_IF_ERROR(ReadAt(fd, m.data(), m.size(), s.manifest_offset, "the session manifest"));
+    TIERKV_RETURN_IF_ERROR(PreadFully(fd, m.data(), m.size(), s.manifest_offset, "the session manifest"));
     if (Hash(m.data(), m.size()) != s.manifest_hash) {
       last_error = Status::Corruption(path + ": manifest of save " + std::to_string(s.seq) + " fails its checksum");
       continue;
@@ -733,7 +721,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
   next.data_end = manifest_at + m.size();
   const auto slot = EncodeSlot(next);
   if (!fresh) {
-    if (Status st = ReadAt(fd.get(), old_slot.data(), old_slot.size(), kSlotOffset[next.seq % 2], "the commit slot");
+    if (Status st = PreadFully(fd.get(), old_slot.data(), old_slot.size(), kSlotOffset[next.seq % 2], "the commit slot");
         !st.ok()) {
       return fail(st);
     }
@@ -933,7 +921,7 @@ Status SessionFile::Repair(const std::string& path, const std::string& backup, b
   std::vector<std::byte> buf(4 * kMiB);
   for (uint64_t off = 0; st.ok() && off < file_bytes; off += buf.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file_bytes - off));
-    st = ReadAt(in.get(), buf.data(), n, off, path);
+    st = PreadFully(in.get(), buf.data(), n, off, path);
     if (st.ok()) st = io->PWrite(out.get(), buf.data(), n, off);
   }
   if (st.ok()) st = io->Sync(out.get());
@@ -944,7 +932,7 @@ Status SessionFile::Repair(const std::string& path, const std::string& backup, b
   }
   // Clear every commit slot newer than the save kept (the damaged one), then sync.
   std::vector<std::byte> head(kHeaderBytes);
-  st = ReadAt(in.get(), head.data(), head.size(), 0, "the session header");
+  st = PreadFully(in.get(), head.data(), head.size(), 0, "the session header");
   for (int i = 0; st.ok() && i < 2; ++i) {
     const Slot slot = DecodeSlot(head.data() + kSlotOffset[i]);
     if (!slot.valid || slot.seq <= keep_seq) continue;

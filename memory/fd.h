@@ -4,12 +4,20 @@
 // no error path needs a hand-written close). Move-only; -1 is "none". release() hands
 // the descriptor to something else that closes it (fdopendir, a mapping's owner).
 //
+// PreadFully: n bytes at offset `off`, through short reads and EINTR.
+//
 // Thread-safety: as an int; one owner.
 #pragma once
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <string>
 #include <utility>
+
+#include "memory/status.h"
 
 namespace tierkv {
 
@@ -40,5 +48,19 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+// Reads n bytes at `off` into buf. Errors name `what`: "reading WHAT: <errno>", or
+// Corruption "truncated: WHAT ends past the end of the file" when the file is shorter.
+inline Status PreadFully(int fd, void* buf, size_t n, uint64_t off, const std::string& what) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = pread(fd, static_cast<char*>(buf) + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::FromErrno(errno, "reading " + what);
+    if (r == 0) return Status::Corruption("truncated: " + what + " ends past the end of the file");
+    done += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
 
 }  // namespace tierkv

@@ -6,14 +6,12 @@
 // and dropped without a copy when evicted. The forward step pins them on the compute
 // tier and reads them through views rebased onto the pin; the bytes are the file's, so
 // the arithmetic is the same as reading the mapping in place.
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <array>
 #include <chrono>
 #include <cstring>
 
+#include "memory/fd.h"
 #include "memory/size.h"
 #include "runtime/model.h"
 #include "runtime/model_internal.h"
@@ -58,16 +56,7 @@ class WeightSource : public PageSource {
 
  private:
   Status ReadAt(std::byte* dst, size_t n, uint64_t at) const {
-    while (n > 0) {
-      const ssize_t r = pread(file_->fd(), dst, n, static_cast<off_t>(at));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) return Status::FromErrno(errno, "reading weights from " + file_->path());
-      if (r == 0) return Status::Corruption(file_->path() + ": weights end past the end of the file (truncated since it was opened?)");
-      dst += r;
-      n -= static_cast<size_t>(r);
-      at += static_cast<uint64_t>(r);
-    }
-    return Status::Ok();
+    return PreadFully(file_->fd(), dst, n, at, "weights from " + file_->path());
   }
 
   std::shared_ptr<const GgufFile> file_;  // keeps the mapping (and its descriptor) alive

@@ -119,4 +119,53 @@ Result<std::string> FormatChatContinuation(const ChatFormat& format, std::string
                              std::string(ChatFamilyName(format.family)));
 }
 
+Result<std::string> FormatChat(const ChatFormat& format, std::span<const ChatMessage> messages, bool add_assistant) {
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+      return Status::InvalidArgument("chat message role '" + m.role + "': tierkv formats system, user and assistant");
+    }
+  }
+  std::string s;
+  switch (format.family) {
+    case ChatFamily::kChatml:
+      for (const ChatMessage& m : messages) s.append("<|im_start|>").append(m.role).append("\n").append(m.content).append("<|im_end|>\n");
+      if (add_assistant) s.append("<|im_start|>assistant\n");
+      return s;
+    case ChatFamily::kLlama3:
+      for (const ChatMessage& m : messages) {
+        s.append("<|start_header_id|>").append(m.role).append("<|end_header_id|>\n\n").append(Trim(m.content)).append("<|eot_id|>");
+      }
+      if (add_assistant) s.append("<|start_header_id|>assistant<|end_header_id|>\n\n");
+      return s;
+    case ChatFamily::kLlama2: {
+      // [INST] (<<SYS>> system <</SYS>>) user [/INST] assistant</s>[INST] user [/INST] ...
+      std::string system;
+      bool in_turn = false;
+      for (const ChatMessage& m : messages) {
+        const std::string_view text = format.llama2_strip ? Trim(m.content) : std::string_view(m.content);
+        if (m.role == "system") {
+          system.append(system.empty() ? "" : "\n").append(text);
+        } else if (m.role == "user") {
+          if (!in_turn) s.append("[INST] ");
+          if (!system.empty()) {
+            if (format.llama2_system) {
+              s.append("<<SYS>>\n").append(system).append("\n<</SYS>>\n\n");
+            } else {
+              s.append(system).append("\n");
+            }
+            system.clear();
+          }
+          s.append(text).append(" [/INST]");
+          in_turn = true;
+        } else {
+          s.append(text).append("</s>");
+          in_turn = false;
+        }
+      }
+      return s;
+    }
+  }
+  return s;
+}
+
 }  // namespace tierkv

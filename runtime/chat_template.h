@@ -15,6 +15,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -53,5 +54,22 @@ std::string FormatChatTurn(const ChatFormat& format, std::string_view system, st
 // conversation. chatml and llama3; kUnsupported for llama2, whose turns are delimited
 // by BOS/EOS in ways its variants differ on.
 Result<std::string> FormatChatContinuation(const ChatFormat& format, std::string_view user);
+
+// One message of a conversation (an OpenAI chat request's): role "system", "user" or
+// "assistant".
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+// The prompt text of a whole conversation in the model's format, and with
+// add_assistant the opening of the next assistant reply: for [system, user] (or [user])
+// the text FormatChatTurn gives. An assistant message is closed by its end-of-turn
+// marker (chatml <|im_end|>, llama3 <|eot_id|>, llama2 </s>), so that a conversation's
+// next request begins with the tokens of the previous one and its reply (the reply's
+// end-of-generation token, sampled but not fed, is the first new token). A system
+// message after the first message is a turn of its own (chatml, llama3) or dropped
+// into the next [INST] (llama2). kInvalidArgument for another role.
+Result<std::string> FormatChat(const ChatFormat& format, std::span<const ChatMessage> messages, bool add_assistant);
 
 }  // namespace tierkv

@@ -28,6 +28,7 @@
 #include "memory/tier_backend.h"
 #include "runtime/builtin_model.h"
 #include "runtime/chat_template.h"
+#include "runtime/generator.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
 #include "runtime/unicode.h"
@@ -51,12 +52,6 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 LogitsEntry Entry(int pos, std::span<const float> logits) {
   return LogitsEntry{pos, TopLogits(logits, 10), LogSumExp(logits)};
-}
-
-nlohmann::json EntryJson(const LogitsEntry& e) {
-  nlohmann::json top = nlohmann::json::array();
-  for (const auto& [id, v] : e.top) top.push_back({id, v});
-  return {{"pos", e.pos}, {"top", top}, {"logsumexp", e.logsumexp}};
 }
 
 // Whether the decoder computes on pages of the device tier. The simulated device is host
@@ -366,92 +361,6 @@ ModelFingerprint FingerprintOf(const GgufFile& file) {
   return ModelFingerprint{hash, desc};
 }
 
-nlohmann::json RunReport::ToJson() const {
-  nlohmann::json j;
-  j["prompt_tokens"] = prompt_tokens;
-  j["generated_tokens"] = generated_tokens;
-  j["text"] = text;
-  const auto rate = [](int n, double s) { return s > 0 ? n / s : 0.0; };
-  j["timings"] = {{"warmup_s", warmup_s},
-                  {"restore_s", restore_s},
-                  {"prefill_s", prefill_s},
-                  {"decode_s", decode_s},
-                  {"prefill_tok_s", rate(prefill_tokens, prefill_s)},
-                  {"decode_tok_s", rate(static_cast<int>(generated_tokens.size()), decode_s)}};
-  nlohmann::json tj = nlohmann::json::array();
-  for (const TierStats& t : tiers) {
-    if (!t.present) continue;
-    tj.push_back({{"name", TierName(t.tier)},
-                  {"budget_bytes", t.budget_bytes},
-                  {"used_bytes", t.used_bytes.current},
-                  {"peak_bytes", t.used_bytes.peak},
-                  {"hits", t.hits},
-                  {"misses", t.misses},
-                  {"bytes_in", t.bytes_in},
-                  {"bytes_out", t.bytes_out},
-                  {"evictions", t.evictions},
-                  {"backend", t.backend}});
-  }
-  j["tiers"] = tj;
-  const DecodeCounters& d = decoder;
-  const auto ratio = [](uint64_t a, uint64_t b) { return b > 0 ? static_cast<double>(a) / static_cast<double>(b) : 0.0; };
-  j["decoder"] = {{"steps", d.steps},
-                  {"step_s", d.step_s},
-                  {"wait_s", d.wait_s},
-                  {"kv_wait_s", d.kv_wait_s},
-                  {"weight_wait_s", d.weight_wait_s},
-                  {"expert_wait_s", d.expert_wait_s},
-                  {"compute_s", d.step_s - d.wait_s},
-                  {"copy_busy_s", copy_busy_s},
-                  {"kv_acquires", d.kv_acquires},
-                  {"kv_hit_rate", ratio(d.kv_hits, d.kv_acquires)},
-                  {"weight_acquires", d.weight_acquires},
-                  {"weight_hit_rate", ratio(d.weight_hits, d.weight_acquires)},
-                  {"expert_acquires", d.expert_acquires},
-                  {"expert_hit_rate", ratio(d.expert_hits, d.expert_acquires)},
-                  {"expert_prediction_recall", ratio(d.experts_chosen_in_prediction, d.experts_chosen_predicted)},
-                  {"prefetched_pages", d.prefetched_pages}};
-  j["kv"] = {{"type", kv_type}, {"tokens", kv_tokens}, {"bytes", kv_bytes}, {"llama_sums", llama_sums}};
-  j["rope"] = rope;
-  j["weights"] = paged_weights ? "paged" : "mapped";
-  j["chat"] = chat.empty() ? nlohmann::json(nullptr) : nlohmann::json(chat);
-  j["frame_bytes"] = frame_bytes;
-  j["threads"] = threads;
-  j["kernels"] = kernels::ActiveKernelsName();
-  j["session"] = {{"path", session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(session_path)},
-                  {"restored_tokens", restored_tokens},
-                  {"reused_prefix_tokens", reused_prefix_tokens},
-                  {"saved", saved}};
-  j["n_ctx"] = n_ctx;
-  j["seed"] = seed;
-  j["interrupted"] = interrupted;
-  j["stopped"] = stopped;
-  j["reverse_prompt"] = reverse_prompt;
-  j["context_full"] = context_full;
-  j["stop_reason"] = StopReasonName(stop_reason);
-  j["output_failed"] = output_failed;
-  if (!turns.empty()) {
-    nlohmann::json tj2 = nlohmann::json::array();
-    for (const TurnReport& t : turns) {
-      tj2.push_back({{"input", t.input},
-                     {"input_tokens", t.input_tokens},
-                     {"generated", t.generated},
-                     {"text", t.text},
-                     {"reverse_prompt", t.reverse_prompt},
-                     {"stop_reason", StopReasonName(t.stop_reason)}});
-    }
-    j["turns"] = tj2;
-  }
-  if (!logits.empty() || !steps.empty()) {
-    nlohmann::json lj = nlohmann::json::array(), sj = nlohmann::json::array();
-    for (const auto& e : logits) lj.push_back(EntryJson(e));
-    for (const auto& e : steps) sj.push_back(EntryJson(e));
-    j["logits"] = lj;
-    j["steps"] = sj;
-  }
-  return j;
-}
-
 uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& m, uint64_t weights_256k, uint64_t weights_1m,
                         uint64_t session_block_bytes) {
   constexpr uint64_t kSmall = 256 * kKiB, kLarge = kMiB;
@@ -502,6 +411,88 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
   }
   h.bytes = need;
   return h;
+}
+
+Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_ptr<const GgufFile> file,
+                                              const ModelConfig& config, int n_ctx, bool fingerprint) {
+  auto rt = std::make_unique<Runtime>();
+  rt->file = file;
+  ModelOptions mo;
+  mo.threads = o.threads;
+  mo.n_ctx = n_ctx;
+  mo.prefetch = o.prefetch;
+  mo.llama_attention_sums = o.kv_type == KvCodec::kF16 &&
+                            (o.llama_sums == RunOptions::LlamaSums::kOn ||
+                             (o.llama_sums == RunOptions::LlamaSums::kAuto &&
+                              LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config))));
+  mo.kv_batch_blocks = o.kv_batch_blocks;
+  mo.rope = o.rope;
+  // The memory manager is created once the frame size is known (Runtime: destroyed
+  // after the model, whose pages it holds).
+  TIERKV_ASSIGN_OR_RETURN(rt->model, Model::Load(file, mo));
+  Model* model = rt->model.get();
+  MemoryOptions memory = o.memory;
+  const KvGeometry kv_geometry = model->KvGeometryFor(o.kv_type);
+  std::string host_note;
+  if (o.auto_host) {
+    const auto meminfo = ReadMeminfo();
+    // Weights that may be read in place (all but --weights paged) keep their room in
+    // the page cache; a builtin model's weights are already in memory.
+    const uint64_t mapped = o.weights != RunOptions::Weights::kPaged && o.model.rfind(kBuiltinPrefix, 0) != 0
+                                ? file->tensor_bytes()
+                                : 0;
+    // --weights paged asked for every weight page in the host tier: room for them too.
+    const uint64_t paged = o.weights == RunOptions::Weights::kPaged
+                               ? model->WeightPageBytes(std::max<uint64_t>(memory.frame_bytes, kMiB))
+                               : 0;
+    const AutoHost h =
+        AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped, paged);
+    memory.host_bytes = h.bytes;
+    host_note = AutoHostNote(h);
+  }
+  TIERKV_RETURN_IF_ERROR(CheckMemoryBudgets(memory));
+  rt->paged_weights = PageWeights(o, memory, *model, n_ctx);
+  if (o.auto_frame) {
+    uint64_t session_block_bytes = 0;
+    std::error_code ec;
+    if (!o.session.empty() && std::filesystem::exists(o.session, ec)) {
+      // A file that cannot be read is left to the restore below, which names the problem.
+      if (auto summary = SessionFile::Inspect(o.session); summary.ok()) session_block_bytes = summary->block_bytes;
+    }
+    const uint64_t w_small = rt->paged_weights ? model->WeightPageBytes(256 * kKiB) : 0;
+    const uint64_t w_large = rt->paged_weights ? model->WeightPageBytes(kMiB) : 0;
+    memory.frame_bytes = AutoFrameBytes(n_ctx, memory, w_small, w_large, session_block_bytes);
+  }
+  rt->frame_bytes = memory.frame_bytes;
+  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, kv_geometry, memory, host_note));
+  if (o.auto_host && memory.host_bytes > kAutoHostFloor) {
+    spdlog::info("host tier: {} (--host auto: the KV cache of {} tokens{})", FormatBytes(memory.host_bytes), n_ctx,
+                 host_note);
+  }
+  // A warm-up of gigabytes takes seconds (a 60 GiB --vram on sim: about half a minute):
+  // say so up front rather than sit silent. (Not for the default 1 GiB host tier.)
+  constexpr uint64_t kLoudWarmupBytes = 4ull << 30;
+  const uint64_t warm_bytes = memory.warmup ? memory.host_bytes + memory.device_bytes + memory.disk_bytes : 0;
+  if (warm_bytes >= kLoudWarmupBytes) {
+    spdlog::info("warm-up: reserving and touching {} of tier memory (--no-warmup skips it)", FormatBytes(warm_bytes));
+  }
+  // The default --mlock try locks where the process may, silently; a warning about a
+  // refused lock is for a run that asked for one (RunOptions::mlock_asked).
+  if (!o.mlock_asked && memory.mlock == MlockMode::kTry && !MayLock(memory.host_bytes)) memory.mlock = MlockMode::kOff;
+  const auto t_warm = std::chrono::steady_clock::now();
+  TIERKV_ASSIGN_OR_RETURN(rt->mm, MemoryManager::Create(memory));
+  rt->warmup_s = Since(t_warm);
+  if (warm_bytes >= kLoudWarmupBytes) spdlog::info("warm-up took {:.1f} s", rt->warmup_s);
+  if (rt->paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(rt->mm.get()));
+  TIERKV_ASSIGN_OR_RETURN(rt->cache, KvCache::Create(rt->mm.get(), kv_geometry));
+  rt->llama_sums = mo.llama_attention_sums;
+  rt->threads = model->executor().threads();
+  rt->rope = RopeKey(model->config());
+  // The fingerprint reads a page of every tensor: only for runs with sessions.
+  if (fingerprint) {
+    rt->fingerprint = o.rope.any() ? WithRope(FingerprintOf(*file), *file, model->config()) : FingerprintOf(*file);
+  }
+  return rt;
 }
 
 Result<RunReport> RunSession(const RunOptions& o) {
@@ -656,85 +647,20 @@ Result<RunReport> RunSession(const RunOptions& o) {
                                    std::to_string(r.prompt_tokens.size()) + " tokens) plus -n " + std::to_string(n_predict));
   }
   r.n_ctx = n_ctx;
-  ModelOptions mo;
-  mo.threads = o.threads;
-  mo.n_ctx = n_ctx;
-  mo.prefetch = o.prefetch;
-  mo.llama_attention_sums = o.kv_type == KvCodec::kF16 &&
-                            (o.llama_sums == RunOptions::LlamaSums::kOn ||
-                             (o.llama_sums == RunOptions::LlamaSums::kAuto &&
-                              LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config))));
-  mo.kv_batch_blocks = o.kv_batch_blocks;
-  mo.rope = o.rope;
-  // mm is declared before the model so that the model is destroyed first, while the
-  // pages it placed there still exist; it is created once the frame size is known.
-  std::unique_ptr<MemoryManager> mm;
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Load(file, mo));
-  MemoryOptions memory = o.memory;
-  const KvGeometry kv_geometry = model->KvGeometryFor(o.kv_type);
-  std::string host_note;
-  if (o.auto_host) {
-    const auto meminfo = ReadMeminfo();
-    // Weights that may be read in place (all but --weights paged) keep their room in
-    // the page cache; a builtin model's weights are already in memory.
-    const uint64_t mapped = o.weights != RunOptions::Weights::kPaged && o.model.rfind(kBuiltinPrefix, 0) != 0
-                                ? file->tensor_bytes()
-                                : 0;
-    // --weights paged asked for every weight page in the host tier: room for them too.
-    const uint64_t paged = o.weights == RunOptions::Weights::kPaged
-                               ? model->WeightPageBytes(std::max<uint64_t>(memory.frame_bytes, kMiB))
-                               : 0;
-    const AutoHost h =
-        AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped, paged);
-    memory.host_bytes = h.bytes;
-    host_note = AutoHostNote(h);
-  }
-  TIERKV_RETURN_IF_ERROR(CheckMemoryBudgets(memory));
-  r.paged_weights = PageWeights(o, memory, *model, n_ctx);
-  if (o.auto_frame) {
-    uint64_t session_block_bytes = 0;
-    std::error_code ec;
-    if (!o.session.empty() && std::filesystem::exists(o.session, ec)) {
-      // A file that cannot be read is left to the restore below, which names the problem.
-      if (auto summary = SessionFile::Inspect(o.session); summary.ok()) session_block_bytes = summary->block_bytes;
-    }
-    const uint64_t w_small = r.paged_weights ? model->WeightPageBytes(256 * kKiB) : 0;
-    const uint64_t w_large = r.paged_weights ? model->WeightPageBytes(kMiB) : 0;
-    memory.frame_bytes = AutoFrameBytes(n_ctx, memory, w_small, w_large, session_block_bytes);
-  }
-  r.frame_bytes = memory.frame_bytes;
-  TIERKV_RETURN_IF_ERROR(CheckKvFits(n_ctx, kv_geometry, memory, host_note));
-  if (o.auto_host && memory.host_bytes > kAutoHostFloor) {
-    spdlog::info("host tier: {} (--host auto: the KV cache of {} tokens{})", FormatBytes(memory.host_bytes), n_ctx,
-                 host_note);
-  }
-  // A warm-up of gigabytes takes seconds (a 60 GiB --vram on sim: about half a minute):
-  // say so up front rather than sit silent. (Not for the default 1 GiB host tier.)
-  constexpr uint64_t kLoudWarmupBytes = 4ull << 30;
-  const uint64_t warm_bytes = memory.warmup ? memory.host_bytes + memory.device_bytes + memory.disk_bytes : 0;
-  if (warm_bytes >= kLoudWarmupBytes) {
-    spdlog::info("warm-up: reserving and touching {} of tier memory (--no-warmup skips it)", FormatBytes(warm_bytes));
-  }
-  // The default --mlock try locks where the process may, silently; a warning about a
-  // refused lock is for a run that asked for one (RunOptions::mlock_asked).
-  if (!o.mlock_asked && memory.mlock == MlockMode::kTry && !MayLock(memory.host_bytes)) memory.mlock = MlockMode::kOff;
-  const auto t_warm = std::chrono::steady_clock::now();
-  TIERKV_ASSIGN_OR_RETURN(mm, MemoryManager::Create(memory));
-  r.warmup_s = Since(t_warm);
-  if (warm_bytes >= kLoudWarmupBytes) spdlog::info("warm-up took {:.1f} s", r.warmup_s);
-  if (r.paged_weights) TIERKV_RETURN_IF_ERROR(model->UseMemory(mm.get()));
-  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(mm.get(), kv_geometry));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<Runtime> rt, OpenRuntime(o, file, config, n_ctx, /*fingerprint=*/!o.session.empty()));
+  Model* model = rt->model.get();
+  KvCache* cache = rt->cache.get();
+  MemoryManager* mm = rt->mm.get();
+  r.warmup_s = rt->warmup_s;
+  r.paged_weights = rt->paged_weights;
+  r.frame_bytes = rt->frame_bytes;
   r.kv_type = KvCodecName(o.kv_type);
-  r.llama_sums = mo.llama_attention_sums;
-  r.threads = model->executor().threads();
+  r.llama_sums = rt->llama_sums;
+  r.threads = rt->threads;
 
   // Session restore and prefix reuse.
-  // Only with a session: the fingerprint reads a page of every tensor.
-  ModelFingerprint fp;
-  if (!o.session.empty()) {
-    fp = o.rope.any() ? WithRope(FingerprintOf(*file), *file, model->config()) : FingerprintOf(*file);
-  }
-  r.rope = RopeKey(model->config());
+  const ModelFingerprint& fp = rt->fingerprint;
+  r.rope = rt->rope;
   SeqId seq;
   int start = 0;
   std::shared_ptr<SessionFile> session_file;
@@ -757,49 +683,29 @@ Result<RunReport> RunSession(const RunOptions& o) {
     seq = cache->NewSequence();
   }
 
-  // The tokens whose K/V the cache holds, then (while `unfed`) the last one sampled,
-  // which is fed only when something follows it: a next step, a next input, a save.
+  // The prompt's tokens the cache holds, then the rest to compute.
   const size_t n_vocab = static_cast<size_t>(model->config().n_vocab);
-  std::vector<float> logits(n_vocab);
-  std::vector<int32_t> all = r.prompt_tokens;
-  bool unfed = false;
+  Generator gen(*model, *cache, seq,
+                std::vector<int32_t>(r.prompt_tokens.begin(), r.prompt_tokens.begin() + start));
+  TIERKV_RETURN_IF_ERROR(gen.Append(std::span<const int32_t>(r.prompt_tokens).subspan(static_cast<size_t>(start))));
+  const std::vector<int32_t>& all = gen.tokens();
   auto stop_requested = [&] { return o.stop != nullptr && o.stop->load(std::memory_order_relaxed); };
   auto clear_stop = [&] {
     if (o.stop != nullptr) o.stop->store(false, std::memory_order_relaxed);
   };
 
-  // Computes all[from, end) in chunks of o.batch tokens (ForwardBatch: the same bits for
-  // any chunk size), the last one's logits into `logits` (and, for the first
-  // prompt, the --dump-logits positions). A stop between chunks drops the tokens not
-  // computed from `all` and returns false.
-  std::vector<int> rows;
-  std::vector<float> chunk_logits;
-  auto prefill = [&](int from, bool dump) -> Result<bool> {
-    const int end = static_cast<int>(all.size());
-    auto wanted = [&](int pos) {
-      return pos == end - 1 || (dump && o.dump_logits > 0 && (pos < o.dump_logits || pos >= end - o.dump_logits));
-    };
-    for (int pos = from; pos < end;) {
-      if (stop_requested()) {
-        all.resize(static_cast<size_t>(pos));
-        return false;
-      }
-      const int n = std::min(std::max(o.batch, 1), end - pos);
-      rows.clear();
-      for (int i = 0; i < n; ++i) {
-        if (wanted(pos + i)) rows.push_back(i);
-      }
-      chunk_logits.resize(rows.size() * n_vocab);
-      const auto chunk = std::span<const int32_t>(all).subspan(static_cast<size_t>(pos), static_cast<size_t>(n));
-      TIERKV_RETURN_IF_ERROR(model->ForwardBatch(*cache, seq, chunk, pos, rows, chunk_logits));
-      for (size_t k = 0; k < rows.size(); ++k) {
-        std::copy_n(chunk_logits.begin() + static_cast<ptrdiff_t>(k * n_vocab), n_vocab, logits.begin());
-        if (dump && o.dump_logits > 0) r.logits.push_back(Entry(pos + rows[k], logits));
-      }
-      pos += n;
-      if (o.on_prefill) o.on_prefill(pos - from, end - from);
+  // Computes what was appended (the first prompt with the --dump-logits positions); a
+  // stop between chunks drops the tokens not computed and returns false.
+  auto prefill = [&](bool dump) -> Result<bool> {
+    Generator::PrefillHooks hooks;
+    hooks.stop = stop_requested;
+    if (o.on_prefill) hooks.progress = o.on_prefill;
+    if (dump && o.dump_logits > 0) {
+      const int end = static_cast<int>(all.size());
+      hooks.keep_row = [&o, end](int pos) { return pos < o.dump_logits || pos >= end - o.dump_logits; };
+      hooks.on_row = [&r](int pos, std::span<const float> l) { r.logits.push_back(Entry(pos, l)); };
     }
-    return true;
+    return gen.Prefill(o.batch, hooks);
   };
 
   SamplerOptions sampling = o.sampler;
@@ -841,8 +747,8 @@ Result<RunReport> RunSession(const RunOptions& o) {
         why = StopReason::kContextFull;
         break;
       }
-      if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, logits));
-      const int32_t next = sampler.Sample(logits);
+      if (o.dump_logits > 0) r.steps.push_back(Entry(static_cast<int>(all.size()) - 1, gen.logits()));
+      const int32_t next = sampler.Sample(gen.logits());
       sampler.Accept(next);
       r.generated_tokens.push_back(next);
       ++turn->generated;
@@ -855,8 +761,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
         why = shown ? StopReason::kEog : StopReason::kOutputFailed;
         break;
       }
-      all.push_back(next);
-      unfed = true;
+      gen.Accept(next);
       if (!shown) {
         why = StopReason::kOutputFailed;
         break;
@@ -874,17 +779,10 @@ Result<RunReport> RunSession(const RunOptions& o) {
         why = StopReason::kContextFull;
         break;
       }
-      TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, next, static_cast<int>(all.size()) - 1, logits));
-      unfed = false;
+      TIERKV_RETURN_IF_ERROR(gen.Step());
     }
     r.stop_reason = why;
     r.decode_s += Since(t0);
-    return Status::Ok();
-  };
-  auto feed_last = [&]() -> Status {
-    if (!unfed) return Status::Ok();
-    TIERKV_RETURN_IF_ERROR(model->Forward(*cache, seq, all.back(), static_cast<int>(all.size()) - 1, std::span<float>()));
-    unfed = false;
     return Status::Ok();
   };
   // The session holds every token whose K/V is in the cache: the last sampled token is
@@ -892,9 +790,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   // which the next run's prompt (or --continue) builds on.
   auto save = [&]() -> Status {
     if (o.session.empty()) return Status::Ok();
-    TIERKV_RETURN_IF_ERROR(feed_last());
-    assert(cache->Length(seq) == static_cast<int>(all.size()));
-    TIERKV_RETURN_IF_ERROR(SessionFile::Save(*cache, seq, all, fp, o.session));
+    TIERKV_RETURN_IF_ERROR(gen.Save(fp, o.session));
     r.saved = true;
     return Status::Ok();
   };
@@ -909,7 +805,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   const auto t_prefill = std::chrono::steady_clock::now();
   bool prefilled = false;
   if (!r.output_failed) {
-    TIERKV_ASSIGN_OR_RETURN(prefilled, prefill(start, /*dump=*/true));
+    TIERKV_ASSIGN_OR_RETURN(prefilled, prefill(/*dump=*/true));
   }
   r.prefill_s = Since(t_prefill);
   r.prefill_tokens = r.output_failed ? 0 : static_cast<int>(all.size()) - start;
@@ -955,8 +851,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
         add = tok->Encode(*in, /*add_special=*/false, /*parse_special=*/false);
       }
       if (add.empty()) continue;
-      // The reply's last token first (when it was not an end of generation).
-      TIERKV_RETURN_IF_ERROR(feed_last());
+      // (Append feeds the reply's last token first, when it was not an end of generation.)
       if (all.size() + add.size() >= static_cast<size_t>(n_ctx)) {
         spdlog::warn("the conversation ends: {} tokens held and {} more for the input leave no room to reply in "
                      "the context of {} (raise -c)",
@@ -966,17 +861,16 @@ Result<RunReport> RunSession(const RunOptions& o) {
         break;
       }
       const int from = static_cast<int>(all.size());
-      all.insert(all.end(), add.begin(), add.end());
+      TIERKV_RETURN_IF_ERROR(gen.Append(add));
       for (const int32_t t : add) sampler.Accept(t);
       const auto t0 = std::chrono::steady_clock::now();
-      TIERKV_ASSIGN_OR_RETURN(const bool done, prefill(from, /*dump=*/false));
+      TIERKV_ASSIGN_OR_RETURN(const bool done, prefill(/*dump=*/false));
       r.prefill_s += Since(t0);
       if (!done) {
         // The input is dropped whole: the conversation is saved as it was before it. The
         // part computed still counts for the rate reached.
         r.prefill_tokens += static_cast<int>(all.size()) - from;
-        TIERKV_RETURN_IF_ERROR(cache->Truncate(seq, from));
-        all.resize(static_cast<size_t>(from));
+        TIERKV_RETURN_IF_ERROR(gen.Truncate(from));
         r.interrupted = true;
         r.stop_reason = StopReason::kInterrupted;
         clear_stop();

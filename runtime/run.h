@@ -16,9 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "kvcache/codec.h"
+#include "kvcache/kv_cache.h"
 #include "kvcache/session_file.h"
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
@@ -234,7 +233,6 @@ struct RunReport {
   int n_ctx = 0;              // the context the run was sized for
   std::vector<TurnReport> turns;  // interactive runs: one per reply
 
-  nlohmann::json ToJson() const;
 };
 
 // The first of `prompts` (-r) that `text` contains where its last `added` bytes could
@@ -280,6 +278,30 @@ struct AutoHost {
 };
 AutoHost AutoHostBytes(int n_ctx, const KvGeometry& geometry, const MemoryOptions& memory, uint64_t available_bytes,
                        uint64_t mapped_bytes = 0, uint64_t paged_bytes = 0);
+
+// A loaded model and what it runs in: the tiers (sized from options' budgets for
+// contexts of n_ctx tokens), the model (weights paged or read in place) and an empty KV
+// cache. What RunSession opens for one run and `tierkv serve` once for its slots.
+struct Runtime {
+  std::shared_ptr<const GgufFile> file;
+  // Declared before the model and the cache: destroyed after them, whose pages it holds.
+  std::unique_ptr<MemoryManager> mm;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvCache> cache;
+  ModelFingerprint fingerprint;  // for session files (OpenRuntime's `fingerprint`; else empty)
+  std::string rope;              // RunReport::rope
+  bool paged_weights = false;
+  bool llama_sums = false;
+  uint64_t frame_bytes = 0;
+  double warmup_s = 0;
+  int threads = 0;
+};
+// `config`: ReadModelConfig(*file). The budgets are checked against a context of n_ctx
+// tokens (CheckKvFits: one clear error when they cannot hold it). With --frame auto, a
+// session file at options.session decides the frame. fingerprint: compute
+// Runtime::fingerprint (a page of every tensor is read).
+Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& options, std::shared_ptr<const GgufFile> file,
+                                             const ModelConfig& config, int n_ctx, bool fingerprint);
 
 Result<RunReport> RunSession(const RunOptions& options);
 

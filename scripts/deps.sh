@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages tierkv builds with, when any is missing.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libspdlog-dev libmimalloc-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev)
+      libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev
+      curl nodejs python3-requests)  # the last three: the server's client tests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

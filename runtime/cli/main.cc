@@ -18,6 +18,7 @@
 #include "runtime/cli/info_command.h"
 #include "runtime/cli/make_model_command.h"
 #include "runtime/cli/run_command.h"
+#include "runtime/cli/serve_command.h"
 #include "runtime/cli/session_command.h"
 #include "runtime/cli/usage_command.h"
 
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   tierkv::AddRunCommand(app, exit_code);
   tierkv::AddExpertbenchCommand(app, exit_code);
   tierkv::AddMakeModelCommand(app, exit_code);
+  tierkv::AddServeCommand(app, exit_code);
 
   app.set_version_flag("--version", "tierkv " TIERKV_VERSION);
   // `tierkv run --version` prints the version too, rather than "--model is required":

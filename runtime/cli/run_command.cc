@@ -35,6 +35,7 @@
 #include "memory/size.h"
 #include "runtime/chat_template.h"
 #include "runtime/cli/usage_command.h"
+#include "runtime/cli/run_report_json.h"
 #include "runtime/run.h"
 
 namespace tierkv {
@@ -69,6 +70,7 @@ struct RunFlags {
   bool no_conversation = false, no_mmap = false;
   bool no_display_prompt = false;  // llama.cpp's: the prompt is not shown before the text
   bool mlock_given = false;        // --mlock, bare or with a value
+  bool serve = false;              // `tierkv serve`'s flags: no prompt, no output flags
 };
 
 // llama.cpp's RoPE flags. --rope-scale N and --rope-freq-scale 1/N say the same.
@@ -222,7 +224,9 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   }
   // One rule for every vocabulary (a llama one ran on BOS alone, a qwen one had no
   // token): a run needs a prompt; an interactive one starts from its first input.
-  if (!f.interactive && f.prompt.empty() && f.prompt_file.empty()) return Status::InvalidArgument(kNoPromptMessage);
+  if (!f.serve && !f.interactive && f.prompt.empty() && f.prompt_file.empty()) {
+    return Status::InvalidArgument(kNoPromptMessage);
+  }
   // -n: 32 for a one-shot run; each reply until its end (-1) in an interactive one.
   if (f.n != RunFlags::kUnset && f.n < -1) {
     return Status::InvalidArgument("-n must be -1 (until end of generation or a full context) or more");
@@ -312,7 +316,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   }
   o.auto_host = f.host == "auto";
   if (!o.auto_host) {
-    TIERKV_ASSIGN_OR_RETURN(m.host_bytes, size("--host", f.host));
+    TIERKV_ASSIGN_OR_RETURN(m.host_bytes, size(f.serve ? "--ram" : "--host", f.host));
   }
   TIERKV_ASSIGN_OR_RETURN(m.disk_bytes, size("--disk", f.disk));
   o.auto_frame = f.frame == "auto";
@@ -529,13 +533,16 @@ constexpr double kProgressSeconds = 10.0;
 namespace {
 
 // llama.cpp's spellings CLI11 cannot declare (multi-letter single-dash words), and the
-// long option each stands for; --conversation is llama.cpp's long form of -cnv.
+// long option each stands for; --conversation is llama.cpp's long form of -cnv. `tierkv
+// serve` shares the runtime flags (-ctk, -ngl, ...) and adds llama-server's -np.
 char kCacheTypeK[] = "--cache-type-k", kCacheTypeV[] = "--cache-type-v", kChat[] = "--chat",
      kSystemPrompt[] = "--system-prompt", kGpuLayers[] = "--n-gpu-layers", kFlashAttn[] = "--flash-attn",
-     kNoConversation[] = "--no-conversation";
+     kNoConversation[] = "--no-conversation", kParallel[] = "--parallel";
 const std::pair<const char*, char*> kLong[] = {
     {"-ctk", kCacheTypeK}, {"-ctv", kCacheTypeV}, {"-cnv", kChat}, {"--conversation", kChat},
     {"-sys", kSystemPrompt}, {"-ngl", kGpuLayers}, {"-fa", kFlashAttn}, {"-no-cnv", kNoConversation}};
+// `tierkv serve`'s own (llama-server's -np).
+const std::pair<const char*, char*> kServeLong[] = {{"-np", kParallel}};
 
 // tierkv run --help lists llama.cpp's spellings beside the option they stand for
 // ("-ngl,--n-gpu-layers,--gpu-layers TEXT"): NormalizeLlamaFlags rewrites them before
@@ -603,10 +610,11 @@ std::string RunSummary(const RunReport& r, bool interactive) {
 }
 
 std::string NormalizeLlamaFlags(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "run") != 0) return "";
+  if (argc < 2 || (std::strcmp(argv[1], "run") != 0 && std::strcmp(argv[1], "serve") != 0)) return "";
   // Options whose value is free text: "-p -xyz" is a prompt, not a flag.
   static const char* kText[] = {"-p", "--prompt", "-r", "--reverse-prompt", "--system-prompt", "-sys",
-                                "--chat-template", "-f", "--prompt-file", "--file", "-m", "--model", "--session"};
+                                "--chat-template", "-f", "--prompt-file", "--file", "-m", "--model", "--session",
+                                "--api-key", "--api-key-file", "--alias", "--session-dir"};
   for (int i = 2; i < argc; ++i) {
     if (std::any_of(std::begin(kText), std::end(kText), [&](const char* t) { return std::strcmp(argv[i - 1], t) == 0; })) {
       continue;
@@ -615,7 +623,9 @@ std::string NormalizeLlamaFlags(int argc, char** argv) {
     const std::string_view a = argv[i];
     const std::string_view word = a.substr(0, a.find('='));
     bool mapped = false;
-    for (const auto& [from, to] : kLong) {
+    std::vector<std::pair<const char*, char*>> spellings(std::begin(kLong), std::end(kLong));
+    if (std::strcmp(argv[1], "serve") == 0) spellings.insert(spellings.end(), std::begin(kServeLong), std::end(kServeLong));
+    for (const auto& [from, to] : spellings) {
       if (word != from) continue;
       if (word.size() == a.size()) {
         argv[i] = to;
@@ -631,11 +641,95 @@ std::string NormalizeLlamaFlags(int argc, char** argv) {
     if (!mapped && word.size() > 2 && word[0] == '-' && std::isalpha(static_cast<unsigned char>(word[1])) &&
         std::all_of(word.begin() + 1, word.end(),
                     [](char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '-'; })) {
-      return "unknown flag " + std::string(word) +
-             " (llama.cpp's flags that tierkv run reads are listed by tierkv run --help)";
+      return "unknown flag " + std::string(word) + " (llama.cpp's flags that tierkv " + argv[1] +
+             " reads are listed by tierkv " + argv[1] + " --help)";
     }
   }
   return "";
+}
+
+namespace {
+
+// The flags of the model's run that `tierkv run` and `tierkv serve` share: tiers and
+// budgets, kernels, KV codec, prefill batch, RoPE, and llama.cpp's flags that have no
+// work to do here (accepted so that its command lines run).
+// The host tier's budget is --host in `tierkv run`; `tierkv serve` takes --host as
+// llama-server does, for the address, and names the budget --ram.
+void AddRuntimeFlags(CLI::App* app, RunFlags* f) {
+  app->add_option("--device", f->device, "cuda | sim | none (default none)");
+  app->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");
+  app->add_option(f->serve ? "--ram,--host-budget" : "--host", f->host,
+                  "Host tier budget, or auto (default: 1GiB, or with no device or disk tier enough for the "
+                  "context's KV cache, at most 90% of available memory)");
+  app->add_option("--disk", f->disk, "Disk tier budget (default 0: no disk tier)");
+  app->add_option("--disk-dir", f->disk_dir, "Disk tier directory (default /tmp)");
+  app->add_option("--sim-gbps", f->sim_gbps, "--device sim copy bandwidth in GB/s (0: unthrottled)");
+  app->add_option("--frame", f->frame,
+                  "frame size, 64KiB..4MiB, or auto (default: 1MiB for long contexts on big budgets, else 256KiB)");
+  app->add_option("--policy", f->policy, "residency policy: lfu (default), lru, 2q");
+  app->add_option("--kv-type", f->kv_type, "KV codec: f16 q8_0 q4_0 tq4 tq3 (default f16)");
+  app->add_option("--cache-type-k", f->kv_type_k, "llama.cpp's -ctk (same as --kv-type)");
+  app->add_option("--cache-type-v", f->kv_type_v, "llama.cpp's -ctv (must equal -ctk)");
+  app->add_option("-t,--threads", f->threads, "kernel threads (default: all cores)");
+  app->add_option("--mlock", f->mlock,
+                  "off | try | require (bare --mlock, as llama.cpp's: try; default: locked where the process may, "
+                  "silently)")
+      ->expected(0, 1);
+  app->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
+  app->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
+  app->add_flag("--llama-sums", f->llama_sums,
+                "f16 KV: llama.cpp's summation orders, its logits bit for bit (slower attention; the default "
+                "up to an 8192-token context)");
+  app->add_flag("--no-llama-sums", f->no_llama_sums, "f16 KV: the faster summation orders at any context");
+  app->add_option("--weights", f->weights,
+                  "paged (pages under the budgets), mapped (read in place) or auto (default: paged with a device tier "
+                  "or when they take at most half the host budget)");
+  app->add_option("-b,--batch-size", f->batch,
+                  "prompt tokens computed together, layer by layer (default 64; 1 = one at a time; same logits)");
+  app->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");
+  app->add_option("--rope-scaling", f->rope_scaling, "RoPE scaling: none, linear, yarn (default: the model's)");
+  app->add_option("--rope-scale", f->rope_scale, "RoPE context scaling factor N (the context grows N times)");
+  app->add_option("--rope-freq-scale", f->rope_freq_scale, "RoPE frequency scale (1 / --rope-scale)");
+  app->add_option("--rope-freq-base", f->rope_freq_base, "RoPE base frequency (default: the model's)");
+  app->add_option("--yarn-orig-ctx", f->yarn_orig_ctx, "YaRN: the model's trained context (default: the model's)");
+  app->add_option("--yarn-attn-factor", f->yarn_attn_factor, "YaRN: attention magnitude factor (default 1)");
+  app->add_option("--yarn-beta-fast", f->yarn_beta_fast, "YaRN: low correction dimension (default: the model's, 32)");
+  app->add_option("--yarn-beta-slow", f->yarn_beta_slow, "YaRN: high correction dimension (default: the model's, 1)");
+  app->add_option("--n-gpu-layers,--gpu-layers", f->gpu_layers,
+                  "llama.cpp's -ngl: ignored (tierkv places weights and KV pages by the --device/--vram budgets)");
+  app->add_option("--flash-attn", f->flash_attn, "llama.cpp's -fa [on|off|auto]: ignored (attention is always fused)")
+      ->expected(0, 1);
+  app->add_flag("--no-mmap", f->no_mmap, "llama.cpp's --no-mmap: the same as --weights paged");
+}
+
+// Which flags were given (their values cannot say: --session "" is refused, --mlock
+// bare means try).
+void NoteGivenFlags(CLI::App* app, RunFlags* f) {
+  const auto given = [app](const char* name) { return app->get_option_no_throw(name) != nullptr && app->count(name) > 0; };
+  f->chat_template_given = given("--chat-template");
+  f->sim_gbps_given = given("--sim-gbps");
+  f->disk_dir_given = given("--disk-dir");
+  f->session_given = given("--session");
+  f->mlock_given = given("--mlock");
+  if (f->mlock_given && f->mlock.empty()) f->mlock = "try";  // bare --mlock
+  f->prompt_file_given = given("--prompt-file");
+  f->system_prompt_given = given("--system-prompt");
+}
+
+}  // namespace
+
+std::function<Result<RunOptions>()> AddServeRunFlags(CLI::App* sub) {
+  auto f = std::make_shared<RunFlags>();
+  f->serve = true;
+  sub->add_option("-m,--model", f->model, "GGUF file (or builtin:NAME)")->required();
+  sub->add_option("--chat-template", f->chat_template,
+                  "chat format: chatml, llama3, llama2, llama2-sys, llama2-sys-bos, llama2-sys-strip, or a Jinja "
+                  "template text (default: the model's tokenizer.chat_template)");
+  AddRuntimeFlags(sub, f.get());
+  return [f, sub] {
+    NoteGivenFlags(sub, f.get());
+    return ToOptions(*f);
+  };
 }
 
 void AddRunCommand(CLI::App& app, int& exit_code) {
@@ -676,66 +770,15 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
                   "(default: the model's tokenizer.chat_template; implies --chat)");
   run->add_flag("--ignore-eos", f->ignore_eos, "never sample end-of-generation tokens; generate all -n tokens");
   run->add_option("-s,--seed", f->seed, "sampling seed (default 0; -1: a random one, printed)");
-  run->add_option("--device", f->device, "cuda | sim | none (default none)");
-  run->add_option("--vram", f->vram, "Device tier budget, e.g. 512MiB");
-  run->add_option("--host", f->host,
-                  "Host tier budget, or auto (default: 1GiB, or with no device or disk tier enough for the "
-                  "context's KV cache, at most 90% of available memory)");
-  run->add_option("--disk", f->disk, "Disk tier budget (default 0: no disk tier)");
-  run->add_option("--disk-dir", f->disk_dir, "Disk tier directory (default /tmp)");
-  run->add_option("--sim-gbps", f->sim_gbps, "--device sim copy bandwidth in GB/s (0: unthrottled)");
-  run->add_option("--frame", f->frame,
-                  "frame size, 64KiB..4MiB, or auto (default: 1MiB for long contexts on big budgets, else 256KiB)");
-  run->add_option("--policy", f->policy, "residency policy: lfu (default), lru, 2q");
-  run->add_option("--kv-type", f->kv_type, "KV codec: f16 q8_0 q4_0 tq4 tq3 (default f16)");
-  run->add_option("--cache-type-k", f->kv_type_k, "llama.cpp's -ctk (same as --kv-type)");
-  run->add_option("--cache-type-v", f->kv_type_v, "llama.cpp's -ctv (must equal -ctk)");
   run->add_option("--session", f->session, "session file: restored (longest common prefix reused) and saved");
-  run->add_option("-t,--threads", f->threads, "kernel threads (default: all cores)");
-  run->add_option("--mlock", f->mlock,
-                  "off | try | require (bare --mlock, as llama.cpp's: try; default: locked where the process may, "
-                  "silently)")
-      ->expected(0, 1);
-  run->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
-  run->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
-  run->add_flag("--llama-sums", f->llama_sums,
-                "f16 KV: llama.cpp's summation orders, its logits bit for bit (slower attention; the default "
-                "up to an 8192-token context)");
-  run->add_flag("--no-llama-sums", f->no_llama_sums, "f16 KV: the faster summation orders at any context");
-  run->add_option("--weights", f->weights,
-                  "paged (pages under the budgets), mapped (read in place) or auto (default: paged with a device tier "
-                  "or when they take at most half the host budget)");
-  run->add_option("-b,--batch-size", f->batch,
-                  "prompt tokens computed together, layer by layer (default 64; 1 = one at a time; same logits)");
-  run->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");
-  run->add_option("--rope-scaling", f->rope_scaling, "RoPE scaling: none, linear, yarn (default: the model's)");
-  run->add_option("--rope-scale", f->rope_scale, "RoPE context scaling factor N (the context grows N times)");
-  run->add_option("--rope-freq-scale", f->rope_freq_scale, "RoPE frequency scale (1 / --rope-scale)");
-  run->add_option("--rope-freq-base", f->rope_freq_base, "RoPE base frequency (default: the model's)");
-  run->add_option("--yarn-orig-ctx", f->yarn_orig_ctx, "YaRN: the model's trained context (default: the model's)");
-  run->add_option("--yarn-attn-factor", f->yarn_attn_factor, "YaRN: attention magnitude factor (default 1)");
-  run->add_option("--yarn-beta-fast", f->yarn_beta_fast, "YaRN: low correction dimension (default: the model's, 32)");
-  run->add_option("--yarn-beta-slow", f->yarn_beta_slow, "YaRN: high correction dimension (default: the model's, 1)");
-  // llama.cpp's flags that have no work to do here, accepted so that its command lines run.
-  run->add_option("--n-gpu-layers,--gpu-layers", f->gpu_layers,
-                  "llama.cpp's -ngl: ignored (tierkv places weights and KV pages by the --device/--vram budgets)");
-  run->add_option("--flash-attn", f->flash_attn, "llama.cpp's -fa [on|off|auto]: ignored (attention is always fused)")
-      ->expected(0, 1);
+  AddRuntimeFlags(run, f.get());
   run->add_flag("--no-conversation", f->no_conversation, "llama.cpp's -no-cnv: the default (a raw prompt, no chat)");
-  run->add_flag("--no-mmap", f->no_mmap, "llama.cpp's --no-mmap: the same as --weights paged");
   run->add_option("--dump-logits", f->dump_logits, "report top-10 logits of the first and last N prompt positions and every step");
   run->add_flag("--json", f->json, "print one JSON object on stdout at the end (the text then streams to stderr)");
   run->callback([f, run, &exit_code] {
     g_prompt_open = false;
     g_prompt_ended = false;
-    f->chat_template_given = run->count("--chat-template") > 0;
-    f->sim_gbps_given = run->count("--sim-gbps") > 0;
-    f->disk_dir_given = run->count("--disk-dir") > 0;
-    f->session_given = run->count("--session") > 0;
-    f->mlock_given = run->count("--mlock") > 0;
-    if (f->mlock_given && f->mlock.empty()) f->mlock = "try";  // bare --mlock
-    f->prompt_file_given = run->count("--prompt-file") > 0;
-    f->system_prompt_given = run->count("--system-prompt") > 0;
+    NoteGivenFlags(run, f.get());
     auto options = ToOptions(*f);
     if (!options.ok()) {
       std::fprintf(stderr, "error: %s\n", options.status().message().c_str());
@@ -809,7 +852,7 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
     }
     if (g_prompt_ended) std::fputc('\n', stderr);
     std::fputs(RunSummary(r, f->interactive).c_str(), stderr);
-    if (f->json) std::printf("%s\n", r.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    if (f->json) std::printf("%s\n", RunReportJson(r).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     // Stopped by Ctrl-C: 130, as a shell reports SIGINT (an interactive reply cut short
     // is part of the conversation, not a failure).
     if (r.interrupted || (r.stopped && !f->interactive)) exit_code = 130;

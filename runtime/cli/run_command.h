@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,12 @@ namespace tierkv {
 // holds the JSON object alone and the text streams to stderr. A write to stdout that
 // fails (a full disk, a closed pipe) stops generation and is one error line, exit 1.
 void AddRunCommand(CLI::App& app, int& exit_code);
+
+// For `tierkv serve` (runtime/cli/serve_command.h): registers on `sub` the model (-m),
+// --chat-template and the flags of a model's run that `tierkv run` has (tiers and
+// budgets, kernels, KV codec, -b, RoPE, llama.cpp's ignored ones). After parsing, the
+// returned function gives the RunOptions they say (a usage error: kInvalidArgument).
+std::function<Result<RunOptions>()> AddServeRunFlags(CLI::App* sub);
 
 // -f PATH ("-": standard input), read with read(2): at most max_bytes + 1 bytes (more
 // cannot fit the context: RunSession says so), and never more than 256 MiB (an error

@@ -1,6 +1,7 @@
 // scripts/llama_xcheck/llama_decode.cc: llama.cpp's speed on a GGUF read through mmap
-// (its default), for scripts/moe_bench.sh: the prompt in one batch, then N greedy tokens
-// one at a time; prints one JSON line {prompt_tokens, prefill_tok_s, decode_tok_s, ...}.
+// (its default), for scripts/moe_bench.sh and scripts/serve_restart_bench.py: the prompt
+// in batches of 512 (llama-server's n_ubatch), then N greedy tokens one at a time; prints
+// one JSON line {prompt_tokens, prefill_tok_s, decode_tok_s, ...}.
 // The weights are read in place from the mapping (no repacking), the way a file larger
 // than RAM has to be run.
 //
@@ -35,18 +36,22 @@ int main(int argc, char** argv) {
   if (!model) { fprintf(stderr, "cannot load model\n"); return 1; }
   const llama_vocab* vocab = llama_model_get_vocab(model);
   const int n_gen = atoi(argv[4]), threads = atoi(argv[5]);
+  const std::string text = argv[3];
+  std::vector<llama_token> ids(text.size() + 16);
+  const int n = llama_tokenize(vocab, text.data(), (int)text.size(), ids.data(), (int)ids.size(), true, true);
+  if (n <= 0) { fprintf(stderr, "tokenize failed\n"); return 1; }
+  ids.resize(n);
   auto cp = llama_context_default_params();
-  cp.n_ctx = 4096; cp.n_batch = 512; cp.n_ubatch = 512; cp.n_threads = threads; cp.n_threads_batch = threads;
+  cp.n_ctx = n + n_gen + 16 > 4096 ? n + n_gen + 16 : 4096;
+  cp.n_batch = 512; cp.n_ubatch = 512; cp.n_threads = threads; cp.n_threads_batch = threads;
   cp.no_perf = true;
   llama_context* ctx = llama_init_from_model(model, cp);
   const double load_s = Now() - t_load;
-  const std::string text = argv[3];
-  std::vector<llama_token> ids(text.size() + 16);
-  const int n = llama_tokenize(vocab, text.data(), (int)text.size(), ids.data(), (int)ids.size(), true, false);
-  if (n <= 0) { fprintf(stderr, "tokenize failed\n"); return 1; }
-  ids.resize(n);
   const double t0 = Now();
-  if (llama_decode(ctx, llama_batch_get_one(ids.data(), n)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+  for (int at = 0; at < n; at += 512) {
+    const int m = n - at < 512 ? n - at : 512;
+    if (llama_decode(ctx, llama_batch_get_one(ids.data() + at, m)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+  }
   const double prefill_s = Now() - t0;
   const int nv = llama_vocab_n_tokens(vocab);
   llama_token tok = 0;

@@ -19,7 +19,7 @@ export GGUF_PY=$XC/llama.cpp/gguf-py
 B=$XC/pkg/package/bins/linux-x64
 CPU=$B/libggml-cpu-zen4.so
 for t in llama_ref llama_tok quant llama_decode; do
-  [ -x $t ] || g++ -O2 -std=c++17 -I llama.cpp/include -I llama.cpp/ggml/include "$here/$t.cc" -o $t \
+  [ $t -nt "$here/$t.cc" ] || g++ -O2 -std=c++17 -I llama.cpp/include -I llama.cpp/ggml/include "$here/$t.cc" -o $t \
       -L$B -l:libllama.v0.5.0.so -l:libggml.v0.5.0.so -l:libggml-base.so -Wl,-rpath,$B
 done
 # The reference prompts (P1, P2, P3 of ../shared/reference), as llama_ref reads them.

@@ -16,6 +16,7 @@
 #include "runtime/cli/info_command.h"
 #include "runtime/gguf_writer.h"
 #include "runtime/model.h"
+#include "runtime/cli/run_report_json.h"
 #include "runtime/run.h"
 #include "tests/memory/mm_test_util.h"
 
@@ -209,7 +210,7 @@ TEST(BuiltinModelTest, PagedSessionRunsAndReportsTheDecoder) {
   EXPECT_GT(r->decoder.expert_acquires, 0u);
   EXPECT_GT(r->decoder.weight_acquires, 0u);
   EXPECT_GT(r->decoder.prefetched_pages, 0u);
-  const nlohmann::json j = r->ToJson();
+  const nlohmann::json j = RunReportJson(*r);
   EXPECT_TRUE(j.contains("decoder"));
   EXPECT_EQ(j["tiers"].size(), 2u);  // device (sim) and host
   EXPECT_EQ(j["weights"], "paged");  // auto, with a device tier
@@ -307,7 +308,7 @@ TEST(BuiltinModelTest, AutoFrameRule) {
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(second->frame_bytes, kMiB) << "the session's frame";
   EXPECT_GT(second->reused_prefix_tokens, 0);
-  EXPECT_EQ(second->ToJson()["frame_bytes"], kMiB);
+  EXPECT_EQ(RunReportJson(*second)["frame_bytes"], kMiB);
   RunOptions fresh = again;
   fresh.session.clear();
   auto third = RunSession(fresh);

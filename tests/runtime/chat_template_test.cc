@@ -114,5 +114,32 @@ TEST(ChatTemplateTest, QwenTemplateIsChatmlAndItsMarkersAreSpecialTokens) {
   EXPECT_EQ(std::count(plain.begin(), plain.end(), im_start), 0);
 }
 
+// A whole conversation: [system, user] is FormatChatTurn's text in every family; each
+// assistant message is closed, so the next request starts with the previous prompt and
+// reply.
+TEST(ChatTemplateTest, FormatChatExtendsTheTurnFormat) {
+  for (const char* name : {"chatml", "llama3", "llama2", "llama2-sys", "llama2-sys-strip"}) {
+    const ChatFormat f = *DetectChatFormat(name);
+    const std::vector<ChatMessage> one = {{"system", "Be brief."}, {"user", "Hi"}};
+    EXPECT_EQ(*FormatChat(f, one, true), FormatChatTurn(f, "Be brief.", "Hi")) << name;
+    const std::vector<ChatMessage> user_only = {{"user", "Hi"}};
+    EXPECT_EQ(*FormatChat(f, user_only, true), FormatChatTurn(f, "", "Hi")) << name;
+    std::vector<ChatMessage> three = one;
+    three.push_back({"assistant", "Hello."});
+    const std::string prompt2 = *FormatChat(f, three, false);
+    EXPECT_EQ(prompt2.rfind(FormatChatTurn(f, "Be brief.", "Hi") + "Hello.", 0), 0u)
+        << name << ": " << prompt2;
+    three.push_back({"user", "More"});
+    const std::string next = *FormatChat(f, three, true);
+    EXPECT_EQ(next.rfind(prompt2, 0), 0u) << name;
+    EXPECT_NE(next.find("More"), std::string::npos) << name;
+  }
+  EXPECT_EQ(*FormatChat(*DetectChatFormat("chatml"), std::vector<ChatMessage>{{"user", "a"}, {"assistant", "b"}}, false),
+            "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n");
+  EXPECT_EQ(*FormatChat(*DetectChatFormat("llama2"), std::vector<ChatMessage>{{"user", "a"}, {"assistant", "b"}, {"user", "c"}}, true),
+            "[INST] a [/INST]b</s>[INST] c [/INST]");
+  EXPECT_FALSE(FormatChat(*DetectChatFormat("chatml"), std::vector<ChatMessage>{{"tool", "x"}}, true).ok());
+}
+
 }  // namespace
 }  // namespace tierkv

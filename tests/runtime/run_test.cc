@@ -2,6 +2,7 @@
 //
 // `tierkv run` end to end (RunSession): --dump-logits reports what llama.cpp computed
 // for the reference models, and a session round trip reuses the common prefix.
+#include "runtime/cli/run_report_json.h"
 #include "runtime/run.h"
 
 #include <algorithm>
@@ -167,7 +168,7 @@ TEST(RunTest, InterruptedPrefillResumesFromItsSession) {
   EXPECT_TRUE(cut->generated_tokens.empty());
   EXPECT_EQ(cut->prefill_tokens, 64) << "the tokens computed, not the prompt's";
   EXPECT_EQ(cut->stop_reason, StopReason::kInterrupted);
-  EXPECT_EQ(cut->ToJson()["timings"]["prefill_tok_s"], 64 / cut->prefill_s) << "the rate reached";
+  EXPECT_EQ(RunReportJson(*cut)["timings"]["prefill_tok_s"], 64 / cut->prefill_s) << "the rate reached";
   EXPECT_TRUE(cut->saved);
   EXPECT_FALSE(stop.load());
   const auto saved = SessionFile::Inspect(session);
@@ -402,7 +403,7 @@ TEST(RunTest, DumpLogitsMatchesTheReferenceVectors) {
       EXPECT_EQ(checked, c["prompt_positions"].size());
       ASSERT_EQ(r->steps.size(), 4u);
       for (size_t s = 0; s < 4; ++s) check(r->steps[s], c["greedy_steps"][s]);
-      const auto j = r->ToJson();
+      const auto j = RunReportJson(*r);
       for (const char* k : {"prompt_tokens", "generated_tokens", "text", "timings", "tiers", "kv", "session", "logits", "steps"}) {
         EXPECT_TRUE(j.contains(k)) << k;
       }
@@ -664,7 +665,7 @@ TEST(RunTest, StopReasonSaysWhyGenerationEnded) {
   ASSERT_TRUE(limit.ok()) << limit.status().ToString();
   EXPECT_EQ(limit->stop_reason, StopReason::kLimit);
   EXPECT_FALSE(limit->context_full);
-  EXPECT_EQ(limit->ToJson()["stop_reason"], "limit");
+  EXPECT_EQ(RunReportJson(*limit)["stop_reason"], "limit");
 
   RunOptions unlimited = Tiny("Once upon a time", -1);
   unlimited.n_ctx = 24;
@@ -674,7 +675,7 @@ TEST(RunTest, StopReasonSaysWhyGenerationEnded) {
   EXPECT_EQ(full->generated_tokens.size(), 24u - 17u);
   EXPECT_TRUE(full->context_full);
   EXPECT_EQ(full->stop_reason, StopReason::kContextFull);
-  EXPECT_EQ(full->ToJson()["context_full"], true);
+  EXPECT_EQ(RunReportJson(*full)["context_full"], true);
   // -n that fills the context exactly stops at its limit.
   RunOptions exact = Tiny("Once upon a time", 7);
   exact.n_ctx = 24;

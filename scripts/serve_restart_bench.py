@@ -6,12 +6,15 @@
 #   - tierkv serve --session-dir, killed with SIGKILL after turn 2 and started again
 #     (the conversation restored from its session file, only turn 3 computed);
 #   - tierkv serve without a session (every token of the conversation computed again);
-#   - llama.cpp (libllama, what llama-server runs; scripts/llama_xcheck/llama_decode in
-#     $XC, default /tmp/tierkv-xcheck) prefilling the same prompt text in batches of 512
-#     and computing the first token.
+#   - llama-server (scripts/llama_xcheck/build_server.sh, in $XC, default
+#     /tmp/tierkv-xcheck) started afresh, as after a restart: the same prompt text
+#     through /completion, streamed, to its first token;
+#   - llama.cpp's library (scripts/llama_xcheck/llama_decode in $XC) prefilling the same
+#     text in batches of 512 and computing the first token.
 # Prints one markdown table. docs/benchmarks.md, "Server".
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +49,11 @@ def first_token(server, history):
         for line in r.iter_lines(decode_unicode=True):
             if not line or not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            chunk = json.loads(line[6:])
+            try:
+                chunk = json.loads(line[6:])
+            except ValueError:
+                print("bad line:", repr(line[:300]), file=sys.stderr)
+                raise
             if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
                 if ttft is None:
                     ttft = time.perf_counter() - t0
@@ -76,11 +83,13 @@ t0 = time.perf_counter()
 s = start(os.path.join(work, "sessions"))
 start_s = time.perf_counter() - t0
 restored_ttft, restored_last, restored_text = first_token(s, history)
+print("restored: TTFT %.2f s, %s" % (restored_ttft, restored_last["timings"]), file=sys.stderr)
 prompt_text = s.post("/apply-template", {"messages": [{"role": a, "content": c} for a, c in history]}).json()["prompt"]
 s.term()
 
 s = start(None)
 cold_ttft, cold_last, cold_text = first_token(s, history)
+print("re-prefill: TTFT %.2f s, %s" % (cold_ttft, cold_last["timings"]), file=sys.stderr)
 s.term()
 
 llama = None
@@ -93,6 +102,35 @@ if os.path.exists(dec):
     else:
         print("llama_decode failed:", out.stderr[-500:], file=sys.stderr)
 
+server_ttft = None
+server_bin = os.path.join(xc, "llama-server-build", "bin", "llama-server")
+if os.path.exists(server_bin):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = subprocess.Popen([server_bin, "-m", model, "-c", ctx, "-t", threads, "--port", str(port), "-np", "1",
+                             "--no-webui"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = "http://127.0.0.1:%d" % port
+        for _ in range(600):
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        t0 = time.perf_counter()
+        with requests.post(url + "/completion", json={"prompt": prompt_text, "n_predict": 8, "temperature": 0,
+                                                      "stream": True}, stream=True, timeout=3600) as r:
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data: ") and json.loads(line[6:]).get("content"):
+                    server_ttft = time.perf_counter() - t0
+                    break
+    finally:
+        proc.terminate()
+        proc.wait()
+
 u = restored_last["usage"]
 print("turn 3: %d prompt tokens (turn 1: %d)" % (u["prompt_tokens"], t1["usage"]["prompt_tokens"]))
 print("server start after SIGKILL (model load, session index): %.2f s" % start_s)
@@ -102,6 +140,9 @@ print("|---|---|---|")
 print("| tierkv serve, restarted, session restored | %d (%d reused) | %.2f s |"
       % (restored_last["timings"]["prompt_n"], restored_last["timings"]["cache_n"], restored_ttft))
 print("| tierkv serve, no session (re-prefill) | %d | %.2f s |" % (cold_last["timings"]["prompt_n"], cold_ttft))
+if server_ttft is not None:
+    print("| llama-server, restarted (no slot file: the whole prompt again) | %d | %.2f s |"
+          % (u["prompt_tokens"], server_ttft))
 if llama:
     print("| llama.cpp (libllama, batches of 512), re-prefill + first token | %d | %.2f s |"
           % (llama["prompt_tokens"], llama["prefill_s"] + llama["decode_s"]))

@@ -403,6 +403,18 @@ nlohmann::json ErrorBody(int http_status, std::string_view message) {
   return {{"error", {{"code", http_status}, {"message", std::string(message)}, {"type", type}}}};
 }
 
+std::string DumpJson(const nlohmann::json& j) {
+  std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
+  static const std::pair<std::string_view, std::string_view> kBreaks[] = {
+      {"\xC2\x85", "\\u0085"}, {"\xE2\x80\xA8", "\\u2028"}, {"\xE2\x80\xA9", "\\u2029"}};
+  for (const auto& [raw, escaped] : kBreaks) {
+    for (size_t at = s.find(raw); at != std::string::npos; at = s.find(raw, at + escaped.size())) {
+      s.replace(at, raw.size(), escaped);
+    }
+  }
+  return s;
+}
+
 size_t CompleteUtf8Prefix(std::string_view text) {
   // Look back at most 3 bytes for the lead byte of a sequence that is not complete.
   const size_t n = text.size();

@@ -71,6 +71,11 @@ int HttpStatusFor(const Status& status);
 // OpenAI's error body: {"error": {"code": 400, "message": "...", "type": "invalid_request_error"}}.
 nlohmann::json ErrorBody(int http_status, std::string_view message);
 
+// A reply's JSON text: compact, invalid UTF-8 replaced (U+FFFD), and U+0085, U+2028 and
+// U+2029 escaped (valid raw in JSON, but readers that split an SSE stream into lines
+// with Unicode's line breaks, as Python's str.splitlines does, cut a frame there).
+std::string DumpJson(const nlohmann::json& j);
+
 // The UTF-8 text of `text` that is safe to send: everything but an incomplete
 // multi-byte sequence at its end (its length in bytes).
 size_t CompleteUtf8Prefix(std::string_view text);

@@ -50,7 +50,7 @@ int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Dump(const json& j) { return DumpJson(j); }
 
 std::string SseFrame(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
@@ -884,7 +884,7 @@ void Server::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request& req
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream",
+      "text/event-stream; charset=utf-8",
       [job](size_t, httplib::DataSink& sink) {
         // Frames as they come; a comment every few seconds while none does (a long
         // prefill), so that proxies and clients keep the connection.

@@ -126,6 +126,13 @@ TEST(ApiTest, ErrorBodyIsOpenAiShaped) {
   EXPECT_EQ(HttpStatusFor(Status::IoError("x")), 500);
 }
 
+TEST(ApiTest, DumpJsonEscapesUnicodeLineBreaks) {
+  const nlohmann::json j = {{"content", "a\xE2\x80\xA8" "b\xC2\x85" "c\xE2\x80\xA9" "d \xC3\xA9 \xFF"}};
+  const std::string s = DumpJson(j);
+  EXPECT_EQ(s, "{\"content\":\"a\\u2028b\\u0085c\\u2029d \xC3\xA9 \xEF\xBF\xBD\"}") << s;
+  EXPECT_EQ(nlohmann::json::parse(s)["content"], "a\xE2\x80\xA8" "b\xC2\x85" "c\xE2\x80\xA9" "d \xC3\xA9 \xEF\xBF\xBD");
+}
+
 TEST(ApiTest, Utf8PrefixHoldsBackIncompleteSequences) {
   EXPECT_EQ(CompleteUtf8Prefix("abc"), 3u);
   EXPECT_EQ(CompleteUtf8Prefix("a\xC3"), 1u);               // first byte of é

@@ -24,10 +24,10 @@
 // with KvCache::Write, no forward passes); every step runs Forward(token, pos = depth +
 // 1) with logits and is truncated back afterwards (not timed). The depths are multiples
 // of the block size, so the step's token lands in a block that already exists, as in
-// block_tokens - 1 of every block_tokens steps of a real decode. Until the fifth session
-// of 2026-12-01 the step ran at pos = depth and so allocated (and zeroed) a new block on
-// every layer in every timed step; `block_alloc_us` still says what that costs
-// (AppendToken at the block boundary + Truncate, measured apart).
+// block_tokens - 1 of every block_tokens steps of a real decode (a step at pos = depth
+// would allocate and zero a new block on every layer in every timed step);
+// `block_alloc_us` says what that costs (AppendToken at the block boundary + Truncate,
+// measured apart).
 //
 //   flock /tmp/tierkv-build.lock ./build/release/bench/decode_bench
 //       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true  (one line)

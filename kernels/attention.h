@@ -729,9 +729,8 @@ void AttentionValues(const Codec& codec, const AttentionParams& p, const PagedKv
 // a KV head's scores, softmax and values are one task, its rows still in that thread's
 // cache and their max kept by the scores pass, when there are at least as many KV heads
 // as threads (ref-qwen3moe's two on two threads included: splitting its pass 1 into
-// block ranges instead, as until the fourth session of 2026-12-01, left each thread the
-// other's score rows to read; attention_bench qwen3moe fused at 16K 131 / 130 / 137 ->
-// 113 / 110 / 118 us, alternated); with fewer KV heads than threads (a wide pool), the
+// block ranges leaves each thread the other's score rows to read;
+// docs/decisions/2026-12-01-one-task-per-kv-head.md); with fewer KV heads than threads (a wide pool), the
 // three calls, whose pass 1 splits into block ranges and softmax into query heads.
 // REQUIRES: AttentionBegin; kv covers the sequence's first block onwards.
 template <AttentionCodec Codec>

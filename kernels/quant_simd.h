@@ -21,10 +21,9 @@ namespace tierkv::kernels::simd {
 // (no target attribute needed: prefetches only): a kernel that reads R rows side by
 // side, block by block, asks for the same blocks of the next R rows (group_bytes = R *
 // row_bytes ahead) into L2, so that the next group is in L2 by the time it starts, and
-// for its own rows' blocks kRowAheadBytes ahead into L1. Until 2026-12-04 only the latter, 1 KiB ahead
-// (which had taken two threads' 32768 x 4096 matrices from memory from Q4_K 15.9 to 40.4
-// GB/s, Q4_0 10.2 to 21.8, on 2026-12-02): that left the first KiB of every row of every
-// group to demand misses, and one thread read Q4_K or Q6_K from memory at a third of a
+// for its own rows' blocks kRowAheadBytes ahead into L1 (docs/decisions/
+// 2026-12-04-prefetch-next-row-group.md). The L1 prefetch alone leaves the first KiB of
+// every row of every group to demand misses, and one thread read Q4_K or Q6_K from memory at a third of a
 // plain read's speed. With the group ahead, on a Zen 5 (docs/benchmarks.md, "Matrix-vector
 // kernels"), Q6_K 32768 x 4096 from memory 4876 -> 3820 us on one thread and 2516 ->
 // 1940 on two; in cache as before (the L1 half: with the L2 half alone, Q6_K in L2 was

@@ -493,9 +493,9 @@ Status Model::AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixVie
 // compute together: the hits (every expert, unpaged) as one group, whose gate and up
 // products are one MatVecMany and whose down products another, then each miss alone as
 // its copy arrives (the copies of the later ones overlapping its compute). One expert
-// at a time, as before 2026-12-04, was three fork-joins an expert, and builtin:tiny-moe's
-// experts (65K multiply-adds a matrix, under kernels' parallel threshold) ran on one
-// thread while the other idled.
+// at a time would be three fork-joins an expert, and small experts (builtin:tiny-moe's:
+// 65K multiply-adds a matrix, under kernels' parallel threshold) would run on one thread
+// while the other idles.
 Status Model::Moe(const Layer& L, int layer, int pos) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;

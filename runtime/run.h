@@ -33,7 +33,8 @@ namespace tierkv {
 inline constexpr int kLlamaSumsAutoCtx = 8192;
 
 // ... and when the attention over the whole context, n_ctx x n_layer x n_head x
-// head_dim x 2 multiply-adds a token, is at most this many (decided 2026-12-04): about
+// head_dim x 2 multiply-adds a token, is at most this many
+// (docs/decisions/2026-12-04-llama-sums-small-attention.md): about
 // 2 ms a token more with llama.cpp's orders on 2 cores, whose attention costs 5 - 7x the
 // default's for eight query heads a KV head (docs/benchmarks.md, "Attention in
 // llama.cpp's summation orders"). The small models of tests and references keep them up

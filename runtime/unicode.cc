@@ -4,14 +4,11 @@
 // byte-level alphabet (see unicode.h).
 //
 // The letter and number ranges below are general categories L* and N* of Unicode 15.1,
-// the version llama.cpp's own tables are generated from. They were produced by a
-// throwaway program that walked U+0080..U+10FFFF with ICU 72's u_charType (Unicode
-// 15.0) and added the one 15.1 block that holds letters (CJK Unified Ideographs
-// Extension I, U+2EBF0..U+2EE5D, Lo); 15.1 assigned no other letters or numbers.
-// Adjacent codepoints of a class are merged into one inclusive range; ASCII is handled
-// before the tables are consulted, so they start at U+0080. To regenerate: for every
-// codepoint, class = letter if its general category is Lu/Ll/Lt/Lm/Lo, number if
-// Nd/Nl/No; print the maximal runs.
+// the version llama.cpp's own tables are generated from: ICU 72's u_charType (Unicode
+// 15.0) plus the one 15.1 block that holds letters (CJK Unified Ideographs Extension I,
+// U+2EBF0..U+2EE5D, Lo). Adjacent codepoints of a class are merged into one inclusive
+// range; ASCII is handled before the tables are consulted, so they start at U+0080.
+// Printed by scripts/gen_unicode_tables.cc; scripts/check_unicode_tables.sh checks them.
 #include "runtime/unicode.h"
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libspdlog-dev libmimalloc-dev libgtest-dev libgmock-dev
       libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev
-      curl nodejs python3-requests)  # the last three: the server's client tests
+      curl nodejs python3-requests dpkg-dev)  # the server's client tests; the .deb's dependencies
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -72,9 +72,9 @@ Result<ExpertTrace> ReadExpertTraceCsv(const std::string& path);
 //   Predictions (layers >= 1): slot i predicts the chosen experts[i] with probability
 //     `prediction_accuracy`, else an expert drawn by popularity among those neither
 //     chosen nor already predicted; so each predicted id is right with exactly that
-//     probability. Layer 0 has no prediction (the decoder's rule until 2026-12-02; it
-//     now predicts layer 0 from the token's embedding, and the generator keeps the
-//     old rule so that its traces and figures stay comparable).
+//     probability. Layer 0 has no prediction (the decoder's former rule: it now predicts
+//     layer 0 from the token's embedding; the generator keeps the old rule so that its
+//     traces and figures stay comparable).
 // Randomness is SplitMix64 from `seed`, with no std:: distributions, so a seed gives
 // the same trace on every platform.
 struct SyntheticTraceOptions {

@@ -87,7 +87,13 @@ bool ParseTime(std::string_view s, double* out) {
   return ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(*out) && *out >= 0;
 }
 
-std::string Quote(std::string_view s) { return "'" + std::string(s.substr(0, 40)) + "'"; }
+// (Appended rather than "'" + std::string(...) + "'": GCC 12 warns, falsely, that the
+// concatenation's memcpy may overlap, -Wrestrict.)
+std::string Quote(std::string_view s) {
+  std::string q = "'";
+  q.append(s.substr(0, 40)).append("'");
+  return q;
+}
 
 }  // namespace
 

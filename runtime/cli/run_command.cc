@@ -273,7 +273,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   TIERKV_RETURN_IF_ERROR(o.sampler.Validate());
   if (f.threads < 0) return Status::InvalidArgument("-t/--threads must not be negative (0: all cores)");
   // At most one a CPU: -t 64 on 2 CPUs decoded 25x slower, and -t 100000 did not finish
-  // starting its threads in a minute (decided 2026-12-04).
+  // starting its threads in a minute (docs/decisions/2026-12-04-threads-capped-to-affinity.md).
   o.threads = ThreadsWithinCpus(f.threads);
   if (f.dump_logits < 0) return Status::InvalidArgument("--dump-logits must not be negative");
   if (f.dump_logits > 0 && !f.json) {

@@ -3,8 +3,8 @@
 // Every model in TIERKV_SHARED_DIR/reference/models against what llama.cpp computed for
 // it (vectors/<name>.json; the reference README describes the schema and tolerances):
 // one test per (model, prompt), with the default attention and again with llama.cpp's
-// summation orders (ModelOptions::llama_attention_sums, which made every F16 and Q8_0
-// file bit-identical on 2026-12-03). The prompt's token ids come from the JSON (tokenization
+// summation orders (ModelOptions::llama_attention_sums, which makes every F16 and Q8_0
+// file bit-identical). The prompt's token ids come from the JSON (tokenization
 // is tested elsewhere). With an f16 KV cache, as the reference used:
 //   1. at every recorded prompt position, each of the 10 reference top logits (by token
 //      id) within tolerance.logit_abs, the log-sum-exp within tolerance.logsumexp_abs;

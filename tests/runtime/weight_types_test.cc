@@ -375,7 +375,7 @@ TEST(WeightTypesTest, RequantizedModelsMatchTheirF32Values) {
   const std::vector<int> tokens = {1, 450, 4996, 17354, 1701, 29916, 432, 17204, 975, 278, 17366, 11203,
                                    29889, 9038, 2501, 263, 931, 100, 2000, 31000};
   // Largest |logit difference| allowed, and of the mean over all logits (logits here
-  // have a standard deviation of about 4). Measured (2026-12-02), 32-value types against
+  // have a standard deviation of about 4). Measured, 32-value types against
   // their Q8_0 / Q8_1 activations: Q8_0 0.39 / 0.055, Q4_1 0.59 / 0.079, Q5_0 0.54 /
   // 0.080, Q5_1 0.58 / 0.077, IQ4_NL 0.42 / 0.060; K-quants against Q8_K (one scale per
   // 256 values, so coarser): Q6_K 0.79 / 0.10, Q3_K 0.75 / 0.093, Q2_K 0.99 / 0.11,

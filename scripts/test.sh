@@ -9,9 +9,9 @@ scripts/deps.sh
 # missing rather than skipping (tests/runtime/reference_util.h).
 if [ -d ../shared/reference ]; then export TIERKV_REQUIRE_REFERENCE=1; fi
 for kind in release asan; do
-  echo "== $kind build ==" >&2
+  echo "== $kind build (at ${SECONDS}s) ==" >&2
   scripts/build.sh "$kind"
-  echo "== $kind tests ==" >&2
+  echo "== $kind tests (at ${SECONDS}s) ==" >&2
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "build/$kind" --output-on-failure -j"$(nproc)" --timeout 900
   if [ "$kind" = release ]; then
@@ -23,10 +23,10 @@ for kind in release asan; do
     simd='^(AttentionTest|AttentionSumsTest|NormTest|RopeTest|ActivationTest|MoeTest|ExpfTest|MatVecTest|QuantTest'
     simd+='|Fp16Test|Executors/|Codec|Tq|HalfTest|KvCacheTest|SimdEnvTest|ModelTest|ModelArchTest|Reference/'
     simd+='|WeightTypesTest|TieringTest|BuiltinModelTest|RunTest)'
-    echo "== release tests, SIMD capped at avx2-novnni ==" >&2
+    echo "== release tests, SIMD capped at avx2-novnni (at ${SECONDS}s) ==" >&2
     TIERKV_SIMD=avx2-novnni ctest --test-dir build/release --output-on-failure -j"$(nproc)" --timeout 900 -R "$simd"
-    echo "== package ==" >&2
+    echo "== package (at ${SECONDS}s) ==" >&2
     scripts/package.sh >/dev/null
   fi
 done
-echo "all tests passed (release, release capped at AVX2, asan+ubsan, package)" >&2
+echo "all tests passed (release, release capped at AVX2, asan+ubsan, package) in ${SECONDS}s" >&2

@@ -207,7 +207,14 @@ Status Server::Impl::Load() {
                                    std::to_string(usable) + " tokens; lower -c or give --rope-scaling");
   }
   // Every slot's context at once: the budgets must hold them all.
-  TIERKV_ASSIGN_OR_RETURN(rt, OpenRuntime(ro, file, config, n_ctx, /*fingerprint=*/true));
+  auto opened = OpenRuntime(ro, file, config, n_ctx, /*fingerprint=*/true);
+  if (!opened.ok()) {
+    // The budget errors name `tierkv run`'s flag; the host budget is --ram here.
+    std::string m = opened.status().message();
+    for (size_t at = m.find("--host"); at != std::string::npos; at = m.find("--host", at + 5)) m.replace(at, 6, "--ram");
+    return Status(opened.status().code(), m);
+  }
+  rt = std::move(*opened);
   if (!rt->cache) return Status::Internal("no KV cache");
   max_token_bytes = MaxTokenInputBytes(*tok);
   if (auto format = ModelChatFormat(*file); format.ok()) chat_format = *format;

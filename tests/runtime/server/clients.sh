@@ -21,6 +21,11 @@ set -e
 [ "$code" = 1 ] && grep -q "^error: .*missing.gguf" "$work/err" && [ "$(grep -c '^error' "$work/err")" = 1 ] \
   || fail "missing model: $code $(cat "$work/err")"
 set +e
+"$bin" serve -m "$model" --port 0 -c 200000 --ram 64MiB --frame 64KiB --no-warmup 2> "$work/err"; code=$?
+set -e
+[ "$code" = 1 ] && grep -q "^error: impossible budget.*raise --ram" "$work/err" && ! grep -q -- "--host" "$work/err" \
+  || fail "impossible budget: $code $(cat "$work/err")"
+set +e
 "$bin" run -m "$model" -p x -np 2 2> "$work/err"; code=$?
 set -e
 [ "$code" = 2 ] || fail "run -np: $code $(cat "$work/err")"

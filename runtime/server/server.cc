@@ -50,9 +50,7 @@ int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string Dump(const json& j) { return DumpJson(j); }
-
-std::string SseFrame(const json& j) { return "data: " + Dump(j) + "\n\n"; }
+std::string SseFrame(const json& j) { return "data: " + DumpJson(j) + "\n\n"; }
 
 // One request's work and the channel its results come back on.
 struct Job {
@@ -78,6 +76,13 @@ struct Job {
     std::lock_guard<std::mutex> lock(mu);
     frames.push_back(std::move(frame));
     cv.notify_all();
+  }
+  // Blocks until Finish, then answers with its status and body (a request not streamed).
+  void ReplyWhenFinished(httplib::Response& res) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished; });
+    res.status = status;
+    res.set_content(body, "application/json; charset=utf-8");
   }
   void Finish(int http_status, std::string reply) {
     std::lock_guard<std::mutex> lock(mu);
@@ -187,6 +192,7 @@ struct Server::Impl {
   void ReplyError(httplib::Response& res, const Status& s) { Reply(res, HttpStatusFor(s), ErrorBody(HttpStatusFor(s), s.message())); }
   bool CheckReady(httplib::Response& res);
   Result<std::vector<int32_t>> Tokenize(const GenerationRequest& r);
+  Result<std::vector<int32_t>> EncodeBounded(const std::string& text);
   json Timings(int cache_n, int prompt_n, double prompt_ms, int predicted_n, double predicted_ms) const;
 
   void Shutdown();
@@ -460,7 +466,7 @@ void Server::Impl::Generate(Job& job) {
       job.Post(SseFrame(ErrorBody(code, s.message())));
       job.Finish(code, "");
     } else {
-      job.Finish(code, Dump(ErrorBody(code, s.message())));
+      job.Finish(code, DumpJson(ErrorBody(code, s.message())));
     }
   };
   const std::vector<int32_t>& p = job.prompt;
@@ -486,7 +492,7 @@ void Server::Impl::Generate(Job& job) {
 
   Generator gen(*rt->model, *rt->cache, *slot->seq, slot->tokens);
   const auto t0 = Clock::now();
-  int prompt_n = static_cast<int>(p.size() - reuse);
+  int prompt_n = 0;
   Status st = gen.Append(std::span<const int32_t>(p).subspan(reuse));
   Generator::PrefillHooks hooks;
   hooks.stop = [&job] { return job.cancelled.load(std::memory_order_relaxed); };
@@ -679,7 +685,7 @@ void Server::Impl::Generate(Job& job) {
       job.Post(SseFrame(done));
       job.Finish(200, "");
     } else {
-      job.Finish(200, Dump(done));
+      job.Finish(200, DumpJson(done));
     }
     return;
   }
@@ -733,7 +739,7 @@ void Server::Impl::Generate(Job& job) {
   reply["usage"] = usage;
   reply["timings"] = timings;
   reply["id_slot"] = slot->id;
-  job.Finish(200, Dump(reply));
+  job.Finish(200, DumpJson(reply));
 }
 
 void Server::Impl::SlotAction(Job& job) {
@@ -741,12 +747,12 @@ void Server::Impl::SlotAction(Job& job) {
   const std::string path = o.session_dir.empty() ? std::string()
                                                  : (std::filesystem::path(o.session_dir) / job.filename).string();
   const auto t0 = Clock::now();
-  const auto reply_error = [&](const Status& s) { job.Finish(HttpStatusFor(s), Dump(ErrorBody(HttpStatusFor(s), s.message()))); };
+  const auto reply_error = [&](const Status& s) { job.Finish(HttpStatusFor(s), DumpJson(ErrorBody(HttpStatusFor(s), s.message()))); };
   switch (job.kind) {
     case Job::Kind::kSlotSave: {
       if (!slot.seq || slot.tokens.empty()) return reply_error(Status::InvalidArgument("slot " + std::to_string(slot.id) + " is empty"));
       if (Status s = SaveSlot(slot, path); !s.ok()) return reply_error(s);
-      job.Finish(200, Dump({{"id_slot", slot.id},
+      job.Finish(200, DumpJson({{"id_slot", slot.id},
                             {"filename", job.filename},
                             {"n_saved", static_cast<int>(slot.tokens.size())},
                             {"timings", {{"save_ms", Ms(Clock::now() - t0)}}}}));
@@ -774,7 +780,7 @@ void Server::Impl::SlotAction(Job& job) {
         Touch(slot);
       }
       slot_restores++;
-      job.Finish(200, Dump({{"id_slot", slot.id},
+      job.Finish(200, DumpJson({{"id_slot", slot.id},
                             {"filename", job.filename},
                             {"n_restored", static_cast<int>(slot.tokens.size())},
                             {"timings", {{"restore_ms", Ms(Clock::now() - t0)}}}}));
@@ -786,7 +792,7 @@ void Server::Impl::SlotAction(Job& job) {
         std::lock_guard<std::mutex> lock(mu);
         Free(slot);
       }
-      job.Finish(200, Dump({{"id_slot", slot.id}, {"n_erased", n}}));
+      job.Finish(200, DumpJson({{"id_slot", slot.id}, {"n_erased", n}}));
       return;
     }
     case Job::Kind::kGenerate: break;
@@ -798,7 +804,7 @@ void Server::Impl::SlotAction(Job& job) {
 
 void Server::Impl::Reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(Dump(body), "application/json; charset=utf-8");
+  res.set_content(DumpJson(body), "application/json; charset=utf-8");
 }
 
 bool Server::Impl::CheckReady(httplib::Response& res) {
@@ -826,6 +832,16 @@ Status Server::Impl::Enqueue(const std::shared_ptr<Job>& job) {
   return Status::Ok();
 }
 
+// A prompt's tokens (BOS where the vocabulary adds one, special tokens parsed), refused
+// before the work of tokenizing when its bytes alone cannot fit the context.
+Result<std::vector<int32_t>> Server::Impl::EncodeBounded(const std::string& text) {
+  if (text.size() > static_cast<size_t>(n_ctx) * PromptBytesPerToken(*tok, max_token_bytes, text)) {
+    return Status::InvalidArgument("the prompt (" + std::to_string(text.size()) + " bytes) cannot fit the context of " +
+                                   std::to_string(n_ctx) + " tokens");
+  }
+  return tok->Encode(text, /*add_special=*/true, /*parse_special=*/true);
+}
+
 Result<std::vector<int32_t>> Server::Impl::Tokenize(const GenerationRequest& r) {
   std::vector<int32_t> tokens;
   if (r.endpoint == Endpoint::kChat) {
@@ -834,17 +850,9 @@ Result<std::vector<int32_t>> Server::Impl::Tokenize(const GenerationRequest& r) 
                                      "start the server with --chat-template chatml|llama3|llama2");
     }
     TIERKV_ASSIGN_OR_RETURN(const std::string text, FormatChat(*chat_format, r.messages, /*add_assistant=*/true));
-    if (text.size() > static_cast<size_t>(n_ctx) * PromptBytesPerToken(*tok, max_token_bytes, text)) {
-      return Status::InvalidArgument("the prompt (" + std::to_string(text.size()) + " bytes) cannot fit the context of " +
-                                     std::to_string(n_ctx) + " tokens");
-    }
-    tokens = tok->Encode(text, /*add_special=*/true, /*parse_special=*/true);
+    TIERKV_ASSIGN_OR_RETURN(tokens, EncodeBounded(text));
   } else if (r.prompt) {
-    if (r.prompt->size() > static_cast<size_t>(n_ctx) * PromptBytesPerToken(*tok, max_token_bytes, *r.prompt)) {
-      return Status::InvalidArgument("the prompt (" + std::to_string(r.prompt->size()) +
-                                     " bytes) cannot fit the context of " + std::to_string(n_ctx) + " tokens");
-    }
-    tokens = tok->Encode(*r.prompt, /*add_special=*/true, /*parse_special=*/true);
+    TIERKV_ASSIGN_OR_RETURN(tokens, EncodeBounded(*r.prompt));
   } else {
     for (const int32_t t : r.prompt_tokens) {
       if (t >= tok->n_vocab()) {
@@ -881,13 +889,7 @@ void Server::Impl::HandleGenerate(Endpoint endpoint, const httplib::Request& req
   job->created = UnixNow();
   requests++;
   if (Status s = Enqueue(job); !s.ok()) return ReplyError(res, s);
-  if (!job->req.stream) {
-    std::unique_lock<std::mutex> lock(job->mu);
-    job->cv.wait(lock, [&] { return job->finished; });
-    res.status = job->status;
-    res.set_content(job->body, "application/json; charset=utf-8");
-    return;
-  }
+  if (!job->req.stream) return job->ReplyWhenFinished(res);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
@@ -968,10 +970,7 @@ void Server::Impl::HandleSlotAction(const httplib::Request& req, httplib::Respon
     return ReplyError(res, Status::InvalidArgument("'action' must be save, restore or erase, not '" + action + "'"));
   }
   if (Status s = Enqueue(job); !s.ok()) return ReplyError(res, s);
-  std::unique_lock<std::mutex> lock(job->mu);
-  job->cv.wait(lock, [&] { return job->finished; });
-  res.status = job->status;
-  res.set_content(job->body, "application/json; charset=utf-8");
+  job->ReplyWhenFinished(res);
 }
 
 json Server::Impl::Props() {
@@ -1220,7 +1219,7 @@ void Server::Impl::Shutdown() {
     for (const auto& job : queue) {
       job->cancelled = true;
       if (job->req.stream) job->Post(SseFrame(ErrorBody(503, "the server is shutting down")));
-      job->Finish(503, Dump(ErrorBody(503, "the server is shutting down")));
+      job->Finish(503, DumpJson(ErrorBody(503, "the server is shutting down")));
     }
     queue.clear();
     queue_cv.notify_all();

@@ -20,6 +20,11 @@
 //             read     no arithmetic: a sum of the same K and V bytes in the fused path's
 //                      order (a task per KV head: its K runs block by block, then its V
 //                      runs), the memory-bound floor for the others in the same run
+//             online-<codec>  AttentionBlocks over a cache of that codec (f16, q8_0,
+//                      q4_0, tq4, tq3; keys in tiles where the codec takes them): one
+//                      online pass, the decoder's call when a layer's KV comes in batches
+//             two-pass-<codec>  AttentionTwoPass over the same without llama.cpp's
+//                      rounding: the decoder's call when a layer is one batch
 //
 // Each iteration runs the phase for two layers whose blocks are distinct frames of one
 // arena backed by huge pages where the kernel allows (as the Host tier's arena is), so at
@@ -49,6 +54,7 @@
 #include "kernels/attention.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/codec.h"
+#include "kvcache/kv_cache.h"
 
 namespace tierkv {
 namespace {
@@ -66,12 +72,12 @@ size_t FrameBytes() {
   const long kib = v != nullptr ? std::strtol(v, nullptr, 10) : 1024;
   return static_cast<size_t>(kib > 0 ? kib : 1024) * 1024;
 }
-enum Phase { kScores, kSoftmax, kValues, kThree, kFused, kRead };
-constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "three", "fused", "read"};
+enum Phase { kScores, kSoftmax, kValues, kThree, kFused, kRead, kOnline, kTwoPass };
+constexpr const char* kPhaseNames[] = {"scores", "softmax", "values", "three", "fused", "read", "online", "two-pass"};
 constexpr int kLayers = 2;
 
-// Two layers of f16 blocks holding `tokens` tokens, laid out as kvcache's blocks (HND:
-// K [kv_heads][block_tokens][vector], then V the same).
+// Two layers of blocks holding `tokens` tokens, laid out as kvcache's blocks (HND:
+// K [kv_heads][block_tokens][vector] or key tiles, then V [kv_heads][block_tokens][vector]).
 struct Cache {
   std::unique_ptr<VectorCodec> codec;
   std::byte* arena = nullptr;
@@ -88,13 +94,19 @@ struct Cache {
     if (arena != nullptr) munmap(arena, arena_bytes);
   }
 
-  bool Build(const Shape& s, int tokens) {
-    auto c = VectorCodec::Create(KvCodec::kF16, s.head_dim, 1);
+  bool Build(const Shape& s, int tokens, KvCodec kind) {
+    auto c = VectorCodec::Create(kind, s.head_dim, 1);
     if (!c.ok()) return false;
     codec = std::move(c).value();
     const size_t vb = codec->vector_bytes();
-    block_tokens = static_cast<int>(FrameBytes() / (2 * static_cast<size_t>(s.n_kv_heads) * vb));
-    if (block_tokens < 1) return false;
+    KvGeometry g;
+    g.n_layers = kLayers;
+    g.n_kv_heads = s.n_kv_heads;
+    g.head_dim = s.head_dim;
+    g.codec = kind;
+    auto bt = KvCache::BlockTokensFor(g, FrameBytes());  // as the cache sizes its blocks
+    if (!bt.ok()) return false;
+    block_tokens = *bt;
     const int n_blocks = (tokens + block_tokens - 1) / block_tokens;
     const size_t block_bytes = 2 * static_cast<size_t>(s.n_kv_heads) * block_tokens * vb;
     arena_bytes = block_bytes * static_cast<size_t>(n_blocks) * kLayers;
@@ -105,9 +117,23 @@ struct Cache {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
     std::vector<float> x(static_cast<size_t>(s.head_dim));
-    for (size_t off = 0; off < arena_bytes; off += vb) {
-      for (float& v : x) v = uniform(rng);
-      codec->Encode(x.data(), arena + off);
+    const bool tiles = codec->KeyTiles(block_tokens);
+    const size_t run = static_cast<size_t>(block_tokens) * vb;
+    for (size_t block = 0; block < arena_bytes; block += block_bytes) {
+      for (int half = 0; half < 2; ++half) {
+        for (int g = 0; g < s.n_kv_heads; ++g) {
+          std::byte* r = arena + block + (static_cast<size_t>(half) * s.n_kv_heads + g) * run;
+          for (int t = 0; t < block_tokens; ++t) {
+            for (float& v : x) v = uniform(rng);
+            if (half == 0 && tiles) {
+              const int lane = t % VectorCodec::kKeyTileTokens;
+              codec->EncodeKeyInTile(x.data(), r + static_cast<size_t>(t - lane) * vb, lane);
+            } else {
+              codec->Encode(x.data(), r + static_cast<size_t>(t) * vb);
+            }
+          }
+        }
+      }
     }
     // Layer l's blocks are frames l, l + kLayers, ...: interleaved, as blocks allocated
     // token by token for every layer are.
@@ -143,12 +169,12 @@ uint64_t ReadLayer(const Shape& s, int block_tokens, const std::vector<const std
   return total;
 }
 
-void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_sums) {
+void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_sums, KvCodec kind) {
   const int tokens = static_cast<int>(state.range(0));
   kernels::ThreadPool pool(static_cast<int>(state.range(1)));
   Cache cache;
-  if (!cache.Build(shape, tokens)) {
-    state.SkipWithError("no f16 codec for this head_dim");
+  if (!cache.Build(shape, tokens, kind)) {
+    state.SkipWithError("no codec for this head_dim");
     return;
   }
   const VectorCodec& codec = *cache.codec;
@@ -158,7 +184,7 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_
   p.head_dim = shape.head_dim;
   p.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   p.query_pos = tokens - 1;
-  p.round_query_f16 = p.round_weights_f16 = true;
+  p.round_query_f16 = p.round_weights_f16 = phase != kOnline && phase != kTwoPass;
   if (llama_sums) p.sums = kernels::AttentionSums::kOneToken;  // a decode step with --llama-sums
   kernels::AttentionState st;
   std::vector<float> out(cache.q.size());
@@ -199,6 +225,12 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_
         case kFused:
           kernels::AttentionTwoPass(codec, p, v, &st, &pool);
           break;
+        case kOnline:
+          kernels::AttentionBlocks(codec, p, v, &st, &pool);
+          break;
+        case kTwoPass:
+          kernels::AttentionTwoPass(codec, p, v, &st, &pool);
+          break;
         case kRead:
           benchmark::DoNotOptimize(ReadLayer(shape, cache.block_tokens, cache.ptrs[static_cast<size_t>(l)], codec.vector_bytes(), pool));
           break;
@@ -219,9 +251,9 @@ void BM_Attention(benchmark::State& state, Shape shape, Phase phase, bool llama_
 
 void Register() {
   for (const Shape& s : kShapes) {
-    auto add = [&](const std::string& phase_name, Phase ph, bool llama_sums) {
+    auto add = [&](const std::string& phase_name, Phase ph, bool llama_sums, KvCodec kind = KvCodec::kF16) {
       const std::string name = std::string("attention/") + s.name + "/" + phase_name;
-      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph, llama_sums)
+      benchmark::RegisterBenchmark(name.c_str(), BM_Attention, s, ph, llama_sums, kind)
           ->ArgNames({"tokens", "threads"})
           ->ArgsProduct({{4096, 16384, 65536}, {1, 2}})
           ->UseManualTime()
@@ -231,6 +263,10 @@ void Register() {
     for (Phase ph : {kScores, kSoftmax, kValues, kThree, kFused, kRead}) add(kPhaseNames[ph], ph, false);
     // The fused call with llama.cpp's summation orders (one token's; --llama-sums).
     add("fused-llama-sums", kFused, true);
+    for (KvCodec kind : kAllKvCodecs) {
+      add(std::string("online-") + KvCodecName(kind), kOnline, false, kind);
+      add(std::string("two-pass-") + KvCodecName(kind), kTwoPass, false, kind);
+    }
   }
 }
 

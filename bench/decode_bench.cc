@@ -34,6 +34,7 @@
 //
 // The KV lives in a Host tier of 1 MiB frames ($TIERKV_BENCH_FRAME_KIB to change it; see
 // BenchFrameBytes), so blocks are 1 MiB: 2048 tokens for ref-llama, 4096 for ref-qwen3moe.
+// $TIERKV_BENCH_KV picks the KV codec (f16 q8_0 q4_0 tq4 tq3; default f16).
 //
 // Models: $TIERKV_MODELS_DIR/*.gguf (default /work/shared/reference/models), one
 // benchmark per model and depth, named decode/<model>/depth:<tokens>.
@@ -192,8 +193,13 @@ Result<ModelRun*> GetRun(const std::string& path) {
   mo.executor = run->exec;
   TIERKV_ASSIGN_OR_RETURN(run->model, Model::Load(file, mo));
 
-  // Host tier: the KV of kMaxDepth + 2 tokens.
-  const KvGeometry want = run->model->KvGeometryFor(KvCodec::kF16);
+  // Host tier: the KV of kMaxDepth + 2 tokens, in the codec $TIERKV_BENCH_KV names (f16
+  // by default).
+  KvCodec codec = KvCodec::kF16;
+  if (const char* name = std::getenv("TIERKV_BENCH_KV"); name != nullptr) {
+    TIERKV_ASSIGN_OR_RETURN(codec, ParseKvCodec(name));
+  }
+  const KvGeometry want = run->model->KvGeometryFor(codec);
   TIERKV_ASSIGN_OR_RETURN(run->mm, MemoryManager::Create(bench::KvHostMemory(want, kMaxDepth + 2, BenchFrameBytes())));
   TIERKV_ASSIGN_OR_RETURN(run->cache, KvCache::Create(run->mm.get(), want));
   run->seq = run->cache->NewSequence();

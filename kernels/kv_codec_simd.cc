@@ -669,20 +669,6 @@ TIERKV_AVX2 void DecodeQ8Avx2(const uint8_t* in, int nb, float* out) {
   }
 }
 
-static TIERKV_AVX2 inline float DotQ8Impl(const float* q, const uint8_t* k, int nb) {
-  __m256 total = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b, k += kQ8Bytes, q += kQBlock) {
-    const auto* qs = reinterpret_cast<const int8_t*>(k + 2);
-    __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(q), LoadI8AsF32(qs));
-    __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(q + 8), LoadI8AsF32(qs + 8));
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16), LoadI8AsF32(qs + 16), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 24), LoadI8AsF32(qs + 24), s1);
-    total = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(LoadHalf(k)), total);
-  }
-  return HorizontalSum(total);
-}
-TIERKV_AVX2 float DotQ8Avx2(const float* q, const uint8_t* k, int nb) { return DotQ8Impl(q, k, nb); }
-
 static TIERKV_AVX2 inline void AccumulateQ8Impl(float w, const uint8_t* v, int nb, float* acc) {
   for (int b = 0; b < nb; ++b, v += kQ8Bytes, acc += kQBlock) {
     const __m256 wd = _mm256_set1_ps(w * LoadHalf(v));
@@ -757,20 +743,6 @@ TIERKV_AVX2 void DecodeQ4Avx2(const uint8_t* in, int nb, float* out) {
   }
 }
 
-static TIERKV_AVX2 inline float DotQ4Impl(const float* q, const uint8_t* k, int nb) {
-  __m256 total = _mm256_setzero_ps();
-  for (int b = 0; b < nb; ++b, k += kQ4Bytes, q += kQBlock) {
-    const Q4Unpacked u = UnpackQ4(k + 2);
-    __m256 s0 = _mm256_mul_ps(_mm256_loadu_ps(q), u.v[0]);
-    __m256 s1 = _mm256_mul_ps(_mm256_loadu_ps(q + 8), u.v[1]);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 16), u.v[2], s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 24), u.v[3], s1);
-    total = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(LoadHalf(k)), total);
-  }
-  return HorizontalSum(total);
-}
-TIERKV_AVX2 float DotQ4Avx2(const float* q, const uint8_t* k, int nb) { return DotQ4Impl(q, k, nb); }
-
 static TIERKV_AVX2 inline void AccumulateQ4Impl(float w, const uint8_t* v, int nb, float* acc) {
   for (int b = 0; b < nb; ++b, v += kQ4Bytes, acc += kQBlock) {
     const __m256 wd = _mm256_set1_ps(w * LoadHalf(v));
@@ -786,24 +758,14 @@ TIERKV_AVX2 void AccumulateQ4Avx2(float w, const uint8_t* v, int nb, float* acc)
 // so the same bits, without a call per vector. (The *Impl functions have internal
 // linkage so that the compiler inlines them here as it did when they lived with the
 // codecs; the exported *Avx2 names are one-line wrappers for the single-vector calls.)
-template <float (*kDot)(const float*, const uint8_t*, int)>
-TIERKV_AVX2 void DotManyLoopAvx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
-  for (size_t i = 0; i < n; ++i) scores[i] = kDot(q, k + i * stride, nb);
-}
 template <void (*kAcc)(float, const uint8_t*, int, float*)>
 TIERKV_AVX2 void AccumulateManyLoopAvx2(const float* w, const uint8_t* v, size_t n, size_t stride, int nb,
                                         float* acc) {
   for (size_t i = 0; i < n; ++i) kAcc(w[i], v + i * stride, nb, acc);
 }
 
-void DotManyQ8Avx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
-  DotManyLoopAvx2<DotQ8Impl>(q, k, n, stride, nb, scores);
-}
 void AccumulateManyQ8Avx2(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc) {
   AccumulateManyLoopAvx2<AccumulateQ8Impl>(w, v, n, stride, nb, acc);
-}
-void DotManyQ4Avx2(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
-  DotManyLoopAvx2<DotQ4Impl>(q, k, n, stride, nb, scores);
 }
 void AccumulateManyQ4Avx2(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc) {
   AccumulateManyLoopAvx2<AccumulateQ4Impl>(w, v, n, stride, nb, acc);

@@ -348,19 +348,6 @@ void DecodeQ8Generic(const uint8_t* in, int nb, float* out) {
   }
 }
 
-float DotQ8Generic(const float* q, const uint8_t* k, int nb) {
-  float total = 0.0f;
-  for (int b = 0; b < nb; ++b, k += kQ8Bytes, q += kQBlock) {
-    const auto* qs = reinterpret_cast<const int8_t*>(k + 2);
-    float lanes[8] = {};
-    for (int i = 0; i < kQBlock; i += 8) {
-      for (int j = 0; j < 8; ++j) lanes[j] += q[i + j] * static_cast<float>(qs[i + j]);
-    }
-    total += SumLanes8(lanes) * LoadHalf(k);
-  }
-  return total;
-}
-
 void AccumulateQ8Generic(float w, const uint8_t* v, int nb, float* acc) {
   for (int b = 0; b < nb; ++b, v += kQ8Bytes, acc += kQBlock) {
     const float wd = w * LoadHalf(v);
@@ -411,22 +398,6 @@ void DecodeQ4Generic(const uint8_t* in, int nb, float* out) {
   }
 }
 
-float DotQ4Generic(const float* q, const uint8_t* k, int nb) {
-  float total = 0.0f;
-  for (int b = 0; b < nb; ++b, k += kQ4Bytes, q += kQBlock) {
-    const uint8_t* qs = k + 2;
-    float lanes[16] = {};
-    for (int j = 0; j < 16; ++j) {
-      lanes[j] += q[j] * static_cast<float>((qs[j] & 0x0f) - 8);
-      lanes[j] += q[j + 16] * static_cast<float>((qs[j] >> 4) - 8);
-    }
-    float lanes8[8];
-    for (int j = 0; j < 8; ++j) lanes8[j] = lanes[j] + lanes[j + 8];
-    total += SumLanes8(lanes8) * LoadHalf(k);
-  }
-  return total;
-}
-
 void AccumulateQ4Generic(float w, const uint8_t* v, int nb, float* acc) {
   for (int b = 0; b < nb; ++b, v += kQ4Bytes, acc += kQBlock) {
     const float wd = w * LoadHalf(v);
@@ -439,26 +410,67 @@ void AccumulateQ4Generic(float w, const uint8_t* v, int nb, float* acc) {
 }
 
 // ---- q8_0 / q4_0 codec ----------------------------------------------------------------
+//
+// Scores are integer dot products against the query quantized to q8_0 (as llama.cpp
+// quantizes it for these K types; kernels/kv_codec_simd.h has the prepared query's layout
+// and the key tiles'): per block, isum = sum_i q_i * k_i exactly, then score = fma(d_k * d_q,
+// float(isum), score), block after block. Every form (one vector, many, grouped,
+// tiled, generic or SIMD) gives these bits.
+
+using kernels::kv_simd::kQ4TileBlockBytes;
+using kernels::kv_simd::kQ8TileBlockBytes;
+using kernels::kv_simd::kQPrepBlockBytes;
+using kernels::kv_simd::kQPrepInt8;
+using kernels::kv_simd::kQPrepScale;
+using kernels::kv_simd::kQPrepSum;
+using kernels::kv_simd::kQPrepUint8;
+using kernels::kv_simd::kQTileLanes;
+using kernels::kv_simd::kQTileScaleBytes;
+using kernels::kv_simd::QTilePayloadOffset;
 
 struct BlockKernels {
   void (*encode_block)(const float* x, uint8_t* out);
+  void (*encode_q8_block)(const float* x, uint8_t* out);  // the query's quantizer
   void (*decode)(const uint8_t* in, int nb, float* out);
-  float (*dot)(const float* q, const uint8_t* k, int nb);
   void (*accumulate)(float w, const uint8_t* v, int nb, float* acc);
   // The same over n vectors of `stride` bytes, looped inside (one call per batch).
-  void (*dot_many)(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores);
   void (*accumulate_many)(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc);
 };
 
-// The per-vector kernel inlined into a loop over the vectors: the same code per vector,
-// so the same bits, without a call per vector.
-template <float (*kDot)(const float*, const uint8_t*, int)>
-void DotManyLoop(const float* q, const uint8_t* k, size_t n, size_t stride, int nb, float* scores) {
-  for (size_t i = 0; i < n; ++i) scores[i] = kDot(q, k + i * stride, nb);
-}
 template <void (*kAcc)(float, const uint8_t*, int, float*)>
 void AccumulateManyLoop(const float* w, const uint8_t* v, size_t n, size_t stride, int nb, float* acc) {
   for (size_t i = 0; i < n; ++i) kAcc(w[i], v + i * stride, nb, acc);
+}
+
+float LoadF32(const uint8_t* p) {
+  float x;
+  std::memcpy(&x, p, 4);
+  return x;
+}
+
+// The score after one more block: fma(d_k * d_q, float(isum), score). One rounding
+// (fma), explicitly: the SIMD kernels' multiply-add would otherwise be contracted or not
+// at the compiler's choice.
+inline float AddBlockTerm(float score, float d_k, const uint8_t* q_block, int32_t isum) {
+  return std::fma(d_k * LoadF32(q_block + kQPrepScale), static_cast<float>(isum), score);
+}
+
+// Integer sums of a prepared query block against a stored block's payload.
+int32_t Q8BlockSum(const uint8_t* q_block, const uint8_t* payload) {
+  const auto* q = reinterpret_cast<const int8_t*>(q_block + kQPrepInt8);
+  const auto* k = reinterpret_cast<const int8_t*>(payload);
+  int32_t s = 0;
+  for (int i = 0; i < kQBlock; ++i) s += static_cast<int32_t>(q[i]) * k[i];
+  return s;
+}
+int32_t Q4BlockSum(const uint8_t* q_block, const uint8_t* payload) {
+  const auto* q = reinterpret_cast<const int8_t*>(q_block + kQPrepInt8);
+  int32_t s = 0;
+  for (int i = 0; i < kQBlock / 2; ++i) {
+    s += static_cast<int32_t>(q[i]) * ((payload[i] & 0x0f) - 8);
+    s += static_cast<int32_t>(q[i + 16]) * ((payload[i] >> 4) - 8);
+  }
+  return s;
 }
 
 class BlockCodec final : public VectorCodec {
@@ -468,22 +480,27 @@ class BlockCodec final : public VectorCodec {
                     static_cast<size_t>(head_dim / kQBlock) *
                         (codec == KvCodec::kQ8_0 ? kQ8Bytes : kQ4Bytes)),
         nb_(head_dim / kQBlock),
-        block_bytes_(codec == KvCodec::kQ8_0 ? kQ8Bytes : kQ4Bytes) {
-    const bool q8 = codec == KvCodec::kQ8_0;
+        q8_(codec == KvCodec::kQ8_0),
+        block_bytes_(q8_ ? kQ8Bytes : kQ4Bytes),
+        tile_block_bytes_(q8_ ? kQ8TileBlockBytes : kQ4TileBlockBytes),
+        payload_bytes_(block_bytes_ - 2) {
 #if defined(TIERKV_CODEC_X86)
     if (UseAvx2Kernels()) {
       avx2_ = true;
-      k_ = q8 ? BlockKernels{EncodeQ8BlockAvx2, DecodeQ8Avx2, DotQ8Avx2, AccumulateQ8Avx2,
-                             DotManyQ8Avx2, AccumulateManyQ8Avx2}
-              : BlockKernels{EncodeQ4Block, DecodeQ4Avx2, DotQ4Avx2, AccumulateQ4Avx2,
-                             DotManyQ4Avx2, AccumulateManyQ4Avx2};
+      k_ = q8_ ? BlockKernels{EncodeQ8BlockAvx2, EncodeQ8BlockAvx2, DecodeQ8Avx2, AccumulateQ8Avx2,
+                              AccumulateManyQ8Avx2}
+               : BlockKernels{EncodeQ4Block, EncodeQ8BlockAvx2, DecodeQ4Avx2, AccumulateQ4Avx2,
+                              AccumulateManyQ4Avx2};
+      avx512_ = codec_internal::UseAvx512Kernels();
+      const kernels::CpuFeatures& cpu = kernels::CpuHas();
+      vnni_ = avx512_ && cpu.avx512bw && cpu.avx512vnni;
       return;
     }
 #endif
-    k_ = q8 ? BlockKernels{EncodeQ8Block, DecodeQ8Generic, DotQ8Generic, AccumulateQ8Generic,
-                           DotManyLoop<DotQ8Generic>, AccumulateManyLoop<AccumulateQ8Generic>}
-            : BlockKernels{EncodeQ4Block, DecodeQ4Generic, DotQ4Generic, AccumulateQ4Generic,
-                           DotManyLoop<DotQ4Generic>, AccumulateManyLoop<AccumulateQ4Generic>};
+    k_ = q8_ ? BlockKernels{EncodeQ8Block, EncodeQ8Block, DecodeQ8Generic, AccumulateQ8Generic,
+                            AccumulateManyLoop<AccumulateQ8Generic>}
+             : BlockKernels{EncodeQ4Block, EncodeQ8Block, DecodeQ4Generic, AccumulateQ4Generic,
+                            AccumulateManyLoop<AccumulateQ4Generic>};
   }
 
   void Encode(const float* x, void* out) const override {
@@ -493,11 +510,36 @@ class BlockCodec final : public VectorCodec {
   void Decode(const void* in, float* out) const override {
     k_.decode(static_cast<const uint8_t*>(in), nb_, out);
   }
+  // q8_0 blocks of the query, each in its own 32 floats' room (kQPrepBlockBytes): the
+  // block is read whole before its room is written, so q_prep may equal q.
   void PrepareQuery(const float* q, float* q_prep) const override {
-    if (q_prep != q) std::memcpy(q_prep, q, sizeof(float) * head_dim());
+    auto* out = reinterpret_cast<uint8_t*>(q_prep);
+    for (int b = 0; b < nb_; ++b) {
+      uint8_t enc[kQ8Bytes];
+      k_.encode_q8_block(q + b * kQBlock, enc);
+      uint8_t slot[kQPrepBlockBytes] = {};
+      const float d = LoadHalf(enc);
+      std::memcpy(slot + kQPrepScale, &d, 4);
+      int32_t sum = 0;
+      for (int i = 0; i < kQBlock; ++i) {
+        const auto v = static_cast<int8_t>(enc[2 + i]);
+        sum += v;
+        slot[kQPrepInt8 + i] = enc[2 + i];
+        slot[kQPrepUint8 + i] = static_cast<uint8_t>(v + 128);
+      }
+      std::memcpy(slot + kQPrepSum, &sum, 4);
+      std::memcpy(out + static_cast<size_t>(b) * kQPrepBlockBytes, slot, kQPrepBlockBytes);
+    }
   }
   float Dot(const float* q_prep, const void* k_enc) const override {
-    return k_.dot(q_prep, static_cast<const uint8_t*>(k_enc), nb_);
+    const auto* qp = reinterpret_cast<const uint8_t*>(q_prep);
+    const auto* k = static_cast<const uint8_t*>(k_enc);
+    float score = 0.0f;
+    for (int b = 0; b < nb_; ++b, k += block_bytes_) {
+      const uint8_t* qb = qp + static_cast<size_t>(b) * kQPrepBlockBytes;
+      score = AddBlockTerm(score, LoadHalf(k), qb, q8_ ? Q8BlockSum(qb, k + 2) : Q4BlockSum(qb, k + 2));
+    }
+    return score;
   }
   void Accumulate(float w, const void* v_enc, float* acc) const override {
     k_.accumulate(w, static_cast<const uint8_t*>(v_enc), nb_, acc);
@@ -506,21 +548,119 @@ class BlockCodec final : public VectorCodec {
     if (out != acc) std::memcpy(out, acc, sizeof(float) * head_dim());
   }
   void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override {
-    k_.dot_many(q_prep, static_cast<const uint8_t*>(k_enc), n, vector_bytes(), nb_, scores);
+    const auto* k = static_cast<const uint8_t*>(k_enc);
+    for (size_t i = 0; i < n; ++i) scores[i] = Dot(q_prep, k + i * vector_bytes());
   }
   void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override {
     k_.accumulate_many(w, static_cast<const uint8_t*>(v_enc), n, vector_bytes(), nb_, acc);
   }
+  void AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
+                           float* acc) const override {
+#if defined(TIERKV_CODEC_X86)
+    if (avx512_) {
+      const auto* v = static_cast<const uint8_t*>(v_enc);
+      if (q8_) return kernels::kv_simd::AccumulateQ8GroupAvx512(w, w_stride, heads, v, n, vector_bytes(), nb_, acc);
+      return kernels::kv_simd::AccumulateQ4GroupAvx512(w, w_stride, heads, v, n, vector_bytes(), nb_, acc);
+    }
+    if (avx2_) {
+      const auto* v = static_cast<const uint8_t*>(v_enc);
+      if (q8_) return kernels::kv_simd::AccumulateQ8GroupAvx2(w, w_stride, heads, v, n, vector_bytes(), nb_, acc);
+      return kernels::kv_simd::AccumulateQ4GroupAvx2(w, w_stride, heads, v, n, vector_bytes(), nb_, acc);
+    }
+#endif
+    VectorCodec::AccumulateManyGroup(w, w_stride, heads, v_enc, n, acc);
+  }
+  void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
+                               size_t run_stride, size_t n, float* acc) const override {
+    const auto* p = static_cast<const uint8_t*>(v_enc);
+    int r = 0;
+#if defined(TIERKV_CODEC_X86)
+    // Pairs of runs while a pair's accumulators fit the registers; the rest one by one.
+    const size_t hd = static_cast<size_t>(head_dim());
+    for (; avx512_ && r + 2 <= runs; r += 2) {
+      const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+      if (!kernels::kv_simd::AccumulatePairAvx512(q8_, w + h0 * w_stride, w_stride, heads,
+                                                   p + static_cast<size_t>(r) * run_stride, run_stride, n,
+                                                   vector_bytes(), nb_, acc + h0 * hd)) {
+        break;
+      }
+    }
+#endif
+    const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+    VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
+                                         p + static_cast<size_t>(r) * run_stride, run_stride, n,
+                                         acc + h0 * static_cast<size_t>(head_dim()));
+  }
   void DecodeMany(const void* in, size_t n, float* out) const override {
     k_.decode(static_cast<const uint8_t*>(in), static_cast<int>(n) * nb_, out);
   }
-  const char* kernel_name() const override { return avx2_ ? "avx2" : "generic"; }
+
+  // Key tiles (layout: kernels/kv_codec_simd.h): 16 keys in 16 vectors' bytes.
+  bool KeyTiles(int block_tokens) const override {
+    return block_tokens > 0 && block_tokens % kKeyTileTokens == 0;
+  }
+  void EncodeKeyInTile(const float* x, void* tile, int lane) const override {
+    uint8_t enc[kMaxCodecHeadDim / kQBlock * kQ8Bytes];
+    Encode(x, enc);
+    auto* t = static_cast<uint8_t*>(tile);
+    for (int b = 0; b < nb_; ++b) {
+      uint8_t* blk = t + static_cast<size_t>(b) * tile_block_bytes_;
+      const uint8_t* e = enc + static_cast<size_t>(b) * block_bytes_;
+      std::memcpy(blk + 2 * lane, e, 2);
+      for (int m = 0; m < payload_bytes_; ++m) blk[QTilePayloadOffset(m, lane)] = e[2 + m];
+    }
+  }
+  void DecodeKeyInTile(const void* tile, int lane, float* out) const override {
+    uint8_t enc[kMaxCodecHeadDim / kQBlock * kQ8Bytes];
+    GatherTileKey(static_cast<const uint8_t*>(tile), lane, enc);
+    Decode(enc, out);
+  }
+  void DotManyGroupTiled(const float* q_prep, int heads, const void* k_tiles, size_t n, float* scores,
+                         size_t scores_stride) const override {
+    const auto* p = static_cast<const uint8_t*>(k_tiles);
+#if defined(TIERKV_CODEC_X86)
+    if (vnni_) {
+      if (q8_) return kernels::kv_simd::DotQ8TiledAvx512Vnni(q_prep, heads, nb_, p, n, scores, scores_stride);
+      return kernels::kv_simd::DotQ4TiledAvx512Vnni(q_prep, heads, nb_, p, n, scores, scores_stride);
+    }
+    if (avx2_) {
+      if (q8_) return kernels::kv_simd::DotQ8TiledAvx2(q_prep, heads, nb_, p, n, scores, scores_stride);
+      return kernels::kv_simd::DotQ4TiledAvx2(q_prep, heads, nb_, p, n, scores, scores_stride);
+    }
+#endif
+    // Generic: each key gathered into a vector, then the one-vector dot.
+    const size_t tile_bytes = static_cast<size_t>(kQTileLanes) * vector_bytes();
+    uint8_t key[kMaxCodecHeadDim / kQBlock * kQ8Bytes];
+    const size_t hd = static_cast<size_t>(head_dim());
+    for (size_t t = 0; t < n; ++t) {
+      GatherTileKey(p + t / kQTileLanes * tile_bytes, static_cast<int>(t % kQTileLanes), key);
+      for (int h = 0; h < heads; ++h) {
+        scores[static_cast<size_t>(h) * scores_stride + t] = Dot(q_prep + static_cast<size_t>(h) * hd, key);
+      }
+    }
+  }
+  const char* kernel_name() const override { return vnni_ ? "avx512-vnni" : avx2_ ? "avx2" : "generic"; }
 
  private:
-  int nb_;           // blocks per vector
-  int block_bytes_;  // 34 or 18
+  // Key `lane` of the tile back into the vector layout.
+  void GatherTileKey(const uint8_t* tile, int lane, uint8_t* enc) const {
+    for (int b = 0; b < nb_; ++b) {
+      const uint8_t* blk = tile + static_cast<size_t>(b) * tile_block_bytes_;
+      uint8_t* e = enc + static_cast<size_t>(b) * block_bytes_;
+      std::memcpy(e, blk + 2 * lane, 2);
+      for (int m = 0; m < payload_bytes_; ++m) e[2 + m] = blk[QTilePayloadOffset(m, lane)];
+    }
+  }
+
+  int nb_;                // blocks per vector
+  bool q8_;               // q8_0, else q4_0
+  int block_bytes_;       // 34 or 18
+  int tile_block_bytes_;  // 16 blocks' bytes: 544 or 288
+  int payload_bytes_;     // 32 or 16
   BlockKernels k_;
   bool avx2_ = false;
+  bool avx512_ = false;  // grouped value sums
+  bool vnni_ = false;    // tiled scores (AVX-512 BW + VNNI)
 };
 
 }  // namespace

@@ -7,7 +7,10 @@
 //   acc[head_dim] = 0;  Accumulate(w, v_enc, acc) ...;  FinishOutput(acc, out)
 //                                                         == sum_j w_j * Decode(v_j)
 // (equal up to float rounding). For tq4/tq3 q' and acc live in the rotated domain and
-// FinishOutput applies the inverse rotation once per output, not once per token.
+// FinishOutput applies the inverse rotation once per output, not once per token. For
+// q8_0/q4_0, q' is the query quantized to q8_0 (bytes in the floats' room, as llama.cpp
+// quantizes the query for these K types) and scores are integer dot products per block
+// (kernels/kv_codec_simd.h): equal up to the query's rounding as well.
 //
 // Encoded layouts (all little-endian; docs/codecs.md has the details and measurements):
 //   f16   head_dim x fp16.                                          16 bits per value
@@ -122,8 +125,9 @@ class VectorCodec : public kernels::KvVectorKernels {
   // each KV head's keys as tiles of kKeyTileTokens consecutive keys, dimension by
   // dimension ([head_dim][kKeyTileTokens] values, the same bytes as kKeyTileTokens
   // vectors): the scores of a tile's keys are then kKeyTileTokens-lane vectors with no
-  // horizontal sums. Only codecs that say so here (f16, head_dim % 8 == 0); the values
-  // stay vector by vector.
+  // horizontal sums. Only codecs that say so here (f16 with head_dim % 8 == 0, q8_0 and
+  // q4_0, whose tiles are laid out as kernels/kv_codec_simd.h says); the values stay
+  // vector by vector.
   // (kKeyTileTokens: KvVectorKernels's, 16.)
   bool KeyTiles(int block_tokens) const override { return false; }
   // x: [head_dim] -> key `lane` (0 .. kKeyTileTokens - 1) of the tile at `tile`, and

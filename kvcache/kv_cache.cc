@@ -27,6 +27,13 @@ Result<std::unique_ptr<VectorCodec>> CodecFor(const KvGeometry& g) {
 int DerivedBlockTokens(const KvGeometry& g, const VectorCodec& codec, uint64_t frame_bytes) {
   if (g.block_tokens != 0) return g.block_tokens;
   const uint64_t per_token = 2ull * static_cast<uint64_t>(g.n_kv_heads) * codec.vector_bytes();
+  if (g.codec == KvCodec::kQ8_0 || g.codec == KvCodec::kQ4_0) {
+    // Their vectors are 34 or 18 bytes per 32 values, so a power of two of tokens would
+    // leave up to half the frame empty: as many whole key tiles as fit instead.
+    const uint64_t tiles = frame_bytes / (per_token * VectorCodec::kKeyTileTokens);
+    return static_cast<int>(std::clamp<uint64_t>(tiles, 1, (1 << 20) / VectorCodec::kKeyTileTokens) *
+                            VectorCodec::kKeyTileTokens);
+  }
   int bt = 16;
   while (per_token * static_cast<uint64_t>(bt) * 2 <= frame_bytes) bt *= 2;
   return bt;

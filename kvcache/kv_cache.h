@@ -8,10 +8,11 @@
 // Block layout (one page, HND; vb = codec vector bytes):
 //   K: [n_kv_heads][block_tokens][vb]  then  V: [n_kv_heads][block_tokens][vb]
 // except that when the codec takes key tiles for this block size (f16 with head_dim % 8
-// == 0 and block_tokens % 16 == 0: VectorCodec::KeyTiles, key_tiles() here) each KV
-// head's K run is block_tokens / 16 tiles of 16 keys stored dimension by dimension
-// ([head_dim][16] halves, the same bytes per run): attention's scores then need no
-// horizontal sums (docs/kernels.md). V is always vector by vector.
+// == 0, q8_0 and q4_0; block_tokens % 16 == 0: VectorCodec::KeyTiles, key_tiles() here)
+// each KV head's K run is block_tokens / 16 tiles of 16 keys stored dimension by
+// dimension (f16: [head_dim][16] halves; q8_0/q4_0: kernels/kv_codec_simd.h; the same
+// bytes per run): attention's scores then need no horizontal sums (docs/kernels.md). V
+// is always vector by vector.
 // Sequences own per-layer block tables; Fork shares every block copy-on-write (reference
 // counts); the first write into a shared block copies it. Each block also has a key
 // summary (per-channel min and max of its keys, in host memory beside the block table)
@@ -48,7 +49,8 @@ struct KvGeometry {
   int n_kv_heads = 0;
   int head_dim = 0;
   // 0 = derive: the largest power of two (>= 16) whose block fits one frame, so blocks
-  // waste no frame space. Explicit values are kept.
+  // waste no frame space (f16, tq); for q8_0 / q4_0, whose vectors are 34 / 18 bytes per
+  // 32 values, the largest multiple of 16 that fits. Explicit values are kept.
   int block_tokens = 0;
   KvCodec codec = KvCodec::kF16;
   uint64_t codec_seed = 0x746b76636f646563ull;  // tq rotation seed; stored in sessions

@@ -112,7 +112,7 @@ Result<Header> DecodeHeader(const std::byte* p, const std::string& path) {
                                "tokens; this tierkv reads version " + std::to_string(kSessionFormatVersion) +
                                " only: remove the file (the next run recomputes the prompt)");
   }
-  if (h.version != kSessionFormatVersion) {
+  if (h.version != kSessionFormatVersion && h.version != 3) {
     return Status::Unsupported(path + ": session file format version " + std::to_string(h.version) +
                                "; this tierkv reads version " + std::to_string(kSessionFormatVersion));
   }
@@ -139,6 +139,14 @@ Result<Header> DecodeHeader(const std::byte* p, const std::string& path) {
     return Status::Corruption(path + ": session header has impossible geometry");
   }
   h.geometry.codec = static_cast<KvCodec>(codec);
+  if (h.version == 3 && (h.geometry.codec == KvCodec::kQ8_0 || h.geometry.codec == KvCodec::kQ4_0)) {
+    // Version 3 stored q8_0 / q4_0 keys vector by vector; version 4 stores them in key
+    // tiles. f16 and tq blocks are the same in both, so those files are still read.
+    return Status::Unsupported(path + ": session file format version 3 with " + KvCodecName(h.geometry.codec) +
+                               " keys stored vector by vector; this tierkv reads those in version " +
+                               std::to_string(kSessionFormatVersion) +
+                               " only: remove the file (the next run recomputes the prompt)");
+  }
   h.model.description.assign(reinterpret_cast<const char*>(p + 76), desc);
   return h;
 }
@@ -476,7 +484,10 @@ std::string SessionFile::TempPathFor(const std::string& target) {
 int SessionFile::RemoveLeftovers(const std::string& target) {
   const auto [dir, name] = SplitPath(target);
   const std::string long_prefix = name + ".tierkv-tmp.";
-  const std::string short_suffix = "." + Hex16(Hash(name.data(), name.size()));
+  // Appended: GCC 12 warns, falsely, that "." + std::string(...) may overlap in its
+  // memcpy (-Wrestrict).
+  std::string short_suffix = ".";
+  short_suffix += Hex16(Hash(name.data(), name.size()));
   const std::string old_prefix = name + ".tmp.";  // before format 3: PATH.tmp.PID
   UniqueFd opened(open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!opened.valid()) return 0;

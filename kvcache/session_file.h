@@ -37,10 +37,12 @@
 
 namespace tierkv {
 
+// 4: q8_0 / q4_0 keys in key tiles (version 3 stored them vector by vector: such files
+// are refused; version-3 files of the other codecs have the same blocks and are read).
 // 3: every block record carries the content key of the tokens it holds, checked at
 // page-in (docs/formats.md); version-2 saves could keep a record of other tokens, so
 // they are refused. (2: f16 keys in key tiles; version 1 stored them vector by vector.)
-inline constexpr uint32_t kSessionFormatVersion = 3;
+inline constexpr uint32_t kSessionFormatVersion = 4;
 
 // Identifies the model a KV cache belongs to: a hash of the architecture, tensor
 // names/shapes/types and rope parameters (computed by the runtime), and a readable

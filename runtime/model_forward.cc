@@ -643,9 +643,9 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
 }
 
 // The attention plan of n queries at positions pos .. pos + n - 1 over the sequence's
-// blocks of a layer, `batch` blocks at a time; no side effects. Two passes (llama.cpp's
-// exact softmax weights) with an f16 cache and llama rounding, otherwise one online
-// pass. Either way the blocks are visited in order, `batch` at a time: visit v covers
+// blocks of a layer, `batch` blocks at a time; no side effects. Two passes (with an f16
+// cache and llama rounding: llama.cpp's exact softmax weights) but for an f16 cache
+// without that rounding: one online pass. Either way the blocks are visited in order, `batch` at a time: visit v covers
 // blocks [FirstBlock(v), FirstBlock(v) + BlockCount(v)) of pass v / n_batches; a batch
 // holding the whole layer does both passes in one visit (AttentionVisit::kTwoPass).
 // Queries go in groups whose two-pass score rows fit kChunkScoreBytes.
@@ -665,7 +665,11 @@ Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int p
   if (p.round_weights_f16 && options_.llama_attention_sums) {
     p.sums = chunk ? kernels::AttentionSums::kBatch : kernels::AttentionSums::kOneToken;
   }
-  plan.two_pass = p.round_weights_f16;
+  // Two passes also for every codec but f16 without llama.cpp's rounding: its scores pass
+  // over key tiles and values pass with all weights known outrun the online form's
+  // per-block rescaling (docs/benchmarks.md, "Quantized KV"), and the form never depends
+  // on how the blocks come in batches, so the bits do not depend on residency.
+  plan.two_pass = p.round_weights_f16 || cache.codec().codec() != KvCodec::kF16;
   plan.n_blocks = cache.NumBlocks(seq);
   plan.batch = batch;
   plan.n_batches = (plan.n_blocks + batch - 1) / batch;

@@ -41,7 +41,7 @@ struct Model::AttentionPlan {
   int n_blocks = 0;   // the sequence's blocks in the layer
   int batch = 0;      // blocks a visit covers
   int n_batches = 0;
-  bool two_pass = false;  // llama.cpp's exact softmax (f16 codec with its rounding)
+  bool two_pass = false;  // scores, softmax, values (all but f16 without llama.cpp's rounding)
   bool fused = false;     // two-pass over one batch holding the layer: one visit
   int n_visits = 0;
   int group = 0;          // queries through the visits together

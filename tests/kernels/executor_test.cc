@@ -360,7 +360,7 @@ std::unique_ptr<KvFixture> MakeKv(Executor& exec, KvCodec codec, int block_token
 
 TEST_P(ExecutorConformance, AppendKvWritesTheCodecsBytes) {
   for (KvCodec codec : kAllKvCodecs) {
-    for (int block_tokens : {16, 24}) {  // 16: f16 keys in tiles
+    for (int block_tokens : {16, 24}) {  // 16: f16, q8_0 and q4_0 keys in tiles
       SCOPED_TRACE(std::string(KvCodecName(codec)) + ", block of " + std::to_string(block_tokens));
       auto f = MakeKv(*exec_, codec, block_tokens, 40, 15);
       // The same tokens written by KvCache::Write: the codec's host encoding.
@@ -374,16 +374,28 @@ TEST_P(ExecutorConformance, AppendKvWritesTheCodecsBytes) {
         ASSERT_TRUE(ref->cache->AppendToken(ref->seq).ok());
         ASSERT_TRUE(ref->cache->Write(ref->seq, 0, pos, k.data(), v.data()).ok());
       }
-      EXPECT_EQ(f->cache->key_tiles(), codec == KvCodec::kF16 && block_tokens == 16);
+      EXPECT_EQ(f->cache->key_tiles(), codec != KvCodec::kTq4 && codec != KvCodec::kTq3 && block_tokens == 16);
       EXPECT_EQ(testing::BlockBytes(*f->cache, f->seq), testing::BlockBytes(*ref->cache, ref->seq));
     }
   }
 }
 
 // Attention of one query (q [n_heads][head_dim], at position query_pos) over the
-// decoded K/V of the fixture's sequence, in double: grouped-query, causal.
-std::vector<double> AttentionReference(KvFixture& f, const std::vector<float>& q, const AttentionParams& p) {
+// decoded K/V of the fixture's sequence, in double: grouped-query, causal. For q8_0 and
+// q4_0 keys the query is first rounded as their scores round it (to q8_0, as llama.cpp
+// does for these K types), so what is left is float rounding.
+std::vector<double> AttentionReference(KvFixture& f, const std::vector<float>& q_in, const AttentionParams& p) {
   const int hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
+  std::vector<float> q = q_in;
+  const KvCodec codec = f.cache->codec().codec();
+  if (codec == KvCodec::kQ8_0 || codec == KvCodec::kQ4_0) {
+    auto q8 = VectorCodec::Create(KvCodec::kQ8_0, hd, 0).value();
+    std::vector<uint8_t> enc(q8->vector_bytes());
+    for (int h = 0; h < p.n_heads; ++h) {
+      q8->Encode(&q[h * hd], enc.data());
+      q8->Decode(enc.data(), &q[h * hd]);
+    }
+  }
   const int n = static_cast<int>(p.query_pos) + 1;
   std::vector<std::vector<float>> ks(n, std::vector<float>(p.n_kv_heads * hd)), vs = ks;
   for (int t = 0; t < n; ++t) EXPECT_TRUE(f.cache->Read(f.seq, 0, t, ks[t].data(), vs[t].data()).ok());

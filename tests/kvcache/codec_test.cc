@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -421,18 +422,33 @@ void CheckFusedAgainstDecode(const CodecDim& cd) {
   std::vector<float> scores(n);
   c->DotMany(qp.data(), enc.data(), n, scores.data());
   const double qn = Norm(q.data(), d);
+  // q8_0 / q4_0 score against the query quantized to q8_0 (as llama.cpp does for these
+  // K types): each query value may move by half its block's step, amax / 127 / 2 (and
+  // the step's fp16 rounding).
+  const bool quantized_query = cd.codec == KvCodec::kQ8_0 || cd.codec == KvCodec::kQ4_0;
+  std::vector<double> q_step(d, 0.0);
+  if (quantized_query) {
+    for (int b = 0; b < d / 32; ++b) {
+      double amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(static_cast<double>(q[b * 32 + i])));
+      for (int i = 0; i < 32; ++i) q_step[b * 32 + i] = amax / 127 * (0.5 + 0x1p-11);
+    }
+  }
   for (int t = 0; t < n; ++t) {
     const uint8_t* e = enc.data() + t * c->vector_bytes();
-    double want = 0;
-    for (int i = 0; i < d; ++i) want += static_cast<double>(q[i]) * dec[t * d + i];
+    double want = 0, bound = 1e-4 * qn * Norm(&dec[t * d], d);
+    for (int i = 0; i < d; ++i) {
+      want += static_cast<double>(q[i]) * dec[t * d + i];
+      bound += q_step[i] * std::fabs(dec[t * d + i]);
+    }
     const float single = c->Dot(qp.data(), e);
     ASSERT_EQ(std::bit_cast<uint32_t>(single), std::bit_cast<uint32_t>(scores[t])) << Name(cd);
-    ASSERT_NEAR(single, want, 1e-4 * qn * Norm(&dec[t * d], d)) << Name(cd) << " token " << t;
+    ASSERT_NEAR(single, want, bound) << Name(cd) << " token " << t;
   }
-  // In-place PrepareQuery.
+  // In-place PrepareQuery (the same bytes: a prepared query need not hold floats).
   std::vector<float> q_inplace = q;
   c->PrepareQuery(q_inplace.data(), q_inplace.data());
-  for (int i = 0; i < d; ++i) ASSERT_EQ(q_inplace[i], qp[i]);
+  ASSERT_EQ(std::memcmp(q_inplace.data(), qp.data(), sizeof(float) * d), 0) << Name(cd);
 
   std::vector<float> w(n);
   for (int t = 0; t < n; ++t) w[t] = 0.02f + 0.9f * static_cast<float>((t * 7) % n) / n;
@@ -668,17 +684,18 @@ TEST(CodecGroupTest, F16Avx512AndAvx2KernelsAgree) {
   }
 }
 
-// f16 key tiles: a key written into a tile reads back as Encode/Decode would give it, and
+// Key tiles: a key written into a tile reads back as Encode/Decode would give it, and
 // the tiled scores equal the single-vector Dot of the same keys bit for bit, at every
 // kernel level (generic, AVX2, AVX-512): head_dims that are and are not multiples of 16,
-// head counts around the 4-head groups, key counts that end inside a tile or a half tile.
-TEST(CodecGroupTest, F16KeyTilesMatchVectorLayout) {
+// head counts around the 4- and 8-head groups, key counts that end inside a tile or a
+// half tile.
+void CheckKeyTiles(KvCodec codec, std::initializer_list<int> dims) {
   constexpr int kTile = VectorCodec::kKeyTileTokens;
   for (int level = 0; level < 3; ++level) {  // 0 generic, 1 AVX2, 2 as detected
     ForceGenericKernels(level == 0);
     codec_internal::ForceNoAvx512Kernels(level == 1);
-    for (int d : {8, 24, 32, 40, 64, 128, 256}) {
-      std::unique_ptr<VectorCodec> c = MakeCodec(KvCodec::kF16, d);
+    for (int d : dims) {
+      std::unique_ptr<VectorCodec> c = MakeCodec(codec, d);
       ASSERT_NE(c, nullptr);
       ASSERT_TRUE(c->KeyTiles(2 * kTile));
       ASSERT_FALSE(c->KeyTiles(kTile + 8));
@@ -696,7 +713,7 @@ TEST(CodecGroupTest, F16KeyTilesMatchVectorLayout) {
         c->DecodeKeyInTile(tiles.data() + t / kTile * kTile * vb, t % kTile, b.data());
         ASSERT_EQ(a, b) << d << " " << t;
       }
-      for (int heads : {1, 2, 3, 4, 5, 8}) {
+      for (int heads : {1, 2, 3, 4, 5, 8, 9}) {
         const std::vector<float> q = RandomRows(heads, d, 91 + heads, false);
         std::vector<float> qp(q.size());
         for (int h = 0; h < heads; ++h) c->PrepareQuery(&q[h * d], &qp[h * d]);
@@ -720,7 +737,13 @@ TEST(CodecGroupTest, F16KeyTilesMatchVectorLayout) {
   }
   ForceGenericKernels(false);
   codec_internal::ForceNoAvx512Kernels(false);
-  for (KvCodec other : {KvCodec::kQ8_0, KvCodec::kQ4_0, KvCodec::kTq4, KvCodec::kTq3}) {
+}
+
+TEST(CodecGroupTest, KeyTilesMatchVectorLayout) {
+  CheckKeyTiles(KvCodec::kF16, {8, 24, 32, 40, 64, 128, 256});
+  CheckKeyTiles(KvCodec::kQ8_0, {32, 64, 96, 128, 256});
+  CheckKeyTiles(KvCodec::kQ4_0, {32, 64, 96, 128, 256});
+  for (KvCodec other : {KvCodec::kTq4, KvCodec::kTq3}) {
     EXPECT_FALSE(MakeCodec(other, 64)->KeyTiles(64)) << KvCodecName(other);
   }
 }

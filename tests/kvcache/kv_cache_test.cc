@@ -144,6 +144,8 @@ TEST(KvCacheTest, F16KeyTilesLayoutAndRoundTrip) {
   EXPECT_FALSE(KvCache::Create(mm.get(), g).value()->key_tiles());
   g.block_tokens = 16;
   g.codec = KvCodec::kQ8_0;
+  EXPECT_TRUE(KvCache::Create(mm.get(), g).value()->key_tiles());
+  g.codec = KvCodec::kTq4;
   EXPECT_FALSE(KvCache::Create(mm.get(), g).value()->key_tiles());
 }
 
@@ -158,11 +160,25 @@ TEST(KvCacheTest, DerivedBlockTokensFillAFrame) {
   EXPECT_EQ(cache->block_bytes(), 4096u);
   // BlockTokensFor says the same before any memory exists, for every codec and frame.
   EXPECT_EQ(KvCache::BlockTokensFor(g, mm->frame_bytes()).value(), 16);
-  for (KvCodec c : {KvCodec::kF16, KvCodec::kQ8_0, KvCodec::kQ4_0, KvCodec::kTq4, KvCodec::kTq3}) {
+  for (KvCodec c : {KvCodec::kF16, KvCodec::kTq4, KvCodec::kTq3}) {
     g.codec = c;
     const int bt = KvCache::BlockTokensFor(g, mm->frame_bytes()).value();
     EXPECT_EQ(KvCache::Create(mm.get(), g).value()->geometry().block_tokens, bt) << KvCodecName(c);
     EXPECT_EQ(KvCache::BlockTokensFor(g, 1 << 20).value(), bt * 256) << KvCodecName(c);
+  }
+  // q8_0 / q4_0 (34 / 18 bytes per 32 values): whole key tiles, as many as fit, not a
+  // power of two that would leave up to half of each frame unused.
+  for (KvCodec c : {KvCodec::kQ8_0, KvCodec::kQ4_0}) {
+    g.codec = c;
+    const uint64_t per_token = 2 * 2 * (c == KvCodec::kQ8_0 ? 34 : 18);  // K+V, 2 heads, head_dim 32
+    for (uint64_t frame : {uint64_t{4096}, uint64_t{1} << 20}) {
+      const int bt = KvCache::BlockTokensFor(g, frame).value();
+      EXPECT_EQ(bt % 16, 0) << KvCodecName(c);
+      EXPECT_LE(per_token * static_cast<uint64_t>(bt), frame) << KvCodecName(c);
+      EXPECT_GT(per_token * static_cast<uint64_t>(bt + 16), frame) << KvCodecName(c);
+    }
+    EXPECT_EQ(KvCache::Create(mm.get(), g).value()->geometry().block_tokens,
+              KvCache::BlockTokensFor(g, mm->frame_bytes()).value());
   }
   g.block_tokens = 48;  // explicit: kept
   EXPECT_EQ(KvCache::BlockTokensFor(g, 1 << 20).value(), 48);

@@ -280,6 +280,47 @@ TEST(SessionFileTest, Version2FilesAreRefused) {
   EXPECT_EQ(ReadFile(path), data);
 }
 
+// Format 3 files: read for f16 and tq (the same blocks as format 4), refused for q8_0 and
+// q4_0, whose keys format 3 stored vector by vector and format 4 stores in key tiles.
+TEST(SessionFileTest, Version3FilesAreReadUnlessTheirKeysMoved) {
+  for (KvCodec codec : {KvCodec::kF16, KvCodec::kTq4, KvCodec::kQ8_0, KvCodec::kQ4_0}) {
+    SCOPED_TRACE(KvCodecName(codec));
+    TempDir files;
+    const std::string path = files.path() + "/s.tkv";
+    World a(codec, 16, 8192);
+    const SeqId s = a.cache->NewSequence();
+    AppendTokens(*a.cache, s, 0, 20, 1);
+    ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
+    auto data = ReadFile(path);
+    const uint32_t v3 = 3;
+    std::memcpy(data.data() + 8, &v3, 4);
+    const uint64_t hh = Checksum(data.data(), 2040);
+    std::memcpy(data.data() + 2040, &hh, 8);
+    WriteFile(path, data);
+    const Status v = SessionFile::Verify(path);
+    World b(codec, 16, 8192);
+    auto r = SessionFile::Restore(*b.cache, path, kModel);
+    if (codec == KvCodec::kQ8_0 || codec == KvCodec::kQ4_0) {
+      EXPECT_EQ(v.code(), StatusCode::kUnsupported) << v.ToString();
+      EXPECT_NE(v.message().find("version 3"), std::string::npos) << v.message();
+      EXPECT_NE(v.message().find(KvCodecName(codec)), std::string::npos) << v.message();
+      ExpectOneLine(v);
+      EXPECT_FALSE(r.ok());
+      EXPECT_EQ(ReadFile(path), data) << "a refused file is left as it was";
+    } else {
+      EXPECT_TRUE(v.ok()) << v.ToString();
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      std::vector<float> k(64), v2(64), wk(64), wv(64);
+      for (int pos : {0, 17}) {
+        ASSERT_TRUE(b.cache->Read(r->seq, 1, pos, k.data(), v2.data()).ok());
+        ASSERT_TRUE(a.cache->Read(s, 1, pos, wk.data(), wv.data()).ok());
+        EXPECT_EQ(k, wk) << pos;
+        EXPECT_EQ(v2, wv) << pos;
+      }
+    }
+  }
+}
+
 // A save never follows or overwrites what sits at the name of its new file: the names
 // are unguessable and created exclusively; a link planted at an old-style name is inert.
 TEST(SessionFileTest, SavesNeverFollowPlantedLinks) {

@@ -381,7 +381,7 @@ uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& m, uint64_t weights_256k
 }
 
 AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, uint64_t available_bytes,
-                       uint64_t mapped_bytes, uint64_t paged_bytes) {
+                       uint64_t mapped_bytes, uint64_t paged_bytes, uint64_t floor_bytes) {
   AutoHost h;
   h.bytes = kAutoHostFloor;
   h.mapped_bytes = mapped_bytes;
@@ -390,9 +390,11 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
   // A device tier the decoder computes on, or a disk tier, is a hierarchy the user laid
   // out: the host keeps the floor.
   if (DecoderUsesDevice(m) || m.disk_bytes > 0) return h;
+  h.bytes = floor_bytes;
   // The KV cache in blocks of the frame, at least 1 MiB (the largest grain --frame auto
-  // picks, and the most rounding), the weight pages asked for, plus 1/16 and 64 MiB for
-  // copies in flight and the working set of weight pages.
+  // picks, and the most rounding), the weight pages asked for, plus 1/16 and two
+  // frames (a block copied on write, rounding), and 64 MiB for the working set of
+  // weight pages when there are any.
   const uint64_t frame = std::max<uint64_t>(m.frame_bytes, kMiB);
   const auto block_tokens = KvCache::BlockTokensFor(g, frame);
   if (!block_tokens.ok()) return h;  // CheckKvFits / KvCache::Create name the problem
@@ -400,13 +402,20 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
                              static_cast<uint64_t>(*block_tokens);
   const uint64_t kv = static_cast<uint64_t>(g.n_layers) * per_layer * frame;
   uint64_t need = kv + paged_bytes;
-  need += need / 16 + 64 * kMiB;
+  need += need / 16 + 2 * frame + (paged_bytes > 0 ? 64 * kMiB : 0);
   need = (need + kMiB - 1) / kMiB * kMiB;
-  if (need <= h.bytes) return h;
+  h.why = "auto: the KV cache of " + std::to_string(n_ctx) + " tokens (" + FormatBytes(kv) + ")";
+  if (paged_bytes > 0) h.why += " + weight pages (" + FormatBytes(paged_bytes) + ")";
+  h.why += " + " + FormatBytes(need - kv - paged_bytes) + " of room";
+  if (need <= h.bytes) {
+    h.why += "; at least " + FormatBytes(h.bytes);
+    return h;
+  }
   const uint64_t cap = h.usable_bytes / 100 * kAutoHostAvailablePercent / kMiB * kMiB;
   if (available_bytes > 0 && need > cap) {
     h.capped = true;
     h.bytes = std::max(h.bytes, cap);
+    h.why += "; capped to " + std::to_string(kAutoHostAvailablePercent) + "% of the available memory";
     return h;
   }
   h.bytes = need;
@@ -445,10 +454,13 @@ Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_pt
     const uint64_t paged = o.weights == RunOptions::Weights::kPaged
                                ? model->WeightPageBytes(std::max<uint64_t>(memory.frame_bytes, kMiB))
                                : 0;
-    const AutoHost h =
-        AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped, paged);
+    const AutoHost h = AutoHostBytes(n_ctx, kv_geometry, memory, meminfo.ok() ? meminfo->available_bytes : 0, mapped,
+                                     paged, o.auto_host_floor);
     memory.host_bytes = h.bytes;
     host_note = AutoHostNote(h);
+    rt->host_budget = h.why.empty() ? "auto: " + FormatBytes(h.bytes) + " beside the device or disk tier" : h.why;
+  } else {
+    rt->host_budget = "--host";
   }
   TIERKV_RETURN_IF_ERROR(CheckMemoryBudgets(memory));
   rt->paged_weights = PageWeights(o, memory, *model, n_ctx);
@@ -654,6 +666,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.warmup_s = rt->warmup_s;
   r.paged_weights = rt->paged_weights;
   r.frame_bytes = rt->frame_bytes;
+  r.host_budget = rt->host_budget;
   r.kv_type = KvCodecName(o.kv_type);
   r.llama_sums = rt->llama_sums;
   r.threads = rt->threads;

@@ -132,6 +132,7 @@ struct RunOptions {
   // instead of warning on every run of an unprivileged user who asked for nothing.
   bool mlock_asked = false;
   bool auto_host = false;      // --host auto: RunSession sizes memory.host_bytes (AutoHostBytes)
+  uint64_t auto_host_floor = 0;  // --host auto's least budget without device or disk tiers (serve: kAutoHostFloor)
   bool auto_frame = false;     // --frame auto: RunSession picks memory.frame_bytes (AutoFrameBytes)
   KvCodec kv_type = KvCodec::kF16;
   std::string session;         // "" = no session file
@@ -215,6 +216,9 @@ struct RunReport {
   std::string rope;  // the RoPE settings used: "yarn x4 base 1000000 from 32768 attn 1 beta 32/1"
   int kv_tokens = 0;
   uint64_t frame_bytes = 0;  // the frame size the run used
+  // How the host budget was chosen: "--host" when given, else --host auto's reason
+  // ("auto: the KV cache of 4096 tokens (4.00 MiB) + ...").
+  std::string host_budget;
   int threads = 0;           // the kernels' threads (the caller included)
   uint64_t kv_bytes = 0;
   std::string session_path;
@@ -262,12 +266,15 @@ inline constexpr uint64_t kAutoFrameMinFrames = 64;
 uint64_t AutoFrameBytes(int n_ctx, const MemoryOptions& memory, uint64_t weights_256k, uint64_t weights_1m,
                         uint64_t session_block_bytes);
 
-// --host auto (the default; docs/cli.md): kAutoHostFloor (1 GiB), or, with neither a
-// device nor a disk tier, enough for the context's KV cache (n_ctx tokens in blocks of
-// max(frame, 1 MiB)) and paged_bytes of weight pages (--weights paged), plus 1/16 and
-// 64 MiB for copies in flight and the working set of weight pages, at
-// most kAutoHostAvailablePercent of what available_bytes (MemAvailable; 0 = unknown,
-// no cap) leaves besides mapped_bytes (weights read in place from the page cache).
+// --host auto (the default; docs/cli.md): with a device or a disk tier, kAutoHostFloor
+// (1 GiB: a hierarchy the user laid out); otherwise what the run needs, at least
+// floor_bytes: the context's KV cache (n_ctx tokens in blocks of max(frame, 1 MiB)) and
+// paged_bytes of weight pages (--weights paged), plus 1/16 and two 1 MiB frames (a
+// block copied on write), and with weight pages 64 MiB for their working set; at most
+// kAutoHostAvailablePercent of what available_bytes (MemAvailable; 0 = unknown, no cap)
+// leaves besides mapped_bytes (weights read in place from the page cache). So resident
+// memory follows the model and the context, not a fixed gigabyte (`tierkv serve` asks
+// for floor_bytes = kAutoHostFloor: room for warm conversations besides the one).
 // A capped budget may be too small: CheckKvFits then refuses the context, naming it.
 inline constexpr uint64_t kAutoHostFloor = 1ull << 30;
 inline constexpr int kAutoHostAvailablePercent = 90;
@@ -276,9 +283,10 @@ struct AutoHost {
   uint64_t usable_bytes = 0;  // available_bytes less mapped_bytes
   uint64_t mapped_bytes = 0;
   bool capped = false;  // the need was above the cap
+  std::string why;      // what the budget holds, for the report ("" with a device or disk tier)
 };
 AutoHost AutoHostBytes(int n_ctx, const KvGeometry& geometry, const MemoryOptions& memory, uint64_t available_bytes,
-                       uint64_t mapped_bytes = 0, uint64_t paged_bytes = 0);
+                       uint64_t mapped_bytes = 0, uint64_t paged_bytes = 0, uint64_t floor_bytes = 0);
 
 // A loaded model and what it runs in: the tiers (sized from options' budgets for
 // contexts of n_ctx tokens), the model (weights paged or read in place) and an empty KV
@@ -296,6 +304,7 @@ struct Runtime {
   uint64_t frame_bytes = 0;
   double warmup_s = 0;
   int threads = 0;
+  std::string host_budget;  // RunReport::host_budget
 };
 // `config`: ReadModelConfig(*file). The budgets are checked against a context of n_ctx
 // tokens (CheckKvFits: one clear error when they cannot hold it). With --frame auto, a

@@ -64,6 +64,7 @@ nlohmann::json RunReportJson(const RunReport& r) {
   j["weights"] = r.paged_weights ? "paged" : "mapped";
   j["chat"] = r.chat.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.chat);
   j["frame_bytes"] = r.frame_bytes;
+  j["host_budget"] = r.host_budget;
   j["threads"] = r.threads;
   j["kernels"] = kernels::ActiveKernelsName();
   j["session"] = {{"path", r.session_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.session_path)},

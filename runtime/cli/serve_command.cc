@@ -69,6 +69,9 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
     if (!run.ok()) return usage(run.status());
     server::ServerOptions o;
     o.run = std::move(*run);
+    // --ram auto keeps at least the floor: room for warm conversations besides the one a
+    // request computes (a run sizes it to its one context).
+    o.run.auto_host_floor = kAutoHostFloor;
     o.host = f->host;
     if (f->port < 0 || f->port > 65535) return usage(Status::InvalidArgument("--port must be 0..65535"));
     o.port = f->port;

@@ -299,6 +299,25 @@ TEST(RunCommandTest, AutoHostGrowsToTheContext) {
   EXPECT_LT(host, 9ull << 30);
 }
 
+// ... and a short one a host tier of what it needs (not a fixed gigabyte), with the
+// reason in the report; --host SIZE is reported as given.
+TEST(RunCommandTest, AutoHostIsWhatTheContextNeeds) {
+  const CliResult r = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--mlock", "off", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  uint64_t host = 0;
+  for (const auto& t : j["tiers"]) {
+    if (t["name"] == "host") host = t["budget_bytes"];
+  }
+  EXPECT_GT(host, 0u);
+  EXPECT_LE(host, 8ull << 20) << "a few tokens' KV cache and room: megabytes";
+  EXPECT_NE(j["host_budget"].get<std::string>().find("auto: the KV cache of"), std::string::npos) << j["host_budget"];
+  const CliResult given = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--mlock", "off", "--host",
+                                  "64MiB", "--json"});
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  EXPECT_EQ(nlohmann::json::parse(given.out)["host_budget"], "--host");
+}
+
 // --chat wraps the prompt in the model's chat format (the reference qwen3 vocabulary
 // carries a chatml template); -sys implies it; a model without a template is refused
 // with one line, and an unknown --chat-template is a bad flag.

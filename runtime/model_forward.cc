@@ -675,9 +675,9 @@ Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int p
   plan.n_batches = (plan.n_blocks + batch - 1) / batch;
   plan.fused = plan.two_pass && plan.n_batches == 1;
   plan.n_visits = plan.fused ? 1 : plan.n_batches * (plan.two_pass ? 2 : 1);
-  // 8 MiB: resident memory stays near llama.cpp's at 16K tokens, and prefill measured
+  // 2 MiB: resident memory stays near llama.cpp's at 4K and 16K tokens, and prefill measured
   // the same as with 64 MiB (docs/decisions/2026-12-06-host-auto-sized-to-the-run.md).
-  constexpr uint64_t kChunkScoreBytes = uint64_t{8} << 20;
+  constexpr uint64_t kChunkScoreBytes = uint64_t{2} << 20;
   const uint64_t row_bytes = static_cast<uint64_t>(c.n_head) * static_cast<uint64_t>(cache.Length(seq)) * 4;
   plan.group = plan.two_pass ? static_cast<int>(std::clamp<uint64_t>(kChunkScoreBytes / row_bytes, 1, n)) : n;
   if (options_.attention_query_group > 0) plan.group = std::min(n, options_.attention_query_group);

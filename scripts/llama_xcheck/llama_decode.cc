@@ -1,16 +1,20 @@
 // scripts/llama_xcheck/llama_decode.cc: llama.cpp's speed on a GGUF read through mmap
 // (its default), for scripts/moe_bench.sh and scripts/serve_restart_bench.py: the prompt
 // in batches of 512 (llama-server's n_ubatch), then N greedy tokens one at a time; prints
-// one JSON line {prompt_tokens, prefill_tok_s, decode_tok_s, ...}.
+// one JSON line {prompt_tokens, prefill_tok_s, decode_tok_s, peak_rss_bytes, ...}.
 // The weights are read in place from the mapping (no repacking), the way a file larger
-// than RAM has to be run.
+// than RAM has to be run. Optional: flash attention (-1 auto, llama.cpp's default; 0 off;
+// 1 on) and the KV cache type (f16, q8_0, q4_0: K and V alike; quantized V needs flash
+// attention), for scripts/llama_compare.py.
 //
-//   llama_decode BACKEND.so MODEL.gguf PROMPT N THREADS
+//   llama_decode BACKEND.so MODEL.gguf PROMPT N THREADS [FLASH_ATTN [KV_TYPE]]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "ggml-backend.h"
 #include "llama.h"
@@ -18,8 +22,15 @@
 static double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: llama_decode BACKEND.so MODEL.gguf PROMPT N THREADS\n");
+  if (argc < 6 || argc > 8) {
+    fprintf(stderr, "usage: llama_decode BACKEND.so MODEL.gguf PROMPT N THREADS [FLASH_ATTN [KV_TYPE]]\n");
+    return 2;
+  }
+  const int flash_attn = argc > 6 ? atoi(argv[6]) : -1;
+  const std::string kv_type = argc > 7 ? argv[7] : "f16";
+  const ggml_type kv = kv_type == "q8_0" ? GGML_TYPE_Q8_0 : kv_type == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_F16;
+  if (kv_type != "f16" && kv_type != "q8_0" && kv_type != "q4_0") {
+    fprintf(stderr, "KV_TYPE: f16, q8_0 or q4_0\n");
     return 2;
   }
   llama_log_set([](ggml_log_level lvl, const char* t, void*) { if (lvl >= GGML_LOG_LEVEL_ERROR) fputs(t, stderr); }, nullptr);
@@ -45,6 +56,9 @@ int main(int argc, char** argv) {
   cp.n_ctx = n + n_gen + 16 > 4096 ? n + n_gen + 16 : 4096;
   cp.n_batch = 512; cp.n_ubatch = 512; cp.n_threads = threads; cp.n_threads_batch = threads;
   cp.no_perf = true;
+  cp.flash_attn_type = static_cast<llama_flash_attn_type>(flash_attn);
+  cp.type_k = kv;
+  cp.type_v = kv;
   llama_context* ctx = llama_init_from_model(model, cp);
   const double load_s = Now() - t_load;
   const double t0 = Now();
@@ -63,9 +77,11 @@ int main(int argc, char** argv) {
     if (llama_decode(ctx, llama_batch_get_one(&tok, 1)) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
   }
   const double decode_s = Now() - t1;
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
   printf("{\"prompt_tokens\": %d, \"generated\": %d, \"load_s\": %.3f, \"prefill_s\": %.3f, \"decode_s\": %.3f, "
-         "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f}\n",
-         n, n_gen, load_s, prefill_s, decode_s, n / prefill_s, n_gen / decode_s);
+         "\"prefill_tok_s\": %.3f, \"decode_tok_s\": %.3f, \"peak_rss_bytes\": %lld}\n",
+         n, n_gen, load_s, prefill_s, decode_s, n / prefill_s, n_gen / decode_s, 1024LL * ru.ru_maxrss);
   llama_free(ctx);
   llama_model_free(model);
   return 0;

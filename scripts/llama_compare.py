@@ -131,11 +131,13 @@ def main():
 
     text = corpus()
     with tempfile.TemporaryDirectory() as tmp:
-        # Characters per token of this text, from a 20,000-character sample.
+        # Characters per token of this text, from a sample of the longest prompt's size
+        # (the docs' mix of prose and tables changes along the text).
+        sample_chars = max(20000, min(len(text), int(max(depths) * 3.5)))
         sample = os.path.join(tmp, "sample.txt")
         with open(sample, "w", encoding="utf-8") as f:
-            f.write(text[:20000])
-        per_token = 20000 / ours.run(sample, "f16")["tokens"]
+            f.write(text[:sample_chars])
+        per_token = sample_chars / ours.run(sample, "f16")["tokens"]
         results = {}
         for d in depths:
             want = int(d * per_token * 0.99)

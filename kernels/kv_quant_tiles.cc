@@ -108,26 +108,6 @@ TIERKV_VNNI void DotTilesHeads(const uint8_t* qp, size_t q_stride, int nb, const
   }
 }
 
-template <bool kQ8, int kHeads>
-void DotTilesDispatch(int heads, const uint8_t* qp, size_t q_stride, int nb, const uint8_t* k, size_t n,
-                      float* scores, size_t stride) {
-  if constexpr (kHeads > 1) {
-    if (heads < kHeads) return DotTilesDispatch<kQ8, kHeads - 1>(heads, qp, q_stride, nb, k, n, scores, stride);
-  }
-  DotTilesHeads<kQ8, kHeads>(qp, q_stride, nb, k, n, scores, stride);
-}
-
-template <bool kQ8>
-void DotTiles(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores, size_t stride) {
-  constexpr int kMaxHeads = 8;  // 2 x 8 accumulators, with room for the loads
-  const size_t q_stride = static_cast<size_t>(nb) * kQPrepBlockBytes;
-  const auto* qp = reinterpret_cast<const uint8_t*>(q_prep);
-  for (int h0 = 0; h0 < heads; h0 += kMaxHeads) {
-    DotTilesDispatch<kQ8, kMaxHeads>(std::min(kMaxHeads, heads - h0), qp + h0 * q_stride, q_stride, nb, k, n,
-                                     scores + h0 * stride, stride);
-  }
-}
-
 // AVX2 (no VNNI needed): 8 keys per vector, each tile in two halves. vpmaddubsw takes an
 // unsigned and a signed operand and sums pairs into int16, so q8_0 goes in as |k| and q
 // with k's sign (|products| <= 127 * 127, two of them fit int16), q4_0 as its unsigned
@@ -193,23 +173,32 @@ TIERKV_AVX2_TILES void DotTilesHeadsAvx2(const uint8_t* qp, size_t q_stride, int
   }
 }
 
-template <bool kQ8, int kHeads>
-void DotTilesDispatchAvx2(int heads, const uint8_t* qp, size_t q_stride, int nb, const uint8_t* k, size_t n,
-                          float* scores, size_t stride) {
+// The tiled scores of `heads` prepared queries, in chunks of as many heads as the
+// level's registers hold (AVX-512: 2 x 8 accumulators of 32; AVX2: 2 x 4 of 16), each
+// chunk by the instantiation for its head count.
+template <bool kQ8, bool kAvx512, int kHeads>
+void DotTilesDispatch(int heads, const uint8_t* qp, size_t q_stride, int nb, const uint8_t* k, size_t n,
+                      float* scores, size_t stride) {
   if constexpr (kHeads > 1) {
-    if (heads < kHeads) return DotTilesDispatchAvx2<kQ8, kHeads - 1>(heads, qp, q_stride, nb, k, n, scores, stride);
+    if (heads < kHeads) {
+      return DotTilesDispatch<kQ8, kAvx512, kHeads - 1>(heads, qp, q_stride, nb, k, n, scores, stride);
+    }
   }
-  DotTilesHeadsAvx2<kQ8, kHeads>(qp, q_stride, nb, k, n, scores, stride);
+  if constexpr (kAvx512) {
+    DotTilesHeads<kQ8, kHeads>(qp, q_stride, nb, k, n, scores, stride);
+  } else {
+    DotTilesHeadsAvx2<kQ8, kHeads>(qp, q_stride, nb, k, n, scores, stride);
+  }
 }
 
-template <bool kQ8>
-void DotTilesAvx2(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores, size_t stride) {
-  constexpr int kMaxHeads = 4;  // 2 x 4 accumulators of the 16 registers
+template <bool kQ8, bool kAvx512>
+void DotTiles(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores, size_t stride) {
+  constexpr int kMaxHeads = kAvx512 ? 8 : 4;
   const size_t q_stride = static_cast<size_t>(nb) * kQPrepBlockBytes;
   const auto* qp = reinterpret_cast<const uint8_t*>(q_prep);
   for (int h0 = 0; h0 < heads; h0 += kMaxHeads) {
-    DotTilesDispatchAvx2<kQ8, kMaxHeads>(std::min(kMaxHeads, heads - h0), qp + h0 * q_stride, q_stride, nb, k, n,
-                                         scores + h0 * stride, stride);
+    DotTilesDispatch<kQ8, kAvx512, kMaxHeads>(std::min(kMaxHeads, heads - h0), qp + h0 * q_stride, q_stride, nb, k,
+                                              n, scores + h0 * stride, stride);
   }
 }
 
@@ -426,19 +415,19 @@ bool AccumulatePairAvx512(bool q8, const float* w, size_t w_stride, int heads, c
 
 void DotQ8TiledAvx512Vnni(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores,
                           size_t stride) {
-  DotTiles<true>(q_prep, heads, nb, k, n, scores, stride);
+  DotTiles<true, true>(q_prep, heads, nb, k, n, scores, stride);
 }
 void DotQ4TiledAvx512Vnni(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores,
                           size_t stride) {
-  DotTiles<false>(q_prep, heads, nb, k, n, scores, stride);
+  DotTiles<false, true>(q_prep, heads, nb, k, n, scores, stride);
 }
 void DotQ8TiledAvx2(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores,
                     size_t stride) {
-  DotTilesAvx2<true>(q_prep, heads, nb, k, n, scores, stride);
+  DotTiles<true, false>(q_prep, heads, nb, k, n, scores, stride);
 }
 void DotQ4TiledAvx2(const float* q_prep, int heads, int nb, const uint8_t* k, size_t n, float* scores,
                     size_t stride) {
-  DotTilesAvx2<false>(q_prep, heads, nb, k, n, scores, stride);
+  DotTiles<false, false>(q_prep, heads, nb, k, n, scores, stride);
 }
 void AccumulateQ8GroupAvx2(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t n, size_t vb, int nb,
                            float* acc) {

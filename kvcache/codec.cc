@@ -174,6 +174,24 @@ void AccumulateF16Generic(float w, const uint8_t* v, int n, float* acc) {
   for (int i = 0; i < n; ++i) acc[i] += w * LoadHalf(v + 2 * i);
 }
 
+// AccumulateManyGroupRuns by pairs of runs while `pair(w, v, acc)` takes them (false:
+// a pair's accumulators do not fit the registers, nothing done), the rest one run at a
+// time through VectorCodec's loop. Per head the bits are those of one run at a time.
+template <typename Pair>
+void AccumulateRunsInPairs(const VectorCodec& c, bool pairs, Pair&& pair, const float* w, size_t w_stride, int heads,
+                           int runs, const void* v_enc, size_t run_stride, size_t n, float* acc) {
+  const auto* p = static_cast<const uint8_t*>(v_enc);
+  const size_t hd = static_cast<size_t>(c.head_dim());
+  int r = 0;
+  for (; pairs && r + 2 <= runs; r += 2) {
+    const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+    if (!pair(w + h0 * w_stride, p + static_cast<size_t>(r) * run_stride, acc + h0 * hd)) break;
+  }
+  const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
+  c.VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
+                                         p + static_cast<size_t>(r) * run_stride, run_stride, n, acc + h0 * hd);
+}
+
 class F16Codec final : public VectorCodec {
  public:
   F16Codec(int head_dim, uint64_t seed)
@@ -249,26 +267,18 @@ class F16Codec final : public VectorCodec {
       for (size_t i = 0; i < n; ++i) k_.accumulate(wh[i], p + i * vector_bytes(), head_dim(), acc + h * hd);
     }
   }
+  // Pairs of runs (small groups of heads of head_dim 16 to 64, where one run alone waits
+  // on FMA latency) with AVX-512.
   void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
                                size_t run_stride, size_t n, float* acc) const override {
-    const auto* p = static_cast<const uint8_t*>(v_enc);
-    int r = 0;
 #if defined(TIERKV_CODEC_X86)
-    // Pairs of runs while a pair's accumulators fit the registers (small groups of heads
-    // of head_dim 16 to 64, where one run alone waits on FMA latency); the rest one by one.
-    const size_t hd = static_cast<size_t>(head_dim());
-    for (; avx512_ && r + 2 <= runs; r += 2) {
-      const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
-      if (!AccumulateF16PairAvx512(w + h0 * w_stride, w_stride, heads, p + static_cast<size_t>(r) * run_stride,
-                                   run_stride, n, vector_bytes(), head_dim() / 16, acc + h0 * hd)) {
-        break;
-      }
-    }
+    const auto pair = [&](const float* wp, const uint8_t* vp, float* ap) {
+      return AccumulateF16PairAvx512(wp, w_stride, heads, vp, run_stride, n, vector_bytes(), head_dim() / 16, ap);
+    };
+    AccumulateRunsInPairs(*this, avx512_, pair, w, w_stride, heads, runs, v_enc, run_stride, n, acc);
+#else
+    VectorCodec::AccumulateManyGroupRuns(w, w_stride, heads, runs, v_enc, run_stride, n, acc);
 #endif
-    const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
-    VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
-                                         p + static_cast<size_t>(r) * run_stride, run_stride, n,
-                                         acc + h0 * static_cast<size_t>(head_dim()));
   }
   bool KeyTiles(int block_tokens) const override {
     return head_dim() % 8 == 0 && block_tokens > 0 && block_tokens % kKeyTileTokens == 0;
@@ -572,24 +582,15 @@ class BlockCodec final : public VectorCodec {
   }
   void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
                                size_t run_stride, size_t n, float* acc) const override {
-    const auto* p = static_cast<const uint8_t*>(v_enc);
-    int r = 0;
 #if defined(TIERKV_CODEC_X86)
-    // Pairs of runs while a pair's accumulators fit the registers; the rest one by one.
-    const size_t hd = static_cast<size_t>(head_dim());
-    for (; avx512_ && r + 2 <= runs; r += 2) {
-      const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
-      if (!kernels::kv_simd::AccumulatePairAvx512(q8_, w + h0 * w_stride, w_stride, heads,
-                                                   p + static_cast<size_t>(r) * run_stride, run_stride, n,
-                                                   vector_bytes(), nb_, acc + h0 * hd)) {
-        break;
-      }
-    }
+    const auto pair = [&](const float* wp, const uint8_t* vp, float* ap) {
+      return kernels::kv_simd::AccumulatePairAvx512(q8_, wp, w_stride, heads, vp, run_stride, n, vector_bytes(), nb_,
+                                                    ap);
+    };
+    AccumulateRunsInPairs(*this, avx512_, pair, w, w_stride, heads, runs, v_enc, run_stride, n, acc);
+#else
+    VectorCodec::AccumulateManyGroupRuns(w, w_stride, heads, runs, v_enc, run_stride, n, acc);
 #endif
-    const size_t h0 = static_cast<size_t>(r) * static_cast<size_t>(heads);
-    VectorCodec::AccumulateManyGroupRuns(w + h0 * w_stride, w_stride, heads, runs - r,
-                                         p + static_cast<size_t>(r) * run_stride, run_stride, n,
-                                         acc + h0 * static_cast<size_t>(head_dim()));
   }
   void DecodeMany(const void* in, size_t n, float* out) const override {
     k_.decode(static_cast<const uint8_t*>(in), static_cast<int>(n) * nb_, out);

@@ -256,6 +256,14 @@ TEST(SessionFileTest, ARecordOfOtherTokensIsRefused) {
   EXPECT_EQ(pin.status().code(), StatusCode::kCorruption);
 }
 
+// A saved file's bytes as an older format would have written its header: the version
+// field set and the header's checksum made again.
+void SetHeaderVersion(std::vector<std::byte>& data, uint32_t version) {
+  std::memcpy(data.data() + 8, &version, 4);
+  const uint64_t hh = Checksum(data.data(), 2040);
+  std::memcpy(data.data() + 2040, &hh, 8);
+}
+
 // Format 2 files (whose saves could keep other tokens' KV) are refused, not trusted.
 TEST(SessionFileTest, Version2FilesAreRefused) {
   TempDir files;
@@ -265,10 +273,7 @@ TEST(SessionFileTest, Version2FilesAreRefused) {
   AppendTokens(*a.cache, s, 0, 10, 1);
   ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(10), kModel, path).ok());
   auto data = ReadFile(path);
-  const uint32_t v2 = 2;
-  std::memcpy(data.data() + 8, &v2, 4);
-  const uint64_t hh = Checksum(data.data(), 2040);
-  std::memcpy(data.data() + 2040, &hh, 8);
+  SetHeaderVersion(data, 2);
   WriteFile(path, data);
   const Status v = SessionFile::Verify(path);
   EXPECT_EQ(v.code(), StatusCode::kUnsupported) << v.ToString();
@@ -292,10 +297,7 @@ TEST(SessionFileTest, Version3FilesAreReadUnlessTheirKeysMoved) {
     AppendTokens(*a.cache, s, 0, 20, 1);
     ASSERT_TRUE(SessionFile::Save(*a.cache, s, Tokens(20), kModel, path).ok());
     auto data = ReadFile(path);
-    const uint32_t v3 = 3;
-    std::memcpy(data.data() + 8, &v3, 4);
-    const uint64_t hh = Checksum(data.data(), 2040);
-    std::memcpy(data.data() + 2040, &hh, 8);
+    SetHeaderVersion(data, 3);
     WriteFile(path, data);
     const Status v = SessionFile::Verify(path);
     World b(codec, 16, 8192);

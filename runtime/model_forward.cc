@@ -645,9 +645,10 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
 // The attention plan of n queries at positions pos .. pos + n - 1 over the sequence's
 // blocks of a layer, `batch` blocks at a time; no side effects. Two passes (with an f16
 // cache and llama rounding: llama.cpp's exact softmax weights) but for an f16 cache
-// without that rounding: one online pass. Either way the blocks are visited in order, `batch` at a time: visit v covers
-// blocks [FirstBlock(v), FirstBlock(v) + BlockCount(v)) of pass v / n_batches; a batch
-// holding the whole layer does both passes in one visit (AttentionVisit::kTwoPass).
+// without that rounding: one online pass. Either way the blocks are visited in order,
+// `batch` at a time: visit v covers blocks [FirstBlock(v), FirstBlock(v) + BlockCount(v))
+// of pass v / n_batches; a batch holding the whole layer does both passes in one visit
+// (AttentionVisit::kTwoPass).
 // Queries go in groups whose two-pass score rows fit kChunkScoreBytes.
 Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk,
                                           int batch) const {

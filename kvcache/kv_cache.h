@@ -87,6 +87,7 @@ class KvCache {
   // Bytes of one token's K and V over all layers.
   uint64_t token_bytes() const { return 2ull * g_.n_layers * g_.n_kv_heads * vector_bytes(); }
   MemoryManager& memory() { return *mm_; }
+  const MemoryManager& memory() const { return *mm_; }
 
   SeqId NewSequence();
   // A new sequence sharing every block of src (copy-on-write).

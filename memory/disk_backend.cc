@@ -42,7 +42,8 @@ class DiskBackend final : public TierBackend {
            (map_ != nullptr ? ", mapped" : direct_ ? ", O_DIRECT" : ", buffered");
   }
   uint64_t capacity() const override { return bytes_; }
-  std::byte* base() override { return nullptr; }
+  // Mapped (a memory filesystem): the CPU reads and writes the arena in place.
+  std::byte* base() override { return map_; }
   double warmup_seconds() const override { return warmup_s_; }
 
   Status Write(std::span<const CopyOp> ops) override { return Transfer(ops, /*write=*/true); }

@@ -633,12 +633,17 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
       return Status::FailedPrecondition("page " + std::to_string(page.value) + " is pinned on the " + TierName(e.pin_tier) +
                                         " tier");
     }
-    TierStats& s = tiers_[TierIndex(tier)].stats;
     if (e.top() == tier) {
-      if (!missed) ++s.hits;
+      if (!missed) CountAccessLocked(tier, tier, 0);
+      if (access == Access::kRead) tiers_[TierIndex(tier)].stats.bytes_read += e.bytes;
       return PinHereLocked(page, e, tier, access, !missed);
     }
-    if (!missed) ++s.misses;
+    // Served from below (a promotion counts a hit where the data was found); a demotion
+    // (the page is above `tier`) counts as a miss on `tier` alone.
+    if (!missed) {
+      if (TierIndex(e.top()) > TierIndex(tier)) CountAccessLocked(tier, e.top(), 0);
+      else ++tiers_[TierIndex(tier)].stats.misses;
+    }
     missed = true;
     const bool promote = TierIndex(e.top()) > TierIndex(tier);
     lock.unlock();
@@ -659,6 +664,104 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
     if (pinned.valid()) return pinned;
   }
   return Status::Internal("acquire of page " + std::to_string(page.value) + " kept losing races");
+}
+
+void MemoryManager::CountAccessLocked(Tier wanted, std::optional<Tier> served, uint64_t bytes) {
+  const int last = served ? TierIndex(*served) : kNumTiers;
+  for (int t = TierIndex(wanted); t < last; ++t) {
+    if (tiers_[t].backend) ++tiers_[t].stats.misses;
+  }
+  if (served && has_tier(*served)) {
+    TierStats& s = tiers_[TierIndex(*served)].stats;
+    ++s.hits;
+    s.bytes_read += bytes;
+  }
+}
+
+size_t MemoryManager::AcquireInPlace(std::span<const PageId> pages, std::vector<Pin>* out) {
+  out->clear();
+  out->resize(pages.size());
+  const Tier wanted = compute_tier();
+  size_t pinned = 0;
+  Lock lock(mu_);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (!table_.Contains(pages[i])) continue;
+    PageEntry& e = table_.at(pages[i]);
+    const Tier top = e.top();
+    if (e.in_flight() || !e.has_copy(top) || !host_addressable(top) || (e.pins > 0 && e.pin_tier != top)) continue;
+    CountAccessLocked(wanted, top, e.bytes);
+    (*out)[i] = PinHereLocked(pages[i], e, top, Access::kRead, /*hit=*/true);
+    ++pinned;
+  }
+  return pinned;
+}
+
+Ticket MemoryManager::ReadThrough(std::vector<PageId> pages, std::vector<std::byte*> out) {
+  assert(pages.size() == out.size());
+  return RunOnStreamAsync([this, pages = std::move(pages), out = std::move(out)](Lock& lock) {
+    std::vector<PageId> backing_only;
+    for (PageId p : pages) {
+      if (!table_.Contains(p)) return Status::NotFound("read of unknown page " + std::to_string(p.value));
+      const PageEntry& e = table_.at(p);
+      if (!e.has_copy(e.top())) backing_only.push_back(p);
+    }
+    // A page only in its backing (a restored session not read yet) comes up to the Host
+    // tier first, as Acquire would bring it: read from its source once, then where it lies.
+    if (!backing_only.empty()) {
+      backing_only = UniquePages(backing_only);
+      SetInFlight(backing_only, true);
+      Status st = PromoteLocked(lock, backing_only, Tier::kHost);
+      SetInFlight(backing_only, false);
+      TIERKV_RETURN_IF_ERROR(st.Annotate("reading " + std::to_string(backing_only.size()) + " page(s) from their backing"));
+    }
+    // Host-addressable copies are memcpy'd, other arenas' (an O_DIRECT Disk file, a CUDA
+    // device) gathered into one backend read per tier, backings read page by page; the
+    // pages stay in flight meanwhile.
+    struct Span {
+      const std::byte* from;
+      std::byte* to;
+      uint64_t bytes;
+    };
+    struct SourceRead {
+      PageSource* source;
+      uint64_t key;
+      std::span<std::byte> out;
+    };
+    std::vector<Span> memcpys;
+    std::array<std::vector<CopyOp>, kNumTiers> arena_reads;
+    std::vector<SourceRead> backed;
+    const Tier wanted = compute_tier();
+    for (size_t i = 0; i < pages.size(); ++i) {
+      PageEntry& e = table_.at(pages[i]);
+      const Tier top = e.top();
+      const uint64_t len = static_cast<uint64_t>(e.n_frames) * frame_bytes_;
+      CountAccessLocked(wanted, top, e.bytes);
+      ++e.accesses;
+      e.last_access = ++access_tick_;
+      policy_->OnAccess(pages[i]);
+      if (!e.has_copy(top)) {
+        backed.push_back({sources_[static_cast<size_t>(e.source)].get(), e.source_key, std::span<std::byte>(out[i], len)});
+      } else if (host_addressable(top)) {
+        memcpys.push_back({FrameAddress(top, e.frame[TierIndex(top)]), out[i], e.bytes});
+      } else {
+        arena_reads[TierIndex(top)].push_back({static_cast<uint64_t>(e.frame[TierIndex(top)].value) * frame_bytes_, out[i], len});
+      }
+    }
+    SetInFlight(pages, true);
+    lock.unlock();
+    for (const Span& c : memcpys) std::memcpy(c.to, c.from, c.bytes);
+    Status st;
+    for (int t = 0; t < kNumTiers && st.ok(); ++t) {
+      if (!arena_reads[t].empty()) st = tiers_[t].backend->Read(arena_reads[t]);
+    }
+    for (const SourceRead& r : backed) {
+      if (!st.ok()) break;
+      st = r.source->ReadPage(r.key, r.out);
+    }
+    lock.lock();
+    SetInFlight(pages, false);
+    return st.Annotate("reading " + std::to_string(pages.size()) + " page(s) where they lie");
+  }, /*urgent=*/true);
 }
 
 void MemoryManager::ReleasePin(PageId p) {

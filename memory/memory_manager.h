@@ -161,6 +161,24 @@ class MemoryManager {
   // when every page is on `tier` and not in flight (each counted as a hit), else an
   // empty vector and no change.
   std::vector<Pin> TryAcquireAll(std::span<const PageId> pages, Tier tier, Access access = Access::kRead);
+  // Compute where the pages are. For each page whose top copy lies on a tier that hands
+  // out host pointers (Host, sim Device, a mapped Disk arena) and that is not in flight
+  // or pinned on another tier, (*out)[i] pins it there: the CPU reads it in place and
+  // nothing moves. (*out)[i] stays empty for the others (an O_DIRECT Disk file, only in
+  // its backing, on a CUDA device); the caller reads those with ReadThrough. One lock
+  // for the whole set. Counts a hit on the tier read and a miss on each present tier
+  // above it; returns how many pages were pinned.
+  size_t AcquireInPlace(std::span<const PageId> pages, std::vector<Pin>* out);
+  // Asynchronous copies of the pages' top copies (any tier) into out[i], changing no
+  // placement: for pages AcquireInPlace could not pin, read once per use instead of
+  // promoted (a scan larger than the fast tiers would otherwise evict what it is about
+  // to read). A page only in its backing (a lazily restored session) is first brought to
+  // the Host tier, as Acquire would, so that its source is read once. The pages are in
+  // flight meanwhile. Counted like AcquireInPlace. REQUIRES: each out[i] is 4 KiB-aligned
+  // with room for the page's whole frames (FrameSpan).
+  Ticket ReadThrough(std::vector<PageId> pages, std::vector<std::byte*> out);
+  // Bytes a copy of a page of `bytes` occupies: whole frames.
+  uint64_t FrameSpan(uint64_t bytes) const { return (bytes + frame_bytes_ - 1) / frame_bytes_ * frame_bytes_; }
   // Asynchronous promotion of a batch to `tier` (gathered copies per tier step).
   // Pages already on `tier` or above, and pinned pages, are left as they are; when that
   // is every page the call returns a ready ticket without waking the stream.
@@ -245,6 +263,10 @@ class MemoryManager {
   // Whether an acquire of `page` on `tier` would be a hit: its top copy is there, no move
   // of it is in flight, and it is not pinned on another tier. REQUIRES: mu_ held.
   bool HitLocked(PageId page, Tier tier) const;
+  // An access that wanted a page on `wanted` and found it on `served` (nullopt: only in
+  // its backing): a miss on each present tier from `wanted` down to above `served`, a
+  // hit and `bytes` read on `served`. REQUIRES: mu_ held.
+  void CountAccessLocked(Tier wanted, std::optional<Tier> served, uint64_t bytes);
   // Prefetched pages that reached `tier` (or above) are spared by eviction until used
   // (EvictLocked). REQUIRES: mu_ held.
   void MarkPrefetchedLocked(const std::vector<PageId>& pages, Tier tier);

@@ -16,8 +16,9 @@ namespace tierkv {
 
 // name, meaning
 #define TIERKV_TIER_COUNTERS(X)                                                        \
-  X(hits, "Acquire found the page on this tier")                                     \
-  X(misses, "Acquire had to bring the page to this tier")                            \
+  X(hits, "accesses this tier served: the page was used, read or copied up from here") \
+  X(misses, "accesses that wanted the page on this tier or above and found it below")  \
+  X(bytes_read, "bytes compute read from this tier where they lay (in place or read through)") \
   X(bytes_in, "bytes copied into this tier")                                         \
   X(bytes_out, "bytes copied out of this tier")                                      \
   X(migrations_in, "pages copied into this tier")                                    \

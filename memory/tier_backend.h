@@ -42,7 +42,8 @@ class TierBackend {
   virtual std::string Describe() const = 0;
   // Arena size in bytes (a multiple of the frame size chosen by the caller).
   virtual uint64_t capacity() const = 0;
-  // Host-addressable base of the arena (Host, sim Device); nullptr for Disk and CUDA.
+  // Host-addressable base of the arena (Host, sim Device, a Disk arena mapped on a
+  // memory filesystem); nullptr for a Disk file read with pread and for CUDA.
   virtual std::byte* base() = 0;
   // Base of the arena in the address space its compute uses: base() for Host and sim,
   // the device pointer for CUDA, nullptr for Disk. Pins hand out pointers into it.

@@ -30,7 +30,7 @@ Result<bool> Generator::Prefill(int batch, const PrefillHooks& hooks) {
       tokens_.resize(static_cast<size_t>(pos));
       return false;
     }
-    const int n = std::min(std::max(batch, 1), end - pos);
+    const int n = std::min(std::max(model_.PrefillChunk(cache_, seq_, batch), 1), end - pos);
     rows_.clear();
     for (int i = 0; i < n; ++i) {
       const int p = pos + i;

@@ -133,13 +133,18 @@ struct ModelOptions {
   // logits are llama.cpp's bit for bit where the matrix products are too (the reference
   // vectors' F16 and Q8_0 files), at a cost in attention time (docs/kernels.md).
   bool llama_attention_sums = false;
-  // Attention pins a layer's KV blocks this many at a time (0 = automatic: at most
-  // 1/8 of the compute tier's budget, all of the layer when that holds it).
-  // Results do not depend on it; small values keep the compute tier's working set small.
+  // 0 (the default with the CPU executor): attention reads each KV block where it lies
+  // (host RAM, the sim device, a mapped disk arena) and reads the others (an O_DIRECT
+  // disk file, a session file not read yet) through a staging area, moving nothing.
+  // N > 0: it acquires a layer's blocks on the compute tier N at a time (the path a
+  // device executor takes; tests). Results do not depend on it.
   int kv_batch_blocks = 0;
+  // The staging area for blocks read through: two turns of this many bytes (0 = 8 MiB).
+  // Results do not depend on it (tests make it small).
+  uint64_t read_through_turn_bytes = 0;
   // ForwardBatch's attention takes the chunk's queries this many at a time (0 =
   // automatic: all of them, or with the two-pass form as many as keep their score rows
-  // within 64 MiB). Results do not depend on it.
+  // within 2 MiB). Results do not depend on it.
   int attention_query_group = 0;
   // After UseMemory: while layer l computes, the copy stream fetches what layer l + 1
   // needs (its weights, its first batch of KV blocks, and the experts its router picks
@@ -168,8 +173,11 @@ struct DecodeCounters {
   double wait_s = 0;  // of which blocked acquiring pages (waiting for copies)
   double kv_wait_s = 0, weight_wait_s = 0, expert_wait_s = 0;  // wait_s by kind of page
   // Acquires on the compute tier and how many found the page there (or in flight
-  // from a prefetch): KV blocks, weight pages (per layer and output), experts.
+  // from a prefetch): KV blocks, weight pages (per layer and output), experts. KV
+  // blocks read in place count as hits; those read through (model_forward.cc) do not.
   uint64_t kv_acquires = 0, kv_hits = 0;
+  // KV blocks read through into the staging area, and their bytes.
+  uint64_t kv_read_through = 0, kv_read_through_bytes = 0;
   uint64_t weight_acquires = 0, weight_hits = 0;
   uint64_t expert_acquires = 0, expert_hits = 0;
   // Experts chosen in layers that had a prediction, and how many of them were among
@@ -220,6 +228,13 @@ class Model {
 
   // The KV geometry this model needs, for KvCache::Create.
   KvGeometry KvGeometryFor(KvCodec codec, int block_tokens = 0) const;
+
+  // The prompt tokens ForwardBatch should take next for `seq` when the caller asks for
+  // `batch`: more while some of the sequence's KV blocks lie below the fast tiers (on
+  // the Disk tier or only in a backing), so that each chunk's one pass over them serves
+  // many tokens, capped by the chunk's working memory (kSpillChunkBytes). The logits do
+  // not depend on it.
+  int PrefillChunk(const KvCache& cache, SeqId seq, int batch) const;
 
   // Runs `token` at position `pos` of `seq`: appends one token to the sequence in
   // `cache` and writes its K/V on every layer; fills logits ([n_vocab]) unless it is
@@ -280,6 +295,10 @@ class Model {
   struct AttentionPlan;
   AttentionPlan PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk, int batch) const;
   bool PinWholeLayer(KvCache& cache, SeqId seq, int layer, int n_blocks);
+  int PinInPlace(KvCache& cache, SeqId seq, int layer, int n_blocks);
+  Status ReadStaged(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v, int turn, Ticket* ticket);
+  Status UseStaged(int turn, Ticket& ticket);
+  bool KvInPlace() const;
   Status PinVisit(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v);
   void RetirePins();
   void RetireKvPins();

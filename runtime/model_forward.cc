@@ -740,6 +740,108 @@ bool Model::PinWholeLayer(KvCache& cache, SeqId seq, int layer, int n_blocks) {
   return true;
 }
 
+// Whether attention reads KV blocks where they lie (PinInPlace): an executor that computes
+// from host memory, unless the options force batches of Acquires (tests of that path).
+bool Model::KvInPlace() const { return exec_->host_memory() && options_.kv_batch_blocks == 0; }
+
+namespace {
+
+// Staging for the blocks read through: two turns of at most this many bytes each
+// (ModelOptions::read_through_turn_bytes).
+constexpr uint64_t kReadThroughTurnBytes = uint64_t{8} << 20;
+
+// The most entries of sorted `missing` in one window [k * batch, (k + 1) * batch).
+int MostPerBatch(const std::vector<int>& missing, int batch) {
+  int most = 0;
+  for (size_t i = 0; i < missing.size();) {
+    const int window = missing[i] / batch;
+    size_t j = i;
+    while (j < missing.size() && missing[j] / batch == window) ++j;
+    most = std::max(most, static_cast<int>(j - i));
+    i = j;
+  }
+  return most;
+}
+
+}  // namespace
+
+// Every block of the layer pinned where it lies (MemoryManager::AcquireInPlace: host
+// RAM, the sim device, a mapped disk arena) into s_->pins, its pointer in s_->blocks;
+// the others (an O_DIRECT disk file, a backing not read yet) listed in kv_missing with a
+// null pointer, to be read through into staging (ReadStaged) without moving anything: a
+// layer's scan larger than the fast tiers then reads each block once, where promoting
+// would evict what it reads next. Returns the batch: all blocks when the ones missing
+// fit the staging area (read once here), else the largest halving of it whose visits
+// each read at most one turn.
+int Model::PinInPlace(KvCache& cache, SeqId seq, int layer, int n_blocks) {
+  Scratch& s = *s_;
+  MemoryManager& mm = cache.memory();
+  s.kv_pages.clear();
+  for (int b = 0; b < n_blocks; ++b) s.kv_pages.push_back(cache.BlockPage(seq, layer, b));
+  const size_t pinned = mm.AcquireInPlace(s.kv_pages, &s.pins);
+  s.blocks.assign(static_cast<size_t>(n_blocks), nullptr);
+  s.kv_missing.clear();
+  for (int b = 0; b < n_blocks; ++b) {
+    const Pin& pin = s.pins[static_cast<size_t>(b)];
+    if (pin.valid()) s.blocks[static_cast<size_t>(b)] = pin.data();
+    else s.kv_missing.push_back(b);
+  }
+  counters_.kv_acquires += static_cast<uint64_t>(n_blocks);
+  counters_.kv_hits += pinned;
+  if (s.kv_missing.empty()) return n_blocks;
+  const uint64_t slot = mm.FrameSpan(cache.block_bytes());
+  const uint64_t turn_bytes = options_.read_through_turn_bytes > 0 ? options_.read_through_turn_bytes : kReadThroughTurnBytes;
+  const int per_turn = static_cast<int>(std::max<uint64_t>(1, turn_bytes / slot));
+  const uint64_t want = 2 * static_cast<uint64_t>(per_turn) * slot;
+  if (s.kv_stage_bytes < want) {
+    s.kv_stage.reset(static_cast<std::byte*>(std::aligned_alloc(4096, want)));
+    s.kv_stage_bytes = s.kv_stage ? want : 0;
+  }
+  int batch = n_blocks;
+  if (static_cast<int>(s.kv_missing.size()) <= 2 * per_turn) return batch;
+  while (batch > per_turn && MostPerBatch(s.kv_missing, batch) > per_turn) batch = (batch + 1) / 2;
+  return batch;
+}
+
+// Reads through the missing blocks of visit v (all of them when v < 0) into staging
+// turn `turn`, asynchronously; UseStaged waits and points s_->blocks at them.
+Status Model::ReadStaged(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v, int turn,
+                         Ticket* ticket) {
+  Scratch& s = *s_;
+  MemoryManager& mm = cache.memory();
+  if (s.kv_stage == nullptr) return Status::Exhausted("attention: cannot allocate the staging area for KV blocks");
+  const uint64_t slot = mm.FrameSpan(cache.block_bytes());
+  const int b0 = v < 0 ? 0 : plan.FirstBlock(v), b1 = v < 0 ? plan.n_blocks : b0 + plan.BlockCount(v);
+  std::byte* base = s.kv_stage.get() + (v < 0 ? 0 : static_cast<uint64_t>(turn) * (s.kv_stage_bytes / 2));
+  std::vector<PageId> pages;
+  std::vector<std::byte*> out;
+  auto& placed = s.kv_staged[turn];
+  placed.clear();
+  auto first = std::lower_bound(s.kv_missing.begin(), s.kv_missing.end(), b0);
+  for (auto it = first; it != s.kv_missing.end() && *it < b1; ++it) {
+    std::byte* at = base + static_cast<uint64_t>(pages.size()) * slot;
+    pages.push_back(cache.BlockPage(seq, layer, *it));
+    out.push_back(at);
+    placed.emplace_back(*it, at);
+  }
+  counters_.kv_read_through += pages.size();
+  counters_.kv_read_through_bytes += static_cast<uint64_t>(pages.size()) * cache.block_bytes();
+  *ticket = pages.empty() ? Ticket() : mm.ReadThrough(std::move(pages), std::move(out));
+  return Status::Ok();
+}
+
+Status Model::UseStaged(int turn, Ticket& ticket) {
+  Scratch& s = *s_;
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = ticket.Wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  counters_.kv_wait_s += waited;
+  counters_.wait_s += waited;
+  TIERKV_RETURN_IF_ERROR(st.Annotate("attention: reading KV blocks through"));
+  for (const auto& [b, at] : s.kv_staged[turn]) s.blocks[static_cast<size_t>(b)] = at;
+  return Status::Ok();
+}
+
 // Attention of the n queries at positions pos .. pos + n - 1 (q and out [n][n_heads *
 // head_dim]) over the sequence's blocks of `layer`, pinned on the executor's tier a
 // batch at a time (all at once when they are all there) and read in their codec's
@@ -753,12 +855,33 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
   const KvGeometry& g = cache.geometry();
   const size_t qd = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim;
   const int n_blocks = cache.NumBlocks(seq);
-  int batch = KvBatchBlocks(cache, n_blocks);
-  // Batches bound what has to be brought to the compute tier; a layer already all there
-  // is one batch.
-  const bool pinned = batch < n_blocks && PinWholeLayer(cache, seq, layer, n_blocks);
-  if (pinned) batch = n_blocks;
+  int batch = 0;
+  bool pinned = false;  // s.blocks holds every block for the whole call (or staged: some per visit)
+  bool staged = false;
+  if (KvInPlace()) {
+    batch = PinInPlace(cache, seq, layer, n_blocks);
+    pinned = true;
+  } else {
+    // Batches bound what has to be brought to the compute tier; a layer already all
+    // there is one batch.
+    batch = KvBatchBlocks(cache, n_blocks);
+    pinned = batch < n_blocks && PinWholeLayer(cache, seq, layer, n_blocks);
+    if (pinned) batch = n_blocks;
+  }
   AttentionPlan plan = PlanAttention(cache, seq, pos, n, chunk, batch);
+  // Blocks read through: all at once when they fit the staging area, else per visit,
+  // the next visit's read in flight while this one computes (turns alternate).
+  Ticket tickets[2];
+  int turn = 0;
+  if (pinned && !s.kv_missing.empty()) {
+    if (batch == n_blocks) {
+      TIERKV_RETURN_IF_ERROR(ReadStaged(cache, seq, layer, plan, -1, 0, &tickets[0]));
+      TIERKV_RETURN_IF_ERROR(UseStaged(0, tickets[0]));
+    } else {
+      staged = true;
+      TIERKV_RETURN_IF_ERROR(ReadStaged(cache, seq, layer, plan, 0, 0, &tickets[0]));
+    }
+  }
 
   const int group = plan.group;
   if (n > 1) {
@@ -778,8 +901,14 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
     }
     for (int v = 0; v < plan.n_visits; ++v) {
       if (!pinned) TIERKV_RETURN_IF_ERROR(PinVisit(cache, seq, layer, plan, v));
+      if (staged) {
+        TIERKV_RETURN_IF_ERROR(UseStaged(turn, tickets[turn]));
+        const int next = v + 1 < plan.n_visits ? v + 1 : (q0 + group < n ? 0 : -1);
+        if (next >= 0) TIERKV_RETURN_IF_ERROR(ReadStaged(cache, seq, layer, plan, next, 1 - turn, &tickets[1 - turn]));
+        turn = 1 - turn;
+      }
       kernels::PagedKvView view;
-      view.blocks = s.blocks.data();
+      view.blocks = s.blocks.data() + (pinned ? plan.FirstBlock(v) : 0);
       view.n_blocks = plan.BlockCount(v);
       view.first_block = plan.FirstBlock(v);
       view.n_tokens = cache.Length(seq);

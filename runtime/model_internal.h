@@ -6,6 +6,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -118,6 +120,12 @@ struct Model::Scratch {
   Pin layer_pin;          // the current layer's weight page (paged weights)
   std::vector<const std::byte*> blocks;
   std::vector<PageId> kv_pages;  // a layer's KV block pages (the all-resident check)
+  // Blocks AcquireInPlace could not pin (model_forward.cc, ReadVisit): their indices and
+  // two halves of a 4 KiB-aligned staging area they are read through into, in turns.
+  std::vector<int> kv_missing;
+  std::unique_ptr<std::byte, decltype(&std::free)> kv_stage{nullptr, &std::free};
+  uint64_t kv_stage_bytes = 0;
+  std::vector<std::pair<int, std::byte*>> kv_staged[2];  // per turn: (block, where it was read)
   std::vector<int> expert_ids;     // host
   std::vector<int> expert_order;   // the order the selected experts compute in
   Array expert_out;                // [n_expert_used][n_embd]: each expert's output

@@ -213,15 +213,40 @@ int Model::KvBatchBlocks(KvCache& cache, int n_blocks) const {
                                                static_cast<uint64_t>(std::max(n_blocks, 1))));
 }
 
+int Model::PrefillChunk(const KvCache& cache, SeqId seq, int batch) const {
+  // 2048 tokens read the spilled blocks 32 times less often than the default chunk of
+  // 64; 128 MiB keeps a chunk's arrays a small part of any budget that spills.
+  constexpr int kSpillChunkTokens = 2048;
+  constexpr uint64_t kSpillChunkBytes = uint64_t{128} << 20;
+  if (batch >= kSpillChunkTokens || cache.NumBlocks(seq) == 0) return batch;
+  const MemoryManager& mm = cache.memory();
+  bool spilled = false;
+  for (int b = 0; b < cache.NumBlocks(seq) && !spilled; ++b) {
+    const std::optional<Tier> top = mm.TopTier(cache.BlockPage(seq, 0, b));
+    spilled = top == Tier::kDisk;
+  }
+  if (!spilled) return batch;
+  // A chunk token's float arrays (SizeChunk, ChunkMoe), doubled for what else scales.
+  const ModelConfig& c = cfg_;
+  const uint64_t qd = static_cast<uint64_t>(c.n_head) * c.head_dim, kd = static_cast<uint64_t>(c.n_head_kv) * c.head_dim;
+  const uint64_t ffn = c.is_moe() ? static_cast<uint64_t>(c.n_expert) +
+                                        static_cast<uint64_t>(c.n_expert_used) * (static_cast<uint64_t>(c.n_embd) + 2 * c.n_ff_exp)
+                                  : 2 * static_cast<uint64_t>(c.n_ff);
+  const uint64_t per_token = 2 * 4 * (3 * static_cast<uint64_t>(c.n_embd) + 2 * qd + 2 * kd + ffn);
+  const int cap = static_cast<int>(std::min<uint64_t>(kSpillChunkTokens, kSpillChunkBytes / per_token));
+  return std::max(batch, cap);
+}
+
 std::vector<PageId> Model::PlanPrefetch(KvCache& cache, SeqId seq, int next) const {
   std::vector<PageId> pages;
   if (mm_ != nullptr) {
     pages.push_back(layer_pages_[static_cast<size_t>(next)]);
     if (next == 0) pages.push_back(output_page_);  // the last layer is computing: logits next
   }
-  // The next layer's first KV batches, and its last block (written before attention).
+  // The next layer's first KV batches (unless attention reads them where they lie), and
+  // its last block (written before attention).
   const int n_blocks = cache.NumBlocks(seq);
-  const int ahead = std::min(kKvLookahead * KvBatchBlocks(cache, n_blocks), n_blocks);
+  const int ahead = KvInPlace() ? 0 : std::min(kKvLookahead * KvBatchBlocks(cache, n_blocks), n_blocks);
   for (int b = 0; b < ahead; ++b) pages.push_back(cache.BlockPage(seq, next, b));
   if (n_blocks > ahead) pages.push_back(cache.BlockPage(seq, next, n_blocks - 1));
   return pages;

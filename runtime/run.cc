@@ -815,12 +815,17 @@ Result<RunReport> RunSession(const RunOptions& o) {
     r.output_failed = true;
     r.stop_reason = StopReason::kOutputFailed;
   }
+  const auto snapshot = [&](std::vector<TierStats>* out) {
+    for (int t = 0; t < kNumTiers; ++t) out->push_back(mm->Stats(TierAt(t)));
+  };
+  snapshot(&r.tiers_prefill_start);
   const auto t_prefill = std::chrono::steady_clock::now();
   bool prefilled = false;
   if (!r.output_failed) {
     TIERKV_ASSIGN_OR_RETURN(prefilled, prefill(/*dump=*/true));
   }
   r.prefill_s = Since(t_prefill);
+  snapshot(&r.tiers_prefill_end);
   r.prefill_tokens = r.output_failed ? 0 : static_cast<int>(all.size()) - start;
   if (r.output_failed) {
     // Nothing computed, nothing to save.
@@ -900,7 +905,7 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.kv_bytes = static_cast<uint64_t>(r.kv_tokens) * cache->token_bytes();
   r.decoder = model->counters();
   r.copy_busy_s = mm->copy_busy_seconds() - copy_busy0;
-  for (int t = 0; t < kNumTiers; ++t) r.tiers.push_back(mm->Stats(TierAt(t)));
+  snapshot(&r.tiers);
   return r;
 }
 

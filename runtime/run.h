@@ -207,6 +207,9 @@ struct RunReport {
   int prefill_tokens = 0;
   uint64_t seed = 0;       // the sampling seed used (-s -1's random one included), to repeat the run
   std::vector<TierStats> tiers;
+  // The tiers' counters when the prompt's prefill began and ended: the report's
+  // per-tier traffic during prefill and during decode (what followed) are differences.
+  std::vector<TierStats> tiers_prefill_start, tiers_prefill_end;
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;

@@ -27,18 +27,33 @@ nlohmann::json RunReportJson(const RunReport& r) {
                   {"prefill_tok_s", rate(r.prefill_tokens, r.prefill_s)},
                   {"decode_tok_s", rate(static_cast<int>(r.generated_tokens.size()), r.decode_s)}};
   nlohmann::json tj = nlohmann::json::array();
-  for (const TierStats& t : r.tiers) {
+  // A tier's accesses and traffic between two snapshots of its counters.
+  const auto traffic = [](const TierStats& a, const TierStats& b) {
+    return nlohmann::json{{"hits", b.hits - a.hits},
+                          {"misses", b.misses - a.misses},
+                          {"bytes_read", b.bytes_read - a.bytes_read},
+                          {"bytes_in", b.bytes_in - a.bytes_in},
+                          {"bytes_out", b.bytes_out - a.bytes_out}};
+  };
+  for (size_t i = 0; i < r.tiers.size(); ++i) {
+    const TierStats& t = r.tiers[i];
     if (!t.present) continue;
-    tj.push_back({{"name", TierName(t.tier)},
-                  {"budget_bytes", t.budget_bytes},
-                  {"used_bytes", t.used_bytes.current},
-                  {"peak_bytes", t.used_bytes.peak},
-                  {"hits", t.hits},
-                  {"misses", t.misses},
-                  {"bytes_in", t.bytes_in},
-                  {"bytes_out", t.bytes_out},
-                  {"evictions", t.evictions},
-                  {"backend", t.backend}});
+    nlohmann::json one = {{"name", TierName(t.tier)},
+                          {"budget_bytes", t.budget_bytes},
+                          {"used_bytes", t.used_bytes.current},
+                          {"peak_bytes", t.used_bytes.peak},
+                          {"hits", t.hits},
+                          {"misses", t.misses},
+                          {"bytes_read", t.bytes_read},
+                          {"bytes_in", t.bytes_in},
+                          {"bytes_out", t.bytes_out},
+                          {"evictions", t.evictions},
+                          {"backend", t.backend}};
+    if (i < r.tiers_prefill_end.size() && i < r.tiers_prefill_start.size()) {
+      one["prefill"] = traffic(r.tiers_prefill_start[i], r.tiers_prefill_end[i]);
+      one["decode"] = traffic(r.tiers_prefill_end[i], t);
+    }
+    tj.push_back(std::move(one));
   }
   j["tiers"] = tj;
   const DecodeCounters& d = r.decoder;
@@ -53,6 +68,8 @@ nlohmann::json RunReportJson(const RunReport& r) {
                   {"copy_busy_s", r.copy_busy_s},
                   {"kv_acquires", d.kv_acquires},
                   {"kv_hit_rate", ratio(d.kv_hits, d.kv_acquires)},
+                  {"kv_read_through", d.kv_read_through},
+                  {"kv_read_through_bytes", d.kv_read_through_bytes},
                   {"weight_acquires", d.weight_acquires},
                   {"weight_hit_rate", ratio(d.weight_hits, d.weight_acquires)},
                   {"expert_acquires", d.expert_acquires},

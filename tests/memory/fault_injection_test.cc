@@ -172,3 +172,24 @@ TEST(FaultInjectionTest, EveryFaultOnEveryStepOfATwoStepPromotion) {
 
 }  // namespace
 }  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+TEST(FaultInjectionTest, EioOnReadThroughFailsTheReadAndMovesNothing) {
+  Fixture f;
+  f.AddPages(2, Tier::kHost);
+  ASSERT_TRUE(f.mm->Demote(f.pages, Tier::kDisk).Wait().ok());
+  f.disk_faults->Arm(Fault::kEioOnRead);
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(static_cast<std::byte*>(std::aligned_alloc(4096, 2 * 4096)),
+                                                      &std::free);
+  ExpectClearError(f.mm->ReadThrough(f.pages, {buf.get(), buf.get() + 4096}).Wait(), StatusCode::kIoError,
+                   "Input/output error");
+  for (PageId p : f.pages) EXPECT_EQ(f.mm->TopTier(p), Tier::kDisk);
+  f.ExpectIntact();
+  ASSERT_TRUE(f.mm->ReadThrough(f.pages, {buf.get(), buf.get() + 4096}).Wait().ok());  // fault cleared
+  EXPECT_EQ(std::memcmp(buf.get() + 4096, f.data[1].data(), 4096), 0);
+}
+
+}  // namespace
+}  // namespace tierkv

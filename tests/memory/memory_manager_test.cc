@@ -152,11 +152,12 @@ TEST(MemoryManagerTest, HitsMissesAndInternalFragmentation) {
   auto mm = MakeManager({}, dir.path());
   auto a = mm->Allocate(1024, Tier::kHost).value();  // a quarter of a frame
   ASSERT_TRUE(mm->Acquire(a, Tier::kHost).ok());      // hit
-  ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());    // miss on device
+  ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());    // miss on device, served by host
   ASSERT_TRUE(mm->Acquire(a, Tier::kDevice).ok());    // hit on device
   const TierStats dev = mm->Stats(Tier::kDevice);
   const TierStats host = mm->Stats(Tier::kHost);
-  EXPECT_EQ(host.hits, 1u);
+  EXPECT_EQ(host.hits, 2u);
+  EXPECT_EQ(host.misses, 0u);
   EXPECT_EQ(dev.misses, 1u);
   EXPECT_EQ(dev.hits, 1u);
   EXPECT_DOUBLE_EQ(dev.internal_fragmentation(), 0.75);
@@ -631,6 +632,150 @@ TEST(MemoryManagerTest, CheckInvariantsNamesEachKindOfDamage) {
       "host: gauges disagree with the page table",
       [&](auto& ts, PageTable&, ResidencyPolicy&) { ts.stats.requested_bytes.current += 1; },
       [&](auto& ts, PageTable&, ResidencyPolicy&) { ts.stats.requested_bytes.current -= 1; });
+}
+
+}  // namespace
+}  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+using testing::AllCopiesEqual;
+using testing::Invariants;
+using testing::MakeManager;
+using testing::Pattern;
+using testing::SmallTiers;
+using testing::TempDir;
+using testing::WritePage;
+
+// A 4 KiB-aligned buffer of whole frames.
+struct Aligned {
+  explicit Aligned(uint64_t bytes) : p(static_cast<std::byte*>(std::aligned_alloc(4096, bytes)), &std::free) {}
+  std::unique_ptr<std::byte, decltype(&std::free)> p;
+};
+
+// Three pages, one top copy on each tier (Disk in a file under /tmp: not mapped).
+struct ThreeTiers {
+  TempDir dir;
+  std::unique_ptr<MemoryManager> mm = MakeManager({}, dir.path());
+  std::vector<PageId> pages;
+  std::vector<std::vector<std::byte>> data;
+  ThreeTiers() {
+    for (Tier t : {Tier::kDevice, Tier::kHost, Tier::kHost}) {
+      pages.push_back(mm->Allocate(3000, t).value());
+      data.push_back(Pattern(3000, 40 + pages.size()));
+      EXPECT_TRUE(WritePage(*mm, pages.back(), t, data.back()).ok());
+    }
+    EXPECT_TRUE(mm->Demote({pages[2]}, Tier::kDisk).Wait().ok());
+  }
+};
+
+TEST(MemoryManagerInPlaceTest, PinsPagesWhereTheyLieAndMovesNothing) {
+  ThreeTiers f;
+  MemoryManager& mm = *f.mm;
+  const TierStats dev0 = mm.Stats(Tier::kDevice), host0 = mm.Stats(Tier::kHost), disk0 = mm.Stats(Tier::kDisk);
+  std::vector<Pin> pins;
+  EXPECT_EQ(mm.AcquireInPlace(f.pages, &pins), 2u);
+  ASSERT_EQ(pins.size(), 3u);
+  ASSERT_TRUE(pins[0].valid() && pins[1].valid());
+  EXPECT_FALSE(pins[2].valid()) << "a page in an O_DIRECT file cannot be read in place";
+  EXPECT_EQ(pins[0].tier(), Tier::kDevice);
+  EXPECT_EQ(pins[1].tier(), Tier::kHost);
+  EXPECT_EQ(std::memcmp(pins[0].data(), f.data[0].data(), 3000), 0);
+  EXPECT_EQ(std::memcmp(pins[1].data(), f.data[1].data(), 3000), 0);
+  EXPECT_TRUE(Invariants(mm)) << "pinned where its top copy is";
+  // Nothing moved, and the counts say where each page was served.
+  EXPECT_EQ(mm.TopTier(f.pages[1]), Tier::kHost);
+  EXPECT_FALSE(mm.HasCopy(f.pages[1], Tier::kDevice));
+  const TierStats dev = mm.Stats(Tier::kDevice), host = mm.Stats(Tier::kHost);
+  EXPECT_EQ(dev.hits - dev0.hits, 1u);
+  EXPECT_EQ(dev.misses - dev0.misses, 1u);
+  EXPECT_EQ(host.hits - host0.hits, 1u);
+  EXPECT_EQ(dev.bytes_read - dev0.bytes_read, 3000u);
+  EXPECT_EQ(host.bytes_read - host0.bytes_read, 3000u);
+  EXPECT_EQ(dev.bytes_in, dev0.bytes_in);
+  EXPECT_EQ(mm.Stats(Tier::kDisk).hits, disk0.hits) << "the page it could not pin is not counted";
+  // A page pinned in place cannot be evicted: filling the host tier leaves it there.
+  for (int i = 0; i < 8; ++i) (void)mm.Allocate(4096, Tier::kHost);
+  EXPECT_EQ(mm.TopTier(f.pages[1]), Tier::kHost);
+  pins.clear();
+  EXPECT_TRUE(Invariants(mm));
+}
+
+TEST(MemoryManagerInPlaceTest, ReadThroughCopiesTopCopiesAndLeavesPlacement) {
+  ThreeTiers f;
+  MemoryManager& mm = *f.mm;
+  const TierStats dev0 = mm.Stats(Tier::kDevice), host0 = mm.Stats(Tier::kHost), disk0 = mm.Stats(Tier::kDisk);
+  const uint64_t span = mm.FrameSpan(3000);
+  EXPECT_EQ(span, 4096u);
+  Aligned buf(3 * span);
+  std::vector<std::byte*> out;
+  for (size_t i = 0; i < 3; ++i) out.push_back(buf.p.get() + i * span);
+  ASSERT_TRUE(mm.ReadThrough(f.pages, out).Wait().ok());
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(std::memcmp(out[i], f.data[i].data(), 3000), 0) << i;
+  EXPECT_EQ(mm.TopTier(f.pages[2]), Tier::kDisk);
+  EXPECT_FALSE(mm.HasCopy(f.pages[2], Tier::kHost)) << "read through, not promoted";
+  const TierStats disk = mm.Stats(Tier::kDisk), host = mm.Stats(Tier::kHost), dev = mm.Stats(Tier::kDevice);
+  EXPECT_EQ(disk.hits - disk0.hits, 1u);
+  EXPECT_EQ(disk.bytes_read - disk0.bytes_read, 3000u);
+  EXPECT_EQ(host.misses - host0.misses, 1u);  // the disk page
+  EXPECT_EQ(host.hits - host0.hits, 1u);
+  EXPECT_EQ(dev.misses - dev0.misses, 2u);   // the host and the disk page
+  EXPECT_EQ(disk.bytes_out, disk0.bytes_out) << "no copy between tiers";
+  EXPECT_TRUE(Invariants(mm));
+}
+
+TEST(MemoryManagerInPlaceTest, MappedDiskArenaIsReadInPlace) {
+  if (!std::filesystem::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
+  MemoryManager::Backends b;
+  HostBackendOptions host;
+  host.bytes = 4 * 4096;
+  host.mlock = MlockMode::kOff;
+  b[TierIndex(Tier::kHost)] = CreateHostBackend(host).value();
+  b[TierIndex(Tier::kDisk)] = CreateDiskBackend({"/dev/shm", 16 * 4096, true, true, true}).value();
+  auto mm = MemoryManager::CreateWithBackends(std::move(b), 4096, PolicyKind::kLru).value();
+  if (!mm->host_addressable(Tier::kDisk)) GTEST_SKIP() << "/dev/shm is not a memory filesystem here";
+  const PageId p = mm->Allocate(4096, Tier::kHost).value();
+  const auto data = Pattern(4096, 9);
+  ASSERT_TRUE(WritePage(*mm, p, Tier::kHost, data).ok());
+  ASSERT_TRUE(mm->Demote({p}, Tier::kDisk).Wait().ok());
+  std::vector<Pin> pins;
+  ASSERT_EQ(mm->AcquireInPlace(std::span<const PageId>(&p, 1), &pins), 1u);
+  EXPECT_EQ(pins[0].tier(), Tier::kDisk);
+  EXPECT_EQ(std::memcmp(pins[0].data(), data.data(), 4096), 0);
+  EXPECT_EQ(mm->Stats(Tier::kDisk).hits, 1u);
+  EXPECT_EQ(mm->Stats(Tier::kHost).misses, 1u);
+  EXPECT_FALSE(mm->HasCopy(p, Tier::kHost));
+  EXPECT_TRUE(Invariants(*mm));
+  pins.clear();
+  EXPECT_TRUE(AllCopiesEqual(*mm, p, data));
+}
+
+TEST(MemoryManagerInPlaceTest, BackedPagesComeUpOnceThenAreReadInPlace) {
+  TempDir dir;
+  auto mm = MakeManager({}, dir.path());
+  auto source = std::make_shared<PatternSource>(4096);
+  const int32_t src = mm->AddSource(source);
+  const PageId p = mm->RegisterBacked(4096, src, 5).value();
+  std::vector<Pin> pins;
+  EXPECT_EQ(mm->AcquireInPlace(std::span<const PageId>(&p, 1), &pins), 0u) << "a backing is not host memory";
+  Aligned buf(4096);
+  ASSERT_TRUE(mm->ReadThrough({p}, {buf.p.get()}).Wait().ok());
+  EXPECT_EQ(std::memcmp(buf.p.get(), Pattern(4096, 5).data(), 4096), 0);
+  EXPECT_EQ(source->reads, 1);
+  EXPECT_EQ(mm->TopTier(p), Tier::kHost) << "the source is read once";
+  EXPECT_EQ(mm->AcquireInPlace(std::span<const PageId>(&p, 1), &pins), 1u);
+  EXPECT_EQ(std::memcmp(pins[0].data(), Pattern(4096, 5).data(), 4096), 0);
+  pins.clear();
+  EXPECT_EQ(source->reads, 1);
+  // A corrupt block is an error naming it, and nothing is placed.
+  const PageId q = mm->RegisterBacked(4096, src, 6).value();
+  source->bad.insert(6);
+  const Status st = mm->ReadThrough({q}, {buf.p.get()}).Wait();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.message();
+  EXPECT_FALSE(mm->HasCopy(q, Tier::kHost));
+  EXPECT_TRUE(Invariants(*mm));
 }
 
 }  // namespace

@@ -90,6 +90,21 @@ const KvCache::Sequence* KvCache::Seq(SeqId s) const {
   return &seqs_[s.value];
 }
 
+uint32_t KvCache::NewSummary() {
+  uint32_t slot;
+  if (!free_summaries_.empty()) {
+    slot = free_summaries_.back();
+    free_summaries_.pop_back();
+  } else {
+    slot = summary_slots_++;
+    summaries_.resize(static_cast<size_t>(summary_slots_) * 2 * summary_floats_);
+  }
+  float* lo = SummaryMin(slot);
+  std::fill(lo, lo + summary_floats_, std::numeric_limits<float>::infinity());
+  std::fill(lo + summary_floats_, lo + 2 * summary_floats_, -std::numeric_limits<float>::infinity());
+  return slot;
+}
+
 BlockId KvCache::AddBlockMeta(PageId page, bool with_summary) {
   uint32_t id;
   if (!free_blocks_.empty()) {
@@ -105,17 +120,7 @@ BlockId KvCache::AddBlockMeta(PageId page, bool with_summary) {
   b.saved = BlockSaveState{};
   b.summary = kNoSummary;
   if (with_summary) {
-    uint32_t slot;
-    if (!free_summaries_.empty()) {
-      slot = free_summaries_.back();
-      free_summaries_.pop_back();
-    } else {
-      slot = summary_slots_++;
-      summaries_.resize(static_cast<size_t>(summary_slots_) * 2 * summary_floats_);
-    }
-    float* lo = SummaryMin(slot);
-    std::fill(lo, lo + summary_floats_, std::numeric_limits<float>::infinity());
-    std::fill(lo + summary_floats_, lo + 2 * summary_floats_, -std::numeric_limits<float>::infinity());
+    const uint32_t slot = NewSummary();
     b.summary = slot;
   }
   return BlockId(id);
@@ -307,6 +312,31 @@ void KvCache::NoteKeys(BlockId id, const float* k) {
   for (size_t i = 0; i < summary_floats_; ++i) {
     lo[i] = std::min(lo[i], k[i]);
     hi[i] = std::max(hi[i], k[i]);
+  }
+}
+
+void KvCache::SummarizeBlock(BlockId id, const std::byte* data, int fill) {
+  BlockMeta& b = blocks_[id.value];
+  if (b.summary != kNoSummary) return;
+  b.summary = NewSummary();
+  std::vector<float> k(static_cast<size_t>(g_.head_dim));
+  const size_t vb = vector_bytes();
+  float* lo = SummaryMin(b.summary);
+  float* hi = lo + summary_floats_;
+  for (int h = 0; h < g_.n_kv_heads; ++h) {
+    for (int slot = 0; slot < fill; ++slot) {
+      const size_t off = (static_cast<size_t>(h) * g_.block_tokens + slot) * vb;
+      if (key_tiles_) {
+        codec_->DecodeKeyInTile(data + off - TileLane(slot) * vb, TileLane(slot), k.data());
+      } else {
+        codec_->Decode(data + off, k.data());
+      }
+      for (int c = 0; c < g_.head_dim; ++c) {
+        const size_t i = static_cast<size_t>(h) * g_.head_dim + c;
+        lo[i] = std::min(lo[i], k[static_cast<size_t>(c)]);
+        hi[i] = std::max(hi[i], k[static_cast<size_t>(c)]);
+      }
+    }
   }
 }
 

@@ -133,6 +133,9 @@ class KvCache {
   // Per-channel key bounds of a block: [n_kv_heads * head_dim] each; nullptr when the
   // block has no summary (restored: treat as unbounded).
   const float* KeyMin(BlockId b) const;
+  // Gives a block without key bounds (restored) its bounds from its contents (`data`, the
+  // block in host memory, `fill` tokens); no-op for a block that has them.
+  void SummarizeBlock(BlockId b, const std::byte* data, int fill);
   const float* KeyMax(BlockId b) const;
   int BlockRefs(BlockId b) const { return blocks_[b.value].refs; }
 
@@ -163,6 +166,7 @@ class KvCache {
   Result<BlockId> NewBlock();
   // with_summary: a fresh block whose keys will all be written here (bounds start empty).
   BlockId AddBlockMeta(PageId page, bool with_summary);
+  uint32_t NewSummary();  // a summary slot with empty bounds
   float* SummaryMin(uint32_t slot) { return summaries_.data() + static_cast<size_t>(slot) * 2 * summary_floats_; }
   void Unref(BlockId b);
   // Makes table[layer][block] exclusively owned by s (copies it if shared).

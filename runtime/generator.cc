@@ -85,4 +85,9 @@ Status Generator::Save(const ModelFingerprint& model, const std::string& path, S
   return SessionFile::Save(cache_, seq_, tokens_, model, path, stats);
 }
 
+Status Generator::SaveComputed(const ModelFingerprint& model, const std::string& path) {
+  const std::vector<int32_t> held(tokens_.begin(), tokens_.begin() + computed());
+  return SessionFile::Save(cache_, seq_, held, model, path);
+}
+
 }  // namespace tierkv

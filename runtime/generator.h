@@ -73,6 +73,9 @@ class Generator {
   // Saves the sequence and its tokens to `path` (the unfed token fed first, so that the
   // file holds the whole text).
   Status Save(const ModelFingerprint& model, const std::string& path, SessionSaveStats* stats = nullptr);
+  // Saves the tokens computed so far (a checkpoint during Prefill, from its progress
+  // hook: the tokens still to compute are not in the file).
+  Status SaveComputed(const ModelFingerprint& model, const std::string& path);
 
  private:
   Model& model_;

@@ -139,8 +139,17 @@ struct ModelOptions {
   // N > 0: it acquires a layer's blocks on the compute tier N at a time (the path a
   // device executor takes; tests). Results do not depend on it.
   int kv_batch_blocks = 0;
-  // The staging area for blocks read through: two turns of this many bytes (0 = 8 MiB).
-  // Results do not depend on it (tests make it small).
+  // Selective attention (0 = off: every block): each decode step attends to the first
+  // block (attention sinks), the last two (the recent window), and the attn_topk blocks
+  // with the highest bound on a query's score per KV head (from each block's per-channel
+  // key bounds; a block without bounds, restored and not read since, is always taken and
+  // gets its bounds when read), and reads only those. Prefill attends to every block.
+  // An approximation: the logits differ from full attention's (docs/benchmarks.md has the
+  // measured quality).
+  int attn_topk = 0;
+  // The staging area for blocks read through: two turns of this many bytes (0 = 8 MiB,
+  // and a prefill chunk reads up to 256 MiB of them at once; N > 0: never more than the
+  // two turns). Results do not depend on it (tests make it small).
   uint64_t read_through_turn_bytes = 0;
   // ForwardBatch's attention takes the chunk's queries this many at a time (0 =
   // automatic: all of them, or with the two-pass form as many as keep their score rows
@@ -293,9 +302,13 @@ class Model {
   // chunk: called for a prefill chunk (ForwardBatch), whose sums follow llama.cpp's batch.
   Status Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bool chunk, const float* q, float* out);
   struct AttentionPlan;
-  AttentionPlan PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk, int batch) const;
+  AttentionPlan PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk, int batch,
+                              int n_blocks) const;
   bool PinWholeLayer(KvCache& cache, SeqId seq, int layer, int n_blocks);
-  int PinInPlace(KvCache& cache, SeqId seq, int layer, int n_blocks);
+  int PinInPlace(KvCache& cache, SeqId seq, int layer, std::span<const int> blocks, bool many_queries);
+  // Selective attention's blocks for a decode step of `layer` (q: the step's queries,
+  // after RoPE), ascending, into s_->kv_selected; false when it would take them all.
+  bool SelectBlocks(const KvCache& cache, SeqId seq, int layer, const float* q);
   Status ReadStaged(KvCache& cache, SeqId seq, int layer, const AttentionPlan& plan, int v, int turn, Ticket* ticket);
   Status UseStaged(int turn, Ticket& ticket);
   bool KvInPlace() const;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <numeric>
 
 #include "runtime/model.h"
 #include "runtime/model_internal.h"
@@ -650,8 +652,8 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
 // of pass v / n_batches; a batch holding the whole layer does both passes in one visit
 // (AttentionVisit::kTwoPass).
 // Queries go in groups whose two-pass score rows fit kChunkScoreBytes.
-Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk,
-                                          int batch) const {
+Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk, int batch,
+                                          int n_blocks) const {
   const ModelConfig& c = cfg_;
   AttentionPlan plan;
   kernels::AttentionParams& p = plan.params;
@@ -671,7 +673,7 @@ Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int p
   // per-block rescaling (docs/benchmarks.md, "Quantized KV"), and the form never depends
   // on how the blocks come in batches, so the bits do not depend on residency.
   plan.two_pass = p.round_weights_f16 || cache.codec().codec() != KvCodec::kF16;
-  plan.n_blocks = cache.NumBlocks(seq);
+  plan.n_blocks = n_blocks;
   plan.batch = batch;
   plan.n_batches = (plan.n_blocks + batch - 1) / batch;
   plan.fused = plan.two_pass && plan.n_batches == 1;
@@ -749,6 +751,10 @@ namespace {
 // Staging for the blocks read through: two turns of at most this many bytes each
 // (ModelOptions::read_through_turn_bytes).
 constexpr uint64_t kReadThroughTurnBytes = uint64_t{8} << 20;
+// A prefill chunk's attention may visit the blocks once per group of queries (the
+// two-pass form bounds its score rows): it reads the layer's blocks that are read
+// through once, into a staging area of up to this many bytes, instead of once per group.
+constexpr uint64_t kChunkStageBytes = uint64_t{256} << 20;
 
 // The most entries of sorted `missing` in one window [k * batch, (k + 1) * batch).
 int MostPerBatch(const std::vector<int>& missing, int batch) {
@@ -765,42 +771,100 @@ int MostPerBatch(const std::vector<int>& missing, int batch) {
 
 }  // namespace
 
-// Every block of the layer pinned where it lies (MemoryManager::AcquireInPlace: host
-// RAM, the sim device, a mapped disk arena) into s_->pins, its pointer in s_->blocks;
-// the others (an O_DIRECT disk file, a backing not read yet) listed in kv_missing with a
-// null pointer, to be read through into staging (ReadStaged) without moving anything: a
-// layer's scan larger than the fast tiers then reads each block once, where promoting
-// would evict what it reads next. Returns the batch: all blocks when the ones missing
-// fit the staging area (read once here), else the largest halving of it whose visits
-// each read at most one turn.
-int Model::PinInPlace(KvCache& cache, SeqId seq, int layer, int n_blocks) {
+// The listed blocks of the layer (all of them, or selective attention's choice; entry i
+// is the view's block i) pinned where they lie (MemoryManager::AcquireInPlace: host RAM,
+// the sim device, a mapped disk arena) into s_->pins, their pointers in s_->blocks; the
+// others (an O_DIRECT disk file, a backing not read yet) listed in kv_missing (entries
+// of the list) with a null pointer, to be read through into staging (ReadStaged)
+// without moving anything: a layer's scan larger than the fast tiers then reads each
+// block once, where promoting would evict what it reads next. Returns the batch: the
+// whole list when the missing ones fit the two staging turns, or for many queries (a
+// prefill chunk, whose query groups would each read them again) kChunkStageBytes, all
+// read once; else the largest halving of it whose visits each read at most one turn.
+int Model::PinInPlace(KvCache& cache, SeqId seq, int layer, std::span<const int> blocks, bool many_queries) {
   Scratch& s = *s_;
   MemoryManager& mm = cache.memory();
+  const int n = static_cast<int>(blocks.size());
   s.kv_pages.clear();
-  for (int b = 0; b < n_blocks; ++b) s.kv_pages.push_back(cache.BlockPage(seq, layer, b));
+  for (int b : blocks) s.kv_pages.push_back(cache.BlockPage(seq, layer, b));
   const size_t pinned = mm.AcquireInPlace(s.kv_pages, &s.pins);
-  s.blocks.assign(static_cast<size_t>(n_blocks), nullptr);
+  s.blocks.assign(static_cast<size_t>(n), nullptr);
   s.kv_missing.clear();
-  for (int b = 0; b < n_blocks; ++b) {
-    const Pin& pin = s.pins[static_cast<size_t>(b)];
-    if (pin.valid()) s.blocks[static_cast<size_t>(b)] = pin.data();
-    else s.kv_missing.push_back(b);
+  for (int i = 0; i < n; ++i) {
+    const Pin& pin = s.pins[static_cast<size_t>(i)];
+    if (pin.valid()) s.blocks[static_cast<size_t>(i)] = pin.data();
+    else s.kv_missing.push_back(i);
   }
-  counters_.kv_acquires += static_cast<uint64_t>(n_blocks);
+  counters_.kv_acquires += static_cast<uint64_t>(n);
   counters_.kv_hits += pinned;
-  if (s.kv_missing.empty()) return n_blocks;
+  if (s.kv_missing.empty()) return n;
   const uint64_t slot = mm.FrameSpan(cache.block_bytes());
   const uint64_t turn_bytes = options_.read_through_turn_bytes > 0 ? options_.read_through_turn_bytes : kReadThroughTurnBytes;
   const int per_turn = static_cast<int>(std::max<uint64_t>(1, turn_bytes / slot));
-  const uint64_t want = 2 * static_cast<uint64_t>(per_turn) * slot;
+  const uint64_t all_missing = static_cast<uint64_t>(s.kv_missing.size()) * slot;
+  const bool at_once = static_cast<int>(s.kv_missing.size()) <= 2 * per_turn ||
+                       (many_queries && all_missing <= (options_.read_through_turn_bytes > 0 ? 0 : kChunkStageBytes));
+  const uint64_t want = at_once ? std::max(all_missing, 2 * static_cast<uint64_t>(per_turn) * slot)
+                                : 2 * static_cast<uint64_t>(per_turn) * slot;
   if (s.kv_stage_bytes < want) {
     s.kv_stage.reset(static_cast<std::byte*>(std::aligned_alloc(4096, want)));
     s.kv_stage_bytes = s.kv_stage ? want : 0;
   }
-  int batch = n_blocks;
-  if (static_cast<int>(s.kv_missing.size()) <= 2 * per_turn) return batch;
+  int batch = n;
+  if (at_once) return batch;
   while (batch > per_turn && MostPerBatch(s.kv_missing, batch) > per_turn) batch = (batch + 1) / 2;
   return batch;
+}
+
+// Selective attention (ModelOptions::attn_topk): the first block, the last two, and per
+// KV head the attn_topk blocks whose key bounds give the highest bound on a query head's
+// score (sum over channels of max(q * min, q * max)), ascending in s_->kv_selected.
+bool Model::SelectBlocks(const KvCache& cache, SeqId seq, int layer, const float* q) {
+  Scratch& s = *s_;
+  constexpr int kSinkBlocks = 1, kRecentBlocks = 2;
+  const int n_blocks = cache.NumBlocks(seq);
+  const int topk = options_.attn_topk;
+  if (topk <= 0 || n_blocks <= kSinkBlocks + kRecentBlocks + topk) return false;
+  const int hd = cfg_.head_dim, group = cfg_.n_head / cfg_.n_head_kv;
+  s.kv_take.assign(static_cast<size_t>(n_blocks), 0);
+  for (int b = 0; b < kSinkBlocks; ++b) s.kv_take[static_cast<size_t>(b)] = 1;
+  for (int b = n_blocks - kRecentBlocks; b < n_blocks; ++b) s.kv_take[static_cast<size_t>(b)] = 1;
+  s.kv_bound.resize(static_cast<size_t>(n_blocks));
+  s.kv_selected.clear();
+  for (int h = 0; h < cfg_.n_head_kv; ++h) {
+    for (int b = 0; b < n_blocks; ++b) {
+      const BlockId id = cache.Block(seq, layer, b);
+      const float* lo = cache.KeyMin(id);
+      const float* hi = cache.KeyMax(id);
+      float best = -std::numeric_limits<float>::infinity();
+      if (lo == nullptr) {
+        best = std::numeric_limits<float>::infinity();  // no bounds: always taken
+      } else {
+        lo += static_cast<size_t>(h) * hd;
+        hi += static_cast<size_t>(h) * hd;
+        for (int j = 0; j < group; ++j) {
+          const float* qh = q + static_cast<size_t>(h * group + j) * hd;
+          float bound = 0;
+          for (int c = 0; c < hd; ++c) bound += std::max(qh[c] * lo[c], qh[c] * hi[c]);
+          best = std::max(best, bound);
+        }
+      }
+      s.kv_bound[static_cast<size_t>(b)] = best;
+    }
+    // The topk best of the blocks not taken yet for this head (ties: the later block).
+    s.kv_all.clear();
+    for (int b = kSinkBlocks; b < n_blocks - kRecentBlocks; ++b) s.kv_all.push_back(b);
+    const int k = std::min<int>(topk, static_cast<int>(s.kv_all.size()));
+    std::partial_sort(s.kv_all.begin(), s.kv_all.begin() + k, s.kv_all.end(), [&](int a, int b) {
+      const float x = s.kv_bound[static_cast<size_t>(a)], y = s.kv_bound[static_cast<size_t>(b)];
+      return x != y ? x > y : a > b;
+    });
+    for (int i = 0; i < k; ++i) s.kv_take[static_cast<size_t>(s.kv_all[static_cast<size_t>(i)])] = 1;
+  }
+  for (int b = 0; b < n_blocks; ++b) {
+    if (s.kv_take[static_cast<size_t>(b)]) s.kv_selected.push_back(b);
+  }
+  return static_cast<int>(s.kv_selected.size()) < n_blocks;
 }
 
 // Reads through the missing blocks of visit v (all of them when v < 0) into staging
@@ -820,7 +884,7 @@ Status Model::ReadStaged(KvCache& cache, SeqId seq, int layer, const AttentionPl
   auto first = std::lower_bound(s.kv_missing.begin(), s.kv_missing.end(), b0);
   for (auto it = first; it != s.kv_missing.end() && *it < b1; ++it) {
     std::byte* at = base + static_cast<uint64_t>(pages.size()) * slot;
-    pages.push_back(cache.BlockPage(seq, layer, *it));
+    pages.push_back(cache.BlockPage(seq, layer, s.kv_list[static_cast<size_t>(*it)]));
     out.push_back(at);
     placed.emplace_back(*it, at);
   }
@@ -854,12 +918,22 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
   const VectorCodec& codec = cache.codec();
   const KvGeometry& g = cache.geometry();
   const size_t qd = static_cast<size_t>(cfg_.n_head) * cfg_.head_dim;
-  const int n_blocks = cache.NumBlocks(seq);
+  const int n_all = cache.NumBlocks(seq);
+  int n_blocks = n_all;  // the blocks read (selective attention: its choice, compacted)
   int batch = 0;
   bool pinned = false;  // s.blocks holds every block for the whole call (or staged: some per visit)
   bool staged = false;
+  bool selective = false;
   if (KvInPlace()) {
-    batch = PinInPlace(cache, seq, layer, n_blocks);
+    selective = n == 1 && !chunk && SelectBlocks(cache, seq, layer, q);
+    if (selective) {
+      s.kv_list = s.kv_selected;
+    } else {
+      s.kv_list.resize(static_cast<size_t>(n_all));
+      std::iota(s.kv_list.begin(), s.kv_list.end(), 0);
+    }
+    n_blocks = static_cast<int>(s.kv_list.size());
+    batch = PinInPlace(cache, seq, layer, s.kv_list, /*many_queries=*/n > 1);
     pinned = true;
   } else {
     // Batches bound what has to be brought to the compute tier; a layer already all
@@ -868,7 +942,7 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
     pinned = batch < n_blocks && PinWholeLayer(cache, seq, layer, n_blocks);
     if (pinned) batch = n_blocks;
   }
-  AttentionPlan plan = PlanAttention(cache, seq, pos, n, chunk, batch);
+  AttentionPlan plan = PlanAttention(cache, seq, pos, n, chunk, batch, n_blocks);
   // Blocks read through: all at once when they fit the staging area, else per visit,
   // the next visit's read in flight while this one computes (turns alternate).
   Ticket tickets[2];
@@ -880,6 +954,14 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
     } else {
       staged = true;
       TIERKV_RETURN_IF_ERROR(ReadStaged(cache, seq, layer, plan, 0, 0, &tickets[0]));
+    }
+  }
+  // Selective attention: blocks read without key bounds (restored) get them now.
+  if (selective && !staged) {
+    for (int i = 0; i < n_blocks; ++i) {
+      const int b = s.kv_list[static_cast<size_t>(i)];
+      const BlockId id = cache.Block(seq, layer, b);
+      if (cache.KeyMin(id) == nullptr) cache.SummarizeBlock(id, s.blocks[static_cast<size_t>(i)], cache.BlockFill(seq, b));
     }
   }
 
@@ -911,7 +993,8 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
       view.blocks = s.blocks.data() + (pinned ? plan.FirstBlock(v) : 0);
       view.n_blocks = plan.BlockCount(v);
       view.first_block = plan.FirstBlock(v);
-      view.n_tokens = cache.Length(seq);
+      // (Selective: the chosen blocks side by side; the single query sees all of them.)
+      view.n_tokens = selective ? (n_blocks - 1) * g.block_tokens + cache.BlockFill(seq, n_all - 1) : cache.Length(seq);
       view.block_tokens = g.block_tokens;
       view.n_kv_heads = g.n_kv_heads;
       view.vector_bytes = codec.vector_bytes();

@@ -123,6 +123,10 @@ struct Model::Scratch {
   // Blocks AcquireInPlace could not pin (model_forward.cc, ReadVisit): their indices and
   // two halves of a 4 KiB-aligned staging area they are read through into, in turns.
   std::vector<int> kv_missing;
+  std::vector<int> kv_list;               // the blocks attention reads (sequence indices)
+  std::vector<int> kv_all, kv_selected;  // selective attention: candidates, choice
+  std::vector<float> kv_bound;           // per block, a KV head's best score bound
+  std::vector<uint8_t> kv_take;          // per block: selected
   std::unique_ptr<std::byte, decltype(&std::free)> kv_stage{nullptr, &std::free};
   uint64_t kv_stage_bytes = 0;
   std::vector<std::pair<int, std::byte*>> kv_staged[2];  // per turn: (block, where it was read)

@@ -221,9 +221,8 @@ int Model::PrefillChunk(const KvCache& cache, SeqId seq, int batch) const {
   if (batch >= kSpillChunkTokens || cache.NumBlocks(seq) == 0) return batch;
   const MemoryManager& mm = cache.memory();
   bool spilled = false;
-  for (int b = 0; b < cache.NumBlocks(seq) && !spilled; ++b) {
-    const std::optional<Tier> top = mm.TopTier(cache.BlockPage(seq, 0, b));
-    spilled = top == Tier::kDisk;
+  for (int l = 0; l < cfg_.n_layer && !spilled; ++l) {
+    for (int b = 0; b < cache.NumBlocks(seq) && !spilled; ++b) spilled = mm.TopTier(cache.BlockPage(seq, l, b)) == Tier::kDisk;
   }
   if (!spilled) return batch;
   // A chunk token's float arrays (SizeChunk, ChunkMoe), doubled for what else scales.

@@ -46,6 +46,19 @@ int64_t AttentionMacsPerKey(const ModelConfig& config) {
 
 namespace {
 
+// Each present tier's use against its budget: "device 64.0 MiB / 64.0 MiB, host ...".
+std::string Residency(const MemoryManager& mm) {
+  std::string out;
+  for (int t = 0; t < kNumTiers; ++t) {
+    if (!mm.has_tier(TierAt(t))) continue;
+    const TierStats st = mm.Stats(TierAt(t));
+    if (!out.empty()) out += ", ";
+    out += std::string(TierName(TierAt(t))) + " " + FormatBytes(st.used_bytes.current) + " / " +
+           FormatBytes(st.frames * st.frame_bytes);
+  }
+  return out;
+}
+
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -435,6 +448,7 @@ Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_pt
                              (o.llama_sums == RunOptions::LlamaSums::kAuto &&
                               LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config))));
   mo.kv_batch_blocks = o.kv_batch_blocks;
+  mo.attn_topk = o.attn_topk;
   mo.rope = o.rope;
   // The memory manager is created once the frame size is known (Runtime: destroyed
   // after the model, whose pages it holds).
@@ -712,7 +726,31 @@ Result<RunReport> RunSession(const RunOptions& o) {
   auto prefill = [&](bool dump) -> Result<bool> {
     Generator::PrefillHooks hooks;
     hooks.stop = stop_requested;
-    if (o.on_prefill) hooks.progress = o.on_prefill;
+    auto last_save = std::chrono::steady_clock::now();
+    bool save_failed = false;
+    hooks.progress = [&](int done, int total) {
+      if (o.on_prefill) o.on_prefill(done, total);
+      if (o.on_prefill_progress) {
+        RunOptions::PrefillProgress p;
+        p.done = done;
+        p.total = total;
+        p.position = gen.computed();
+        p.end = static_cast<int>(all.size());
+        p.residency = Residency(*mm);
+        o.on_prefill_progress(p);
+      }
+      // A checkpoint: what is computed so far, so that a run killed later resumes here.
+      if (o.session.empty() || o.prefill_save_seconds <= 0 || done >= total || save_failed ||
+          Since(last_save) < o.prefill_save_seconds) {
+        return;
+      }
+      const Status st = gen.SaveComputed(fp, o.session);
+      if (!st.ok()) {
+        save_failed = true;  // said once; the save at the end reports it as an error
+        spdlog::warn("prefill checkpoint not saved: {}", st.message());
+      }
+      last_save = std::chrono::steady_clock::now();
+    };
     if (dump && o.dump_logits > 0) {
       const int end = static_cast<int>(all.size());
       hooks.keep_row = [&o, end](int pos) { return pos < o.dump_logits || pos >= end - o.dump_logits; };

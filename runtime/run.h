@@ -153,6 +153,7 @@ struct RunOptions {
   enum class LlamaSums { kAuto, kOn, kOff };
   LlamaSums llama_sums = LlamaSums::kAuto;
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
+  int attn_topk = 0;           // ModelOptions::attn_topk (--attn-topk; 0 = full attention)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; the same logits for any value)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
   // Called with each generated token's text as soon as it is sampled (streaming
@@ -165,6 +166,17 @@ struct RunOptions {
   // Called after each prefill chunk with the prompt tokens computed so far and their
   // total (this run's, the reused prefix excluded); null = none.
   std::function<void(int done, int total)> on_prefill;
+  // The same moment with what a progress line shows: where the prefill is in the whole
+  // context, and each tier's residency ("device 64.0 / 64.0 MiB, host ..."); null = none.
+  struct PrefillProgress {
+    int done = 0, total = 0;    // as on_prefill
+    int position = 0, end = 0;  // tokens the context holds now, and will hold after it
+    std::string residency;
+  };
+  std::function<void(const PrefillProgress&)> on_prefill_progress;
+  // Seconds between saves of the session during a long prefill (0: none): a run killed
+  // there (SIGKILL, power) resumes from the last save instead of from the start.
+  double prefill_save_seconds = 60;
   // -i, interactive: after each reply, next_turn() gives the next input (nullopt ends
   // the conversation). With chat it is the next user turn (FormatChatContinuation);
   // without, raw text appended as it is. An empty prompt takes its first input from

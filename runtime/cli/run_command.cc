@@ -60,6 +60,7 @@ struct RunFlags {
   bool no_warmup = false, json = false, no_prefetch = false, llama_sums = false, no_llama_sums = false;
   std::string weights = "auto";
   int kv_batch = 0;
+  int attn_topk = 0;
   int batch = 64;
   std::string rope_scaling;
   float rope_scale = 0, rope_freq_scale = 0, rope_freq_base = 0;
@@ -381,6 +382,8 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   }
   if (f.kv_batch < 0) return Status::InvalidArgument("--kv-batch must be >= 0");
   o.kv_batch_blocks = f.kv_batch;
+  if (f.attn_topk < 0) return Status::InvalidArgument("--attn-topk must be >= 0");
+  o.attn_topk = f.attn_topk;
   if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");
   o.batch = f.batch;
   TIERKV_ASSIGN_OR_RETURN(o.rope, ToRope(f));
@@ -530,6 +533,21 @@ constexpr double kProgressSeconds = 10.0;
 
 }  // namespace
 
+std::string FormatPrefillProgress(const RunOptions::PrefillProgress& at, double elapsed_s) {
+  const double rate = elapsed_s > 0 ? at.done / elapsed_s : 0;
+  const double left = rate > 0 ? (at.total - at.done) / rate : 0;
+  char line[256];
+  std::snprintf(line, sizeof line, "prefill: %d / %d tokens (context %d / %d), %.0f tok/s, %.0f s, %.0f s left", at.done,
+                at.total, at.position, at.end, rate, elapsed_s, left);
+  std::string out = line;
+  if (!at.residency.empty()) out += "; " + at.residency;
+  return out + "\n";
+}
+
+namespace {
+
+}  // namespace
+
 namespace {
 
 // llama.cpp's spellings CLI11 cannot declare (multi-letter single-dash words), and the
@@ -598,12 +616,20 @@ std::string RunSummary(const RunReport& r, bool interactive) {
            (r.saved ? " (saved)" : "") + "\n";
   }
   // Tokens computed and the rate they were computed at (a stopped prefill's computed part,
-  // not the whole prompt).
+  // not the whole prompt; no rate for a few tokens, such as the one a restored session
+  // recomputes for its logits: that is no prefill speed).
+  constexpr int kFewestRated = 16;
+  char prefill_rate[64];
+  if (r.prefill_tokens < kFewestRated) {
+    std::snprintf(prefill_rate, sizeof prefill_rate, "too few for a rate");
+  } else {
+    std::snprintf(prefill_rate, sizeof prefill_rate, "%.1f tok/s", rate(r.prefill_tokens, r.prefill_s));
+  }
   std::snprintf(line, sizeof line,
-                "prompt %zu tokens (%d reused from the session), %d computed%s in %.3f s (%.1f tok/s); %zu generated "
+                "prompt %zu tokens (%d reused from the session), %d computed%s in %.3f s (%s); %zu generated "
                 "in %.3f s (%.1f tok/s)\n",
                 r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_tokens,
-                r.turns.size() > 1 ? " with the inputs" : "", r.prefill_s, rate(r.prefill_tokens, r.prefill_s),
+                r.turns.size() > 1 ? " with the inputs" : "", r.prefill_s, prefill_rate,
                 r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
   out += line;
   return out;
@@ -687,6 +713,9 @@ void AddRuntimeFlags(CLI::App* app, RunFlags* f) {
   app->add_option("-b,--batch-size", f->batch,
                   "prompt tokens computed together, layer by layer (default 64; 1 = one at a time; same logits)");
   app->add_option("--kv-batch", f->kv_batch, "KV blocks attention pins at a time (0 = automatic)");
+  app->add_option("--attn-topk", f->attn_topk,
+                  "Selective attention: each decode step reads the first block, the last two and the N with the "
+                  "highest key bounds per KV head (0 = every block; an approximation)");
   app->add_option("--rope-scaling", f->rope_scaling, "RoPE scaling: none, linear, yarn (default: the model's)");
   app->add_option("--rope-scale", f->rope_scale, "RoPE context scaling factor N (the context grows N times)");
   app->add_option("--rope-freq-scale", f->rope_freq_scale, "RoPE frequency scale (1 / --rope-scale)");
@@ -812,16 +841,15 @@ void AddRunCommand(CLI::App& app, int& exit_code) {
       int last_done = 0;
     };
     auto progress = std::make_shared<Progress>();
-    options->on_prefill = [progress, &text](int done, int total) {
+    options->on_prefill_progress = [progress, &text](const RunOptions::PrefillProgress& at) {
       const auto now = std::chrono::steady_clock::now();
       Progress& p = *progress;
-      if (done <= p.last_done || p.last_done == 0) p.began = p.shown = now;  // a prefill's first chunk
-      p.last_done = done;
-      if (std::chrono::duration<double>(now - p.shown).count() < kProgressSeconds || done == total) return;
+      if (at.done <= p.last_done || p.last_done == 0) p.began = p.shown = now;  // a prefill's first chunk
+      p.last_done = at.done;
+      if (std::chrono::duration<double>(now - p.shown).count() < kProgressSeconds || at.done == at.total) return;
       p.shown = now;
       text.EndLine();
-      std::fprintf(stderr, "prefill: %d / %d tokens, %.0f s\n", done, total,
-                   std::chrono::duration<double>(now - p.began).count());
+      std::fputs(FormatPrefillProgress(at, std::chrono::duration<double>(now - p.began).count()).c_str(), stderr);
     };
     if (f->interactive) {
       options->next_turn = [chat = options->chat, &text] {

@@ -41,6 +41,9 @@ Result<std::string> ReadPromptFile(const std::string& path, size_t max_bytes);
 // those computed and the rate they were computed at (after a stopped prefill, the part
 // computed), and the generated tokens and their rate.
 std::string RunSummary(const RunReport& r, bool interactive);
+// The line a long prefill prints every 10 s: tokens done of this prefill, the position
+// in the whole context, the rate, the time spent and left, and the tiers' residency.
+std::string FormatPrefillProgress(const RunOptions::PrefillProgress& at, double elapsed_s);
 
 // llama.cpp's spellings NormalizeLlamaFlags rewrites, and the long option of each
 // ({"-ngl", "--n-gpu-layers"}, ...); tierkv run --help lists them.

@@ -260,6 +260,39 @@ TEST(KvCacheTest, KeySummariesBoundTheKeys) {
   }
 }
 
+// A block without bounds (as a restored one) gets them from its contents: the bounds of
+// the keys as the codec decodes them, for every codec and key layout.
+TEST(KvCacheTest, SummarizeBlockBoundsTheDecodedKeys) {
+  for (KvCodec codec : kAllKvCodecs) {
+    SCOPED_TRACE(KvCodecName(codec));
+    TempDir dir;
+    auto mm = Memory(dir.path(), 4, 16, 64);
+    auto cache = KvCache::Create(mm.get(), SmallGeometry(codec)).value();
+    const SeqId a = cache->NewSequence();
+    AppendTokens(*cache, a, 0, 13, 4);
+    const KvGeometry& g = cache->geometry();
+    for (int b = 0; b < 2; ++b) {
+      const BlockId id = cache->Block(a, 1, b);
+      cache->NoteKeys(id, nullptr);  // unbounded, as restored
+      ASSERT_EQ(cache->KeyMin(id), nullptr);
+      const int fill = cache->BlockFill(a, b);
+      std::vector<float> lo(64, INFINITY), hi(64, -INFINITY), k(64), v(64);
+      for (int pos = b * g.block_tokens; pos < b * g.block_tokens + fill; ++pos) {
+        ASSERT_TRUE(cache->Read(a, 1, pos, k.data(), v.data()).ok());
+        for (int i = 0; i < 64; ++i) { lo[i] = std::min(lo[i], k[i]); hi[i] = std::max(hi[i], k[i]); }
+      }
+      auto pin = mm->Acquire(cache->BlockPage(a, 1, b), Tier::kHost);
+      ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+      cache->SummarizeBlock(id, pin->data(), fill);
+      ASSERT_NE(cache->KeyMin(id), nullptr);
+      for (int i = 0; i < 64; ++i) {
+        EXPECT_EQ(cache->KeyMin(id)[i], lo[i]) << i;
+        EXPECT_EQ(cache->KeyMax(id)[i], hi[i]) << i;
+      }
+    }
+  }
+}
+
 TEST(KvCacheTest, BlocksKeepIdenticalBytesAcrossForcedMigrations) {
   for (KvCodec codec : kAllKvCodecs) {
     TempDir dir;

@@ -845,9 +845,23 @@ TEST(RunCommandTest, SummaryReportsTheTokensComputed) {
   g.reverse_prompt = "User:";
   EXPECT_EQ(RunSummary(g, false),
             "stopped: reverse prompt 'User:' (-r)\n"
-            "prompt 10 tokens (4 reused from the session), 6 computed in 0.500 s (12.0 tok/s); 3 generated in "
+            "prompt 10 tokens (4 reused from the session), 6 computed in 0.500 s (too few for a rate); 3 generated in "
             "1.500 s (2.0 tok/s)\n");
   EXPECT_EQ(RunSummary(g, true).find("stopped:"), std::string::npos) << "an interactive run's replies end at \"> \"";
+}
+
+// A long prefill's progress line: this prefill's tokens, the position in the whole
+// context, the rate, the time spent and left, and the tiers' residency.
+TEST(RunCommandTest, PrefillProgressLineSaysWhereAndHowFast) {
+  RunOptions::PrefillProgress at;
+  at.done = 1000;
+  at.total = 5000;
+  at.position = 91000;
+  at.end = 95000;
+  at.residency = "device 64.0 MiB / 64.0 MiB, host 100 MiB / 128 MiB";
+  EXPECT_EQ(FormatPrefillProgress(at, 4.0),
+            "prefill: 1000 / 5000 tokens (context 91000 / 95000), 250 tok/s, 4 s, 16 s left; device 64.0 MiB / 64.0 "
+            "MiB, host 100 MiB / 128 MiB\n");
 }
 
 // A run needs a prompt, on every model: none, an empty -p or an empty -f file is a usage

@@ -411,3 +411,42 @@ TEST(SessionIntegrityCliTest, PlantedLinksAreNeverFollowed) {
 
 }  // namespace
 }  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+// A long prefill saves checkpoints: killed (SIGKILL) after some chunks, it leaves a
+// session holding a prefix of the prompt that verifies, and the same command resumes
+// from there with the logits of a run that was never killed.
+TEST(SessionIntegrityTest, SigkillDuringPrefillResumesFromCheckpoint) {
+  testing::TempDir dir;
+  const std::string session = dir.path() + "/k.tkv";
+  std::string prompt;
+  while (prompt.size() < 1500) prompt += kPrompt + " ";
+  RunOptions o = Tiny(prompt, 4);
+  o.session = session;
+  o.batch = 64;
+  o.prefill_save_seconds = 1e-9;  // a checkpoint after every chunk
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    o.on_prefill = [](int done, int) {
+      if (done >= 640) kill(getpid(), SIGKILL);  // after the checkpoint of 576 tokens
+    };
+    auto r = RunSession(o);
+    _exit(r.ok() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the run was to be killed in its prefill";
+  ASSERT_TRUE(SessionFile::Verify(session).ok());
+  auto summary = SessionFile::Inspect(session);
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_GE(summary->tokens.size(), 512u) << "checkpoints were saved during the prefill";
+  EXPECT_LT(summary->tokens.size(), 700u);
+  const RunReport r = CheckAgainstFresh(o);
+  EXPECT_EQ(static_cast<size_t>(r.reused_prefix_tokens), summary->tokens.size()) << "resumed from the checkpoint";
+}
+
+}  // namespace
+}  // namespace tierkv

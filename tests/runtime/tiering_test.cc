@@ -223,7 +223,7 @@ TEST(TieringTest, BlocksReadWhereTheyLieGiveBitIdenticalLogits) {
     const Case cases[] = {
         {"read through at once", {"", 0, &c[0]}, false, false},
         {"read through per visit", {"", 16 * 1024, &c[1]}, false, true},
-        {"chunked, read through per visit", {"", 16 * 1024, &c[2]}, true, true},
+        {"chunked, read through per visit and query group", {"", 16 * 1024, &c[2]}, true, true},
         {"mapped disk in place", {"/dev/shm", 0, &c[3]}, true, false},
     };
     for (size_t i = 0; i < std::size(cases); ++i) {

@@ -58,8 +58,11 @@ Run Open(const std::shared_ptr<const GgufFile>& file, int depth, int topk) {
   const KvGeometry g = r.model->KvGeometryFor(KvCodec::kF16, kBlockTokens);
   MemoryOptions mem;
   mem.frame_bytes = 64 * 1024;
-  const uint64_t token_bytes = 2ull * g.n_layers * g.n_kv_heads * g.head_dim * 2;
-  mem.host_bytes = (token_bytes * (depth + kSteps + kBlockTokens) * 5 / 4 / mem.frame_bytes + 64) * mem.frame_bytes;
+  // Every block takes whole frames: n_layers per kBlockTokens tokens, each rounded up.
+  const uint64_t block_bytes = 2ull * g.n_kv_heads * kBlockTokens * g.head_dim * 2;
+  const uint64_t block_frames = (block_bytes + mem.frame_bytes - 1) / mem.frame_bytes;
+  const uint64_t blocks = static_cast<uint64_t>(g.n_layers) * ((depth + kSteps) / kBlockTokens + 2);
+  mem.host_bytes = (blocks * block_frames + 64) * mem.frame_bytes;
   mem.mlock = MlockMode::kOff;
   r.mm = std::move(MemoryManager::Create(mem)).value();
   r.cache = std::move(KvCache::Create(r.mm.get(), g)).value();

@@ -155,8 +155,10 @@ class SessionFile : public PageSource, public std::enable_shared_from_this<Sessi
   static Status Repair(const std::string& path, const std::string& backup, bool* repaired,
                        SessionSummary* summary = nullptr, SessionIo* io = nullptr);
 
-  // PageSource: reads record `key` and verifies it.
+  // PageSource: reads record `key` and verifies it. Evicted blocks are kept on the Disk
+  // tier when it has room (a read there skips the verification).
   Status ReadPage(uint64_t key, std::span<std::byte> out) override;
+  bool KeepBelow() const override { return true; }
   uint64_t id() const { return id_; }
   const std::string& path() const { return path_; }
 

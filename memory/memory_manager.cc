@@ -339,13 +339,29 @@ Status MemoryManager::EvictLocked(Lock& lock, Tier t, uint64_t want_frames) {
       if (std::find(picked.begin(), picked.end(), p) == picked.end()) picked.push_back(p);
     }
   }
+  // A page whose only copy below is its backing goes to the Disk tier instead when its
+  // source asks for it and the Disk tier has free frames (no eviction there for it).
+  uint64_t disk_room = 0;
+  if (below == Tier::kDisk) {
+    const TierState& d = tiers_[TierIndex(Tier::kDisk)];
+    disk_room = d.frames->free_frames();
+  }
+  auto keep_below = [&](const PageEntry& e) {
+    if (e.top() != t || !e.backed() || e.n_frames > disk_room) return false;
+    for (int i = TierIndex(t) + 1; i < kNumTiers; ++i) if (e.has_copy(TierAt(i))) return false;
+    if (!sources_[static_cast<size_t>(e.source)]->KeepBelow()) return false;
+    disk_room -= e.n_frames;
+    return true;
+  };
   std::vector<PageId> demote;
   uint64_t freed = 0;
   for (PageId p : picked) {
     if (freed >= want_frames) break;
     const PageEntry& e = table_.at(p);
     freed += e.n_frames;
-    if (e.top() != t || e.has_copy_below(t)) {
+    if (keep_below(e)) {
+      demote.push_back(p);
+    } else if (e.top() != t || e.has_copy_below(t)) {
       DropCopy(p, t);  // clean: a valid copy remains elsewhere
       ++tiers_[TierIndex(t)].stats.drops;
     } else {

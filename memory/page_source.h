@@ -22,6 +22,11 @@ class PageSource {
   // Fills `out` (the page's frames; out.size() >= the page's bytes) with the page's
   // bytes and verifies them. `key` is what the page was registered with.
   virtual Status ReadPage(uint64_t key, std::span<std::byte> out) = 0;
+  // Whether a page evicted from the last tier above the Disk tier is worth a copy there
+  // (when the Disk tier has free frames) rather than dropped for a later read of this
+  // source: true for a source slower than the disk tier (a session file, each block
+  // verified on read), false for one as fast (a mapped model file).
+  virtual bool KeepBelow() const { return false; }
 };
 
 }  // namespace tierkv

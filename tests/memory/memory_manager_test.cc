@@ -516,8 +516,10 @@ class PatternSource : public PageSource {
     std::memcpy(out.data(), data.data(), data.size());
     return Status::Ok();
   }
+  bool KeepBelow() const override { return keep_below; }
   std::set<uint64_t> bad;
   int reads = 0;
+  bool keep_below = false;
 
  private:
   uint64_t bytes_;
@@ -776,6 +778,42 @@ TEST(MemoryManagerInPlaceTest, BackedPagesComeUpOnceThenAreReadInPlace) {
   EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos) << st.message();
   EXPECT_FALSE(mm->HasCopy(q, Tier::kHost));
   EXPECT_TRUE(Invariants(*mm));
+}
+
+}  // namespace
+}  // namespace tierkv
+
+namespace tierkv {
+namespace {
+
+// Backed pages evicted from the host: dropped (their source is read again) unless the
+// source asks to keep them below, then copied to the Disk tier while it has free frames,
+// and read from there afterwards.
+TEST(MemoryManagerBackedTest, EvictedPagesOfAKeepBelowSourceLandOnDisk) {
+  for (bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "keep below" : "drop");
+    testing::TempDir dir;
+    testing::SmallTiers s;
+    s.device_frames = 0;
+    s.host_frames = 4;
+    auto mm = testing::MakeManager(s, dir.path());
+    auto source = std::make_shared<PatternSource>(4096);
+    source->keep_below = keep;
+    const int32_t src = mm->AddSource(source);
+    std::vector<PageId> pages;
+    for (uint64_t key = 0; key < 10; ++key) pages.push_back(mm->RegisterBacked(4096, src, key).value());
+    for (PageId p : pages) ASSERT_TRUE(mm->Acquire(p, Tier::kHost).ok());
+    EXPECT_EQ(source->reads, 10);
+    EXPECT_EQ(mm->Stats(Tier::kDisk).pages.current, keep ? 6u : 0u);
+    // The evicted pages again: from the disk tier (kept) or from the source.
+    for (int i = 0; i < 6; ++i) {
+      auto pin = mm->Acquire(pages[static_cast<size_t>(i)], Tier::kHost);
+      ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+      EXPECT_EQ(std::memcmp(pin->data(), testing::Pattern(4096, static_cast<uint64_t>(i)).data(), 4096), 0);
+    }
+    EXPECT_EQ(source->reads, keep ? 10 : 16);
+    EXPECT_TRUE(testing::Invariants(*mm));
+  }
 }
 
 }  // namespace

@@ -723,12 +723,13 @@ Ticket MemoryManager::ReadThrough(std::vector<PageId> pages, std::vector<std::by
     }
     // A page only in its backing (a restored session not read yet) comes up to the Host
     // tier first, as Acquire would bring it: read from its source once, then where it lies.
+    // When the Host tier has no room (every page on it pinned), they are read from their
+    // source into out[i] below instead, and stay where they were.
     if (!backing_only.empty()) {
       backing_only = UniquePages(backing_only);
       SetInFlight(backing_only, true);
-      Status st = PromoteLocked(lock, backing_only, Tier::kHost);
+      (void)PromoteLocked(lock, backing_only, Tier::kHost);
       SetInFlight(backing_only, false);
-      TIERKV_RETURN_IF_ERROR(st.Annotate("reading " + std::to_string(backing_only.size()) + " page(s) from their backing"));
     }
     // Host-addressable copies are memcpy'd, other arenas' (an O_DIRECT Disk file, a CUDA
     // device) gathered into one backend read per tier, backings read page by page; the

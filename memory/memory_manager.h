@@ -173,7 +173,8 @@ class MemoryManager {
   // placement: for pages AcquireInPlace could not pin, read once per use instead of
   // promoted (a scan larger than the fast tiers would otherwise evict what it is about
   // to read). A page only in its backing (a lazily restored session) is first brought to
-  // the Host tier, as Acquire would, so that its source is read once. The pages are in
+  // the Host tier, as Acquire would, so that its source is read once (read from the
+  // source straight into out[i] when the Host tier has no room). The pages are in
   // flight meanwhile. Counted like AcquireInPlace. REQUIRES: each out[i] is 4 KiB-aligned
   // with room for the page's whole frames (FrameSpan).
   Ticket ReadThrough(std::vector<PageId> pages, std::vector<std::byte*> out);

@@ -956,14 +956,6 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
       TIERKV_RETURN_IF_ERROR(ReadStaged(cache, seq, layer, plan, 0, 0, &tickets[0]));
     }
   }
-  // Selective attention: blocks read without key bounds (restored) get them now.
-  if (selective && !staged) {
-    for (int i = 0; i < n_blocks; ++i) {
-      const int b = s.kv_list[static_cast<size_t>(i)];
-      const BlockId id = cache.Block(seq, layer, b);
-      if (cache.KeyMin(id) == nullptr) cache.SummarizeBlock(id, s.blocks[static_cast<size_t>(i)], cache.BlockFill(seq, b));
-    }
-  }
 
   const int group = plan.group;
   if (n > 1) {
@@ -988,6 +980,14 @@ Status Model::Attention(KvCache& cache, SeqId seq, int layer, int pos, int n, bo
         const int next = v + 1 < plan.n_visits ? v + 1 : (q0 + group < n ? 0 : -1);
         if (next >= 0) TIERKV_RETURN_IF_ERROR(ReadStaged(cache, seq, layer, plan, next, 1 - turn, &tickets[1 - turn]));
         turn = 1 - turn;
+      }
+      if (selective) {
+        // Blocks read without key bounds (restored) get them now, as they are read.
+        for (int i = plan.FirstBlock(v); i < plan.FirstBlock(v) + plan.BlockCount(v); ++i) {
+          const int b = s.kv_list[static_cast<size_t>(i)];
+          const BlockId id = cache.Block(seq, layer, b);
+          if (cache.KeyMin(id) == nullptr) cache.SummarizeBlock(id, s.blocks[static_cast<size_t>(i)], cache.BlockFill(seq, b));
+        }
       }
       kernels::PagedKvView view;
       view.blocks = s.blocks.data() + (pinned ? plan.FirstBlock(v) : 0);

@@ -786,6 +786,31 @@ TEST(MemoryManagerInPlaceTest, BackedPagesComeUpOnceThenAreReadInPlace) {
 namespace tierkv {
 namespace {
 
+// A backed page read through while every host frame is pinned: read from its source
+// straight into the caller's buffer, left where it was.
+TEST(MemoryManagerBackedTest, ReadThroughWithTheHostFullOfPinsReadsTheSource) {
+  testing::TempDir dir;
+  testing::SmallTiers s;
+  s.device_frames = 0;
+  s.host_frames = 2;
+  auto mm = testing::MakeManager(s, dir.path());
+  std::vector<PageId> held;
+  for (int i = 0; i < 2; ++i) {
+    held.push_back(mm->Allocate(4096, Tier::kHost).value());
+    ASSERT_TRUE(testing::WritePage(*mm, held.back(), Tier::kHost, testing::Pattern(4096, 70 + i)).ok());
+  }
+  std::vector<Pin> pins;
+  ASSERT_EQ(mm->AcquireInPlace(held, &pins), 2u);
+  auto source = std::make_shared<PatternSource>(4096);
+  const PageId p = mm->RegisterBacked(4096, mm->AddSource(source), 8).value();
+  std::unique_ptr<std::byte, decltype(&std::free)> buf(static_cast<std::byte*>(std::aligned_alloc(4096, 4096)), &std::free);
+  ASSERT_TRUE(mm->ReadThrough({p}, {buf.get()}).Wait().ok());
+  EXPECT_EQ(std::memcmp(buf.get(), testing::Pattern(4096, 8).data(), 4096), 0);
+  EXPECT_FALSE(mm->HasCopy(p, Tier::kHost));
+  pins.clear();
+  EXPECT_TRUE(testing::Invariants(*mm));
+}
+
 // Backed pages evicted from the host: dropped (their source is read again) unless the
 // source asks to keep them below, then copied to the Disk tier while it has free frames,
 // and read from there afterwards.

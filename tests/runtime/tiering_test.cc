@@ -235,7 +235,9 @@ TEST(TieringTest, BlocksReadWhereTheyLieGiveBitIdenticalLogits) {
       ASSERT_EQ(run.size(), want.size());
       EXPECT_EQ(std::memcmp(run.data(), want.data(), want.size() * sizeof(float)), 0) << "reading in place changed the logits";
       const TierStats disk = mm->Stats(Tier::kDisk), host = mm->Stats(Tier::kHost);
-      EXPECT_GT(disk.hits, static_cast<uint64_t>(kTokens)) << "blocks were served from the disk tier";
+      // Served from the disk tier: at every decode step, at every chunk of a prefill.
+      const uint64_t least = k.chunked ? 4 : static_cast<uint64_t>(kTokens);
+      EXPECT_GT(disk.hits, least) << "blocks were served from the disk tier";
       EXPECT_GT(disk.bytes_read, 0u);
       // Nothing was promoted from disk to be read. (A chunk's writes bring back the block
       // the chunk before left half filled, once per layer and chunk: with fast tiers of
@@ -248,7 +250,7 @@ TEST(TieringTest, BlocksReadWhereTheyLieGiveBitIdenticalLogits) {
         EXPECT_EQ(c[i].kv_read_through, 0u);
         EXPECT_EQ(c[i].kv_hits, c[i].kv_acquires);
       } else {
-        EXPECT_GT(c[i].kv_read_through, static_cast<uint64_t>(kTokens));
+        EXPECT_GT(c[i].kv_read_through, least);
         EXPECT_LT(c[i].kv_hits, c[i].kv_acquires);
       }
     }
@@ -350,7 +352,8 @@ TEST(TieringTest, PagedWeightsAndKvUnderTinyBudgetsGiveBitIdenticalLogits) {
       // fetched again (misses), experts too for MoE models.
       EXPECT_GT(tiered.device.evictions + tiered.device.drops, static_cast<uint64_t>(tokens));
       EXPECT_LT(tiered.counters.weight_hits, tiered.counters.weight_acquires);
-      EXPECT_LT(tiered.counters.kv_hits, tiered.counters.kv_acquires);
+      // (KV blocks are read where they lie: whether some were on the O_DIRECT disk, read
+      // through rather than hit, depends on the eviction's timing; not checked here.)
       if (file->Has(std::string(file->architecture()) + ".expert_count")) {
         EXPECT_GT(tiered.counters.expert_acquires, 0u);
         EXPECT_LT(tiered.counters.expert_hits, tiered.counters.expert_acquires);

@@ -640,15 +640,7 @@ TEST(MemoryManagerTest, CheckInvariantsNamesEachKindOfDamage) {
 }  // namespace tierkv
 
 namespace tierkv {
-namespace {
-
-using testing::AllCopiesEqual;
-using testing::Invariants;
-using testing::MakeManager;
-using testing::Pattern;
-using testing::SmallTiers;
-using testing::TempDir;
-using testing::WritePage;
+namespace {  // the file's unnamed namespace again: its using-declarations above apply
 
 // A 4 KiB-aligned buffer of whole frames.
 struct Aligned {

@@ -509,8 +509,12 @@ TEST(RunCommandTest, DamagedSessionIsRefusedAndKept) {
 // disk gives ENOSPC) fails the run with one line; the session file keeps the bytes of
 // its last save and no temporary file is left.
 TEST(RunCommandTest, SaveThatCannotWriteKeepsTheOldSession) {
-  const std::string session = ::testing::TempDir() + "/run_command_full.tkv";
-  std::filesystem::remove(session);
+  // A directory of its own: ctest runs other session tests beside this one, and their
+  // temporary files in the shared temp dir are not this save's.
+  const std::string dir = ::testing::TempDir() + "/run_command_full";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string session = dir + "/run_command_full.tkv";
   auto run = [&](const std::string& prompt) {
     return RunCli({"run", "-m", "builtin:tiny-moe", "-p", prompt, "-n", "2", "--no-warmup", "--mlock", "off",
                    "--session", session});
@@ -538,7 +542,7 @@ TEST(RunCommandTest, SaveThatCannotWriteKeepsTheOldSession) {
   for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(session).parent_path())) {
     EXPECT_EQ(e.path().filename().string().find(".tierkv-tmp."), std::string::npos) << "the temporary file is removed";
   }
-  std::filesystem::remove(session);
+  std::filesystem::remove_all(dir);
 }
 
 // Drops CAP_IPC_LOCK from this thread's effective set for its lifetime (root ignores

@@ -409,6 +409,41 @@ Result<SeqId> KvCache::AdoptBackedSequence(int length, const std::vector<std::ve
   return s;
 }
 
+Status KvCache::AppendBlock(SeqId s, int tokens, std::span<const std::byte* const> layers) {
+  const Sequence* seq = Seq(s);
+  if (!seq) return Status::NotFound("append to unknown sequence " + std::to_string(s.value));
+  if (seq->length % g_.block_tokens != 0 || tokens <= 0 || tokens > g_.block_tokens ||
+      layers.size() != static_cast<size_t>(g_.n_layers)) {
+    return Status::InvalidArgument("append of a block of " + std::to_string(tokens) + " tokens to a sequence of " +
+                                   std::to_string(seq->length));
+  }
+  const Tier t = write_tier();
+  std::vector<BlockId> added;
+  added.reserve(layers.size());
+  for (const std::byte* bytes : layers) {
+    auto page = mm_->Allocate(block_bytes_, t, tag_);
+    Status st = page.status();
+    if (st.ok()) {
+      auto pin = mm_->Acquire(*page, t, Access::kWrite);
+      if (pin.ok()) {
+        std::memcpy(pin->data(), bytes, block_bytes_);
+      } else {
+        st = pin.status();
+        (void)mm_->Free(*page);
+      }
+    }
+    if (!st.ok()) {
+      for (BlockId b : added) Unref(b);
+      return st.Annotate("KV cache append of a block at token " + std::to_string(Seq(s)->length));
+    }
+    added.push_back(AddBlockMeta(*page, /*with_summary=*/false));
+  }
+  Sequence& to = *Seq(s);
+  for (size_t l = 0; l < added.size(); ++l) to.table[l].push_back(added[l]);
+  to.length += tokens;
+  return Status::Ok();
+}
+
 bool KvCache::CheckInvariants(std::string* why) const {
   std::vector<int> refs(blocks_.size(), 0);
   for (size_t i = 0; i < seqs_.size(); ++i) {

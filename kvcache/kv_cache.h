@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,13 @@ class KvCache {
   // A sequence whose blocks are backed pages (lazy restore). pages: [n_layers][n_blocks].
   Result<SeqId> AdoptBackedSequence(int length, const std::vector<std::vector<PageId>>& pages,
                                     const std::vector<std::vector<BlockSaveState>>& saved);
+
+  // Appends to s one block of `tokens` tokens whose bytes are given for every layer
+  // (layers[l]: block_bytes() bytes in host memory), e.g. a block fetched from the remote
+  // tier: a new page per layer on the write tier, without key bounds (as restored
+  // blocks). On failure s is unchanged. REQUIRES: Length(s) is a multiple of
+  // block_tokens; 0 < tokens <= block_tokens; layers.size() == n_layers.
+  Status AppendBlock(SeqId s, int tokens, std::span<const std::byte* const> layers);
 
   bool CheckInvariants(std::string* why) const;
 

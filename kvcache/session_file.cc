@@ -34,7 +34,7 @@ constexpr uint64_t kHeaderBytes = 4096;
 constexpr uint64_t kHeaderChecked = 2040;      // header checksum covers [0, 2040)
 constexpr uint64_t kSlotOffset[2] = {2048, 3072};
 constexpr uint64_t kSlotBytes = 64;
-constexpr uint64_t kRecordHeaderBytes = 40;
+constexpr uint64_t kRecordHeaderBytes = BlockRecordHeader::kBytes;
 constexpr uint64_t kManifestEntryBytes = 32;
 constexpr size_t kMaxDescription = 1024;
 constexpr uint64_t kWriteBatchBytes = 8 * kMiB;  // gather block records into writes this large
@@ -470,6 +470,20 @@ constexpr size_t kMaxName = 255;
 
 }  // namespace
 
+void BlockRecordHeader::EncodeTo(std::byte* out) const {
+  const uint32_t f32[4] = {kRecordMagic, layer, block, tokens};
+  const uint64_t f64[3] = {block_bytes, checksum, content};
+  std::memcpy(out, f32, 16);
+  std::memcpy(out + 16, f64, 24);
+}
+
+bool BlockRecordHeader::Decode(const std::byte* in, BlockRecordHeader* h) {
+  if (Get<uint32_t>(in) != kRecordMagic) return false;
+  *h = BlockRecordHeader{Get<uint32_t>(in + 4),  Get<uint32_t>(in + 8),  Get<uint32_t>(in + 12),
+                         Get<uint64_t>(in + 16), Get<uint64_t>(in + 24), Get<uint64_t>(in + 32)};
+  return true;
+}
+
 std::string SessionSiblingPath(const std::string& target, const std::string& suffix, const std::string& tag) {
   const auto [dir, name] = SplitPath(target);
   if (name.size() + suffix.size() <= kMaxName) return target + suffix;
@@ -681,10 +695,7 @@ Status SessionFile::Save(KvCache& cache, SeqId s, const std::vector<int32_t>& to
         r.checksum = Hash(pin->data(), bb);
         r.offset = write_at + pending;
         auto& h = headers.emplace_back();
-        const uint32_t f32[4] = {kRecordMagic, r.layer, r.block, r.tokens};
-        const uint64_t f64[3] = {bb, r.checksum, r.content};
-        std::memcpy(h.data(), f32, 16);
-        std::memcpy(h.data() + 16, f64, 24);
+        BlockRecordHeader{r.layer, r.block, r.tokens, bb, r.checksum, r.content}.EncodeTo(h.data());
         iov.push_back({h.data(), kRecordHeaderBytes});
         iov.push_back({pin->data(), bb});
         pins.push_back(std::move(pin).value());
@@ -836,11 +847,12 @@ Status SessionFile::ReadPage(uint64_t key, std::span<std::byte> out) {
     if (n == 0) return Status::Corruption(name + " is truncated");
     done += static_cast<uint64_t>(n);
   }
-  if (Get<uint32_t>(hdr) != kRecordMagic || Get<uint32_t>(hdr + 4) != r.layer || Get<uint32_t>(hdr + 8) != r.block ||
-      Get<uint32_t>(hdr + 12) != r.tokens || Get<uint64_t>(hdr + 16) != block_bytes_ || Get<uint64_t>(hdr + 24) != r.checksum) {
+  BlockRecordHeader h;
+  if (!BlockRecordHeader::Decode(hdr, &h) || h.layer != r.layer || h.block != r.block || h.tokens != r.tokens ||
+      h.block_bytes != block_bytes_ || h.checksum != r.checksum) {
     return Status::Corruption(name + " has a damaged record header");
   }
-  if (Get<uint64_t>(hdr + 32) != r.content) {
+  if (h.content != r.content) {
     // An intact record of other tokens (or another model or encoding): never restored.
     return Status::Corruption(name + " holds the KV of other tokens than the manifest's (its content key differs)");
   }

@@ -87,6 +87,22 @@ struct SessionSummary {  // what `session inspect` prints
   std::string note;              // the newest save is damaged and the one before it is shown: why ("" else)
 };
 
+// A block record's header (docs/formats.md): what session files, and the remote tier
+// (kvcache/remote_tier.h), store before a block's bytes.
+struct BlockRecordHeader {
+  static constexpr size_t kBytes = 40;
+  uint32_t layer = 0;
+  uint32_t block = 0;
+  uint32_t tokens = 0;        // tokens the block holds
+  uint64_t block_bytes = 0;
+  uint64_t checksum = 0;      // XXH3 of the block's bytes
+  uint64_t content = 0;       // content key of its tokens (SessionFile::ContentKeys)
+  void EncodeTo(std::byte* out) const;
+  // False when `in` does not start with the record magic.
+  static bool Decode(const std::byte* in, BlockRecordHeader* h);
+  bool operator==(const BlockRecordHeader&) const = default;
+};
+
 // A name beside `target` for a file tierkv keeps with it: target + suffix, or, where
 // that would pass the 255-byte name limit, "." + tag + "." + a hash of target's name in
 // its directory.

@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages tierkv builds with, when any is missing.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libspdlog-dev libmimalloc-dev libgtest-dev libgmock-dev
-      libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev
+      libbenchmark-dev libcli11-dev nlohmann-json3-dev libxxhash-dev libcpp-httplib-dev libhiredis-dev
+      redis-server  # the remote tier's tests start their own (never the system's service)
       curl nodejs python3-requests dpkg-dev)  # the server's client tests; the .deb's dependencies
 missing=()
 for p in "${pkgs[@]}"; do

@@ -640,7 +640,8 @@ std::string NormalizeLlamaFlags(int argc, char** argv) {
   // Options whose value is free text: "-p -xyz" is a prompt, not a flag.
   static const char* kText[] = {"-p", "--prompt", "-r", "--reverse-prompt", "--system-prompt", "-sys",
                                 "--chat-template", "-f", "--prompt-file", "--file", "-m", "--model", "--session",
-                                "--api-key", "--api-key-file", "--alias", "--session-dir"};
+                                "--api-key", "--api-key-file", "--alias", "--session-dir", "--remote",
+                                "--remote-salt", "--remote-password-file"};
   for (int i = 2; i < argc; ++i) {
     if (std::any_of(std::begin(kText), std::end(kText), [&](const char* t) { return std::strcmp(argv[i - 1], t) == 0; })) {
       continue;

@@ -101,6 +101,7 @@ struct Slot {
   std::string file;  // the session file it was last saved to or restored from ("" = none)
   uint64_t last_used = 0;
   bool processing = false;
+  int remote_blocks = 0;  // its leading full blocks the remote cache holds (or was sent)
 };
 
 // A session file of --session-dir and the tokens it holds (read at start-up, updated by
@@ -147,6 +148,7 @@ struct Server::Impl {
   int n_ctx = 0;
   size_t max_token_bytes = 4;
   std::unique_ptr<SessionLock> dir_lock;
+  std::unique_ptr<RemoteTier> remote;  // --remote (null: none)
 
   // The queue and the slots' public state.
   std::mutex mu;
@@ -158,6 +160,7 @@ struct Server::Impl {
 
   // Worker only.
   std::vector<SavedSession> saved;
+  Slot* to_publish = nullptr;  // the slot a request computed in: published after its reply
 
   // Metrics.
   std::atomic<uint64_t> requests{0}, rejected{0}, errors{0}, prompt_tokens{0}, cached_tokens{0}, predicted_tokens{0},
@@ -176,6 +179,7 @@ struct Server::Impl {
   Result<Slot*> PickSlot(const Job& job, size_t* reuse);
   Status MakeRoom(const Slot& keep, size_t tokens_needed);
   Status SaveSlot(Slot& slot, const std::string& path);
+  size_t ExtendFromRemote(Slot& slot, const std::vector<int32_t>& prompt, size_t reuse);
   void Free(Slot& slot);
   void Touch(Slot& slot) { slot.last_used = ++use_clock; }
 
@@ -237,6 +241,11 @@ Status Server::Impl::Load() {
     for (int i = 0; i < o.n_slots; ++i) slots[static_cast<size_t>(i)].id = i;
   }
   if (!o.session_dir.empty()) IndexSessionDir();
+  if (!o.remote.url.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(remote, RemoteTier::Create(o.remote, rt->fingerprint, rt->cache->geometry(),
+                                                       rt->cache->block_bytes()));
+    spdlog::info("remote KV cache {}: prompts' blocks are looked up there and published", remote->display_url());
+  }
   return Status::Ok();
 }
 
@@ -294,6 +303,12 @@ void Server::Impl::Run(Job& job) {
     case Job::Kind::kGenerate: Generate(job); break;
     default: SlotAction(job); break;
   }
+  // After the reply: the blocks this request computed go to the remote cache.
+  if (to_publish != nullptr && remote && to_publish->seq) {
+    to_publish->remote_blocks =
+        remote->Publish(*rt->cache, *to_publish->seq, to_publish->tokens, to_publish->remote_blocks);
+  }
+  to_publish = nullptr;
 }
 
 void Server::Impl::Free(Slot& slot) {
@@ -304,6 +319,7 @@ void Server::Impl::Free(Slot& slot) {
   slot.seq.reset();
   slot.tokens.clear();
   slot.file.clear();
+  slot.remote_blocks = 0;
 }
 
 // The slot for a request and how many of its prompt tokens it holds already: the live
@@ -381,6 +397,7 @@ Result<Slot*> Server::Impl::PickSlot(const Job& job, size_t* reuse) {
     target->seq = fork;
     target->tokens = best->tokens;
     target->file = best->file;
+    target->remote_blocks = best->remote_blocks;
     *reuse = std::min(best_n, cap);
   } else {
     *reuse = std::min(own, cap);
@@ -394,7 +411,29 @@ Result<Slot*> Server::Impl::PickSlot(const Job& job, size_t* reuse) {
     TIERKV_RETURN_IF_ERROR(rt->cache->Truncate(*target->seq, static_cast<int>(*reuse)));
     target->tokens.resize(*reuse);
   }
+  target->remote_blocks =
+      std::min(target->remote_blocks, static_cast<int>(*reuse) / rt->cache->geometry().block_tokens);
   return target;
+}
+
+// The prompt's next full blocks from the remote cache, when it has them and fetching is
+// estimated faster than computing them at this server's measured prompt rate. Returns
+// the tokens the slot holds afterwards.
+size_t Server::Impl::ExtendFromRemote(Slot& slot, const std::vector<int32_t>& prompt, size_t reuse) {
+  const uint64_t n = prompt_tokens.load();
+  const double per_token = n >= 256 ? static_cast<double>(prompt_us.load()) / 1e6 / static_cast<double>(n) : 0.0;
+  const auto t0 = Clock::now();
+  // The last prompt token is always computed: its logits choose the first new token.
+  const int held = remote->Extend(*rt->cache, *slot.seq, prompt, static_cast<int>(prompt.size()) - 1, per_token);
+  if (static_cast<size_t>(held) == reuse) return reuse;
+  std::lock_guard<std::mutex> lock(mu);
+  slot.tokens.assign(prompt.begin(), prompt.begin() + held);
+  slot.remote_blocks = held / rt->cache->geometry().block_tokens;
+  if (static_cast<size_t>(held) > reuse) {
+    spdlog::info("slot {}: {} prompt tokens from the remote cache in {:.1f} ms", slot.id, held - static_cast<int>(reuse),
+                 Ms(Clock::now() - t0));
+  }
+  return static_cast<size_t>(held);
 }
 
 // Frees least recently used slots (saved already when there is a session dir) until the
@@ -489,6 +528,8 @@ void Server::Impl::Generate(Job& job) {
     }
   }
   if (!picked_status.ok()) return fail(picked_status);
+  if (remote && r.cache_prompt) reuse = ExtendFromRemote(*slot, p, reuse);
+  to_publish = slot;
 
   Generator gen(*rt->model, *rt->cache, *slot->seq, slot->tokens);
   const auto t0 = Clock::now();
@@ -1025,6 +1066,32 @@ std::string Server::Impl::Metrics() {
   metric("tierkv_session_saves_total", "counter", "Slot saves to --session-dir.", static_cast<double>(slot_saves.load()));
   metric("tierkv_session_restores_total", "counter", "Sessions restored into slots.", static_cast<double>(slot_restores.load()));
   if (!ready) return m;
+  if (remote) {
+    const RemoteStats r = remote->stats();
+    metric("tierkv_remote_connected", "gauge", "1 while the remote KV cache answers.", r.connected ? 1 : 0);
+    metric("tierkv_remote_hit_blocks_total", "counter", "Prompt blocks fetched from the remote cache, verified and used.",
+           static_cast<double>(r.hit_blocks));
+    metric("tierkv_remote_hit_tokens_total", "counter", "Prompt tokens reused from the remote cache.",
+           static_cast<double>(r.hit_tokens));
+    metric("tierkv_remote_miss_blocks_total", "counter", "Full prompt blocks the remote cache did not give.",
+           static_cast<double>(r.miss_blocks));
+    metric("tierkv_remote_fetched_bytes_total", "counter", "Bytes fetched from the remote cache.",
+           static_cast<double>(r.fetched_bytes));
+    metric("tierkv_remote_fetch_seconds_total", "counter", "Time spent looking up and fetching.", r.fetch_us / 1e6);
+    metric("tierkv_remote_verify_failures_total", "counter", "Remote values refused (damaged, truncated, foreign).",
+           static_cast<double>(r.verify_failures));
+    metric("tierkv_remote_skipped_total", "counter", "Fetches not made: computing was estimated faster.",
+           static_cast<double>(r.skipped_slower));
+    metric("tierkv_remote_published_blocks_total", "counter", "Blocks published to the remote cache.",
+           static_cast<double>(r.published_blocks));
+    metric("tierkv_remote_present_blocks_total", "counter", "Blocks not published: the remote cache held them.",
+           static_cast<double>(r.present_blocks));
+    metric("tierkv_remote_dropped_blocks_total", "counter", "Blocks not published: backlog full or refused.",
+           static_cast<double>(r.dropped_blocks));
+    metric("tierkv_remote_pending_bytes", "gauge", "Bytes waiting to be published.", static_cast<double>(r.pending_bytes));
+    metric("tierkv_remote_errors_total", "counter", "Remote commands that failed (connection, timeout, server error).",
+           static_cast<double>(r.errors));
+  }
   std::vector<TierStats> tiers;
   for (int t = 0; t < kNumTiers; ++t) {
     TierStats s = rt->mm->Stats(TierAt(t));

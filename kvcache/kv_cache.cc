@@ -409,26 +409,28 @@ Result<SeqId> KvCache::AdoptBackedSequence(int length, const std::vector<std::ve
   return s;
 }
 
-Status KvCache::AppendBlock(SeqId s, int tokens, std::span<const std::byte* const> layers) {
+Status KvCache::AppendBlock(SeqId s, int tokens, const std::function<bool(int layer, std::byte* dst)>& fill) {
   const Sequence* seq = Seq(s);
   if (!seq) return Status::NotFound("append to unknown sequence " + std::to_string(s.value));
-  if (seq->length % g_.block_tokens != 0 || tokens <= 0 || tokens > g_.block_tokens ||
-      layers.size() != static_cast<size_t>(g_.n_layers)) {
+  if (seq->length % g_.block_tokens != 0 || tokens <= 0 || tokens > g_.block_tokens) {
     return Status::InvalidArgument("append of a block of " + std::to_string(tokens) + " tokens to a sequence of " +
                                    std::to_string(seq->length));
   }
   const Tier t = write_tier();
   std::vector<BlockId> added;
-  added.reserve(layers.size());
-  for (const std::byte* bytes : layers) {
+  added.reserve(static_cast<size_t>(g_.n_layers));
+  for (int l = 0; l < g_.n_layers; ++l) {
     auto page = mm_->Allocate(block_bytes_, t, tag_);
     Status st = page.status();
     if (st.ok()) {
       auto pin = mm_->Acquire(*page, t, Access::kWrite);
-      if (pin.ok()) {
-        std::memcpy(pin->data(), bytes, block_bytes_);
-      } else {
+      if (!pin.ok()) {
         st = pin.status();
+      } else if (!fill(l, pin->data())) {
+        st = Status::FailedPrecondition("the block's bytes did not come");
+      }
+      if (!st.ok()) {
+        if (pin.ok()) pin->Release();
         (void)mm_->Free(*page);
       }
     }

@@ -30,8 +30,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -146,12 +146,13 @@ class KvCache {
   Result<SeqId> AdoptBackedSequence(int length, const std::vector<std::vector<PageId>>& pages,
                                     const std::vector<std::vector<BlockSaveState>>& saved);
 
-  // Appends to s one block of `tokens` tokens whose bytes are given for every layer
-  // (layers[l]: block_bytes() bytes in host memory), e.g. a block fetched from the remote
-  // tier: a new page per layer on the write tier, without key bounds (as restored
-  // blocks). On failure s is unchanged. REQUIRES: Length(s) is a multiple of
-  // block_tokens; 0 < tokens <= block_tokens; layers.size() == n_layers.
-  Status AppendBlock(SeqId s, int tokens, std::span<const std::byte* const> layers);
+  // Appends to s one block of `tokens` tokens whose bytes fill(layer, dst) writes for
+  // each layer in order (block_bytes() bytes at dst, a page on the write tier pinned for
+  // writing), e.g. a block fetched from the remote tier; the block has no key bounds (as
+  // restored blocks). A fill that returns false abandons the block: s is unchanged (as on
+  // any failure). REQUIRES: Length(s) is a multiple of block_tokens; 0 < tokens <=
+  // block_tokens.
+  Status AppendBlock(SeqId s, int tokens, const std::function<bool(int layer, std::byte* dst)>& fill);
 
   bool CheckInvariants(std::string* why) const;
 

@@ -156,23 +156,59 @@ class Connection {
 
   bool Ready() { return ctx_ != nullptr || (Clock::now() >= retry_at_ && Connect()); }
 
-  // Sends the commands in one pipeline and reads a reply to each; false (the connection
-  // closed) on an I/O error or a timeout. Server error replies are returned as replies.
-  // A connection held from before that the server closed (it restarted) is replaced
-  // once, at once: the commands here (GET, EXISTS, SET NX, DEL) may be sent twice.
-  bool Run(const std::vector<Command>& cmds, std::vector<Reply>* replies) {
-    const bool held = ctx_ != nullptr;
+  // A pipeline: Send queues the commands (which must outlive their replies) and Next
+  // reads their replies in order, one at a time (a caller keeps at most one value of a
+  // large fetch in memory); null (the connection closed, warned) on an I/O error or a
+  // timeout. Server error replies are replies. A connection held from before that the
+  // server closed (it restarted) is replaced once, at once, when the first reply finds
+  // it so: the commands here (GET, EXISTS, SET NX, DEL) may be sent twice.
+  bool Send(const std::vector<Command>& cmds) {
+    held_ = ctx_ != nullptr;
+    pending_ = nullptr;
     if (!Ready()) return false;
+    pending_ = &cmds;
+    read_ = 0;
     std::string why;
-    Outcome out = Send(cmds, replies, &why);
-    if (out == Outcome::kClosed && held) {
-      Close();
-      if (!Connect()) return false;
-      out = Send(cmds, replies, &why);
+    if (!Append(cmds, &why)) {
+      Fail(why);
+      return false;
     }
-    if (out == Outcome::kOk) return true;
-    Fail(why);
-    return false;
+    return true;
+  }
+  Reply Next() {
+    if (ctx_ == nullptr || pending_ == nullptr || read_ >= pending_->size()) return nullptr;
+    std::string why;
+    Reply r;
+    Outcome out = Read(&r, &why);
+    if (out == Outcome::kClosed && held_ && read_ == 0) {
+      Close();
+      held_ = false;
+      if (!Connect()) return nullptr;
+      out = Append(*pending_, &why) ? Read(&r, &why) : Outcome::kFailed;
+    }
+    if (out != Outcome::kOk) {
+      Fail(why);
+      return nullptr;
+    }
+    ++read_;
+    return r;
+  }
+  // Reads and drops the replies still due (a caller that stopped early).
+  void Drain() {
+    while (ctx_ != nullptr && pending_ != nullptr && read_ < pending_->size()) {
+      if (!Next()) break;
+    }
+  }
+  // Send, and every reply.
+  bool Run(const std::vector<Command>& cmds, std::vector<Reply>* replies) {
+    replies->clear();
+    if (!Send(cmds)) return false;
+    for (size_t i = 0; i < cmds.size(); ++i) {
+      Reply r = Next();
+      if (!r) return false;
+      replies->push_back(std::move(r));
+    }
+    return true;
   }
 
  private:
@@ -197,13 +233,17 @@ class Connection {
     }
     if (ep_.db != 0) hello.push_back({"SELECT", db});
     hello.push_back({"PING"});  // a server that accepts but does not answer (stopped) times out here
-    std::vector<Reply> replies;
     std::string why;
-    if (Send(hello, &replies, &why) != Outcome::kOk) {
+    if (!Append(hello, &why)) {
       Fail(why);
       return false;
     }
-    for (const Reply& r : replies) {
+    for (size_t i = 0; i < hello.size(); ++i) {
+      Reply r;
+      if (Read(&r, &why) != Outcome::kOk) {
+        Fail(why);
+        return false;
+      }
       if (r->type == REDIS_REPLY_ERROR) {
         Fail(std::string(r->str, r->len));
         return false;
@@ -214,8 +254,7 @@ class Connection {
     return true;
   }
 
-  Outcome Send(const std::vector<Command>& cmds, std::vector<Reply>* replies, std::string* why) {
-    replies->clear();
+  bool Append(const std::vector<Command>& cmds, std::string* why) {
     std::vector<const char*> argv;
     std::vector<size_t> lens;
     for (const Command& c : cmds) {
@@ -227,21 +266,23 @@ class Connection {
       }
       if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) != REDIS_OK) {
         *why = ctx_->errstr;
-        return Outcome::kFailed;
+        return false;
       }
     }
-    for (size_t i = 0; i < cmds.size(); ++i) {
-      void* r = nullptr;
-      errno = 0;
-      if (redisGetReply(ctx_, &r) != REDIS_OK || r == nullptr) {
-        const bool timeout = ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
-        *why = timeout ? "no reply within " + std::to_string(timeout_ms_) + " ms" : std::string(ctx_->errstr);
-        const bool closed = ctx_->err == REDIS_ERR_EOF ||
-                            (ctx_->err == REDIS_ERR_IO && (errno == EPIPE || errno == ECONNRESET));
-        return closed ? Outcome::kClosed : Outcome::kFailed;
-      }
-      replies->emplace_back(static_cast<redisReply*>(r));
+    return true;
+  }
+
+  Outcome Read(Reply* out, std::string* why) {
+    void* r = nullptr;
+    errno = 0;
+    if (redisGetReply(ctx_, &r) != REDIS_OK || r == nullptr) {
+      const bool timeout = ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+      *why = timeout ? "no reply within " + std::to_string(timeout_ms_) + " ms" : std::string(ctx_->errstr);
+      const bool closed =
+          ctx_->err == REDIS_ERR_EOF || (ctx_->err == REDIS_ERR_IO && (errno == EPIPE || errno == ECONNRESET));
+      return closed ? Outcome::kClosed : Outcome::kFailed;
     }
+    out->reset(static_cast<redisReply*>(r));
     return Outcome::kOk;
   }
 
@@ -262,6 +303,9 @@ class Connection {
   redisContext* ctx_ = nullptr;
   Clock::time_point retry_at_{};
   double backoff_s_ = 1;
+  const std::vector<Command>* pending_ = nullptr;  // the pipeline being read
+  size_t read_ = 0;                                // its replies read
+  bool held_ = false;                              // it went out on a connection held from before
 };
 
 bool IsOk(const redisReply* r) {  // SET's "OK", or nil when NX found the key (first writer wins)
@@ -457,8 +501,11 @@ int RemoteTier::Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt,
   const int B = m.g.block_tokens;
   int have = cache.Length(s);
   const int first = have / B;
-  const int last = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(limit, 0)), prompt.size())) / B;
-  if (first >= last) return have;
+  limit = static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(limit, 0)), prompt.size()));
+  // The full blocks of the prompt; a block past the limit is fetched and then cut at it
+  // (the tokens past the limit are computed again by the caller).
+  const int last = static_cast<int>(prompt.size()) / B;
+  if (first >= last || have >= limit) return have;
   const auto t0 = Clock::now();
   const std::vector<uint64_t> keys =
       SessionFile::ContentKeys(m.model, m.g, prompt.first(static_cast<size_t>(last) * static_cast<size_t>(B)));
@@ -509,11 +556,11 @@ int RemoteTier::Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt,
             static_cast<uint64_t>(std::chrono::duration<double, std::micro>(Clock::now() - t0).count()));
     return have;
   };
-  if ((first + found) * B <= have) return finish(0);
+  const int gain = std::min((first + found) * B, limit) - have;
+  if (gain <= 0) return finish(0);
 
   // Worth it? (No estimate yet: fetch, and measure.)
   const uint64_t bytes = static_cast<uint64_t>(found) * static_cast<uint64_t>(m.g.n_layers) * m.value_bytes();
-  const int gain = (first + found) * B - have;
   if (recompute_s_per_token > 0 && m.fetch_bytes_per_s > 0 &&
       static_cast<double>(bytes) / m.fetch_bytes_per_s > gain * recompute_s_per_token) {
     m.Count(&RemoteStats::skipped_slower, 1);
@@ -529,7 +576,6 @@ int RemoteTier::Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt,
   uint64_t fetched = 0;
   int reused = 0;
   const int per_batch = static_cast<int>(std::max<uint64_t>(1, kFetchBatchBytes / (m.g.n_layers * m.value_bytes())));
-  std::vector<const std::byte*> layers(static_cast<size_t>(m.g.n_layers));
   bool stopped = false;
   for (int b = first; b < first + found && !stopped; b += per_batch) {
     const int e = std::min(first + found, b + per_batch);
@@ -539,29 +585,46 @@ int RemoteTier::Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt,
       for (int l = 0; l < m.g.n_layers; ++l) names.push_back(m.Key(keys[static_cast<size_t>(i)], l));
     }
     for (const std::string& n : names) cmds.push_back({"GET", n});
-    if (!m.conn->Run(cmds, &replies)) break;
+    if (!m.conn->Send(cmds)) break;
+    // Each value verified and copied into its page as it comes (one reply in memory at once).
     for (int i = b; i < e && !stopped; ++i) {
-      for (int l = 0; l < m.g.n_layers; ++l) {
-        const redisReply* r = replies[static_cast<size_t>((i - b) * m.g.n_layers + l)].get();
-        if (const std::string why = m.CheckValue(r, i, l, keys[static_cast<size_t>(i)]); !why.empty()) {
-          if (r->type == REDIS_REPLY_NIL) {
-            drop(i, -1);  // evicted under the marker: the block is published again by the next writer
-          } else {
-            refused(i, l, why);
-          }
-          stopped = true;
-          break;
+      int bad_layer = -1;
+      std::string why;
+      bool gone = false;
+      const Status st = cache.AppendBlock(s, B, [&](int l, std::byte* dst) {
+        Reply r = m.conn->Next();
+        if (!r) return false;  // the connection failed (warned)
+        why = m.CheckValue(r.get(), i, l, keys[static_cast<size_t>(i)]);
+        if (!why.empty()) {
+          bad_layer = l;
+          gone = r->type == REDIS_REPLY_NIL;
+          return false;
         }
-        layers[static_cast<size_t>(l)] = reinterpret_cast<const std::byte*>(r->str) + BlockRecordHeader::kBytes;
+        std::memcpy(dst, r->str + BlockRecordHeader::kBytes, m.block_bytes);
         fetched += r->len;
+        return true;
+      });
+      if (st.ok()) {
+        have += B;
+        ++reused;
+        continue;
       }
-      if (stopped) break;
-      if (!cache.AppendBlock(s, B, layers).ok()) {
-        stopped = true;
-        break;
+      stopped = true;
+      m.conn->Drain();
+      if (bad_layer < 0) break;
+      if (gone) {
+        drop(i, -1);  // evicted under the marker: the block is published again by the next writer
+      } else {
+        refused(i, bad_layer, why);
       }
-      have += B;
-      ++reused;
+    }
+  }
+  if (have > limit) {
+    if (cache.Truncate(s, limit).ok()) {
+      have = limit;
+    } else {  // (cannot fail: limit < have) the whole block off again
+      (void)cache.Truncate(s, have - B);
+      have -= B;
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - f0).count();

@@ -75,10 +75,11 @@ class RemoteTier {
   ~RemoteTier();  // publishes what is queued for at most the reply timeout, then stops
 
   // Extends s, which holds prompt[0, Length(s)), with the prompt's next full blocks the
-  // remote holds, up to `limit` tokens, when fetching them is estimated faster than
-  // recomputing them at `recompute_s_per_token` (0: unknown, fetch). A partial last
-  // block of s is dropped first when the remote has it whole. Returns the tokens s holds
-  // afterwards; never fails (what does not come is computed by the caller).
+  // remote holds, cut at `limit` tokens (a block across the limit is fetched whole and
+  // truncated there), when fetching them is estimated faster than recomputing them at
+  // `recompute_s_per_token` (0: unknown, fetch). A partial last block of s is dropped
+  // first when the remote has it whole. Returns the tokens s holds afterwards; never
+  // fails (what does not come is computed by the caller).
   int Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt, int limit, double recompute_s_per_token);
 
   // Queues s's full blocks from `first_block` on that the remote does not hold for

@@ -124,11 +124,21 @@ TEST(RemoteTierTest, PublishedBlocksAreFetchedBitForBit) {
   EXPECT_EQ(b.remote->Publish(*b.cache, sb, prompt, 0), 5);
   EXPECT_EQ(b.remote->stats().present_blocks, 5u);
 
+  // A limit inside a full block (the prompt's last token, computed for its logits): the
+  // block comes whole and is cut there; the token computed again lands in it.
+  World e(redis.url());
+  const SeqId se = e.cache->NewSequence();
+  const std::vector<int32_t> forty(prompt.begin(), prompt.begin() + 40);
+  EXPECT_EQ(e.remote->Extend(*e.cache, se, forty, 39, 0), 39);
+  AppendTokens(*e.cache, se, 39, 40, 7);
+  ExpectSameKv(*a.cache, sa, *e.cache, se, 40);
+  EXPECT_TRUE(e.cache->CheckInvariants(&why)) << why;
+
   // A limit short of the blocks, and a sequence that holds a partial block already.
   World c(redis.url());
   const SeqId sc = c.Computed(12);  // block 0 and half of block 1
-  EXPECT_EQ(c.remote->Extend(*c.cache, sc, prompt, 20, 0), 16);
-  ExpectSameKv(*a.cache, sa, *c.cache, sc, 16);
+  EXPECT_EQ(c.remote->Extend(*c.cache, sc, prompt, 20, 0), 20);
+  ExpectSameKv(*a.cache, sa, *c.cache, sc, 20);
 }
 
 TEST(RemoteTierTest, OtherSaltModelCodecOrTokensFindNothingOfIt) {

@@ -12,9 +12,11 @@ import requests
 
 class Server:
     def __init__(self, binary, model, session_dir=None, slots=2, ctx=512, ram="64MiB", frame="64KiB", threads=1,
-                 extra=()):
+                 extra=(), warmup=False):
         args = [binary, "serve", "-m", model, "--port", "0", "-c", str(ctx), "-np", str(slots),
-                "--ram", ram, "--frame", frame, "--no-warmup", "--mlock", "off", "-t", str(threads)]
+                "--ram", ram, "--frame", frame, "--mlock", "off", "-t", str(threads)]
+        if not warmup:
+            args.append("--no-warmup")
         if session_dir:
             args += ["--session-dir", session_dir]
         args += list(extra)

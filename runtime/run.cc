@@ -709,6 +709,18 @@ Result<RunReport> RunSession(const RunOptions& o) {
   } else {
     seq = cache->NewSequence();
   }
+  // The prompt's next blocks from the shared cache (never an error: what does not come is
+  // computed).
+  std::unique_ptr<RemoteTier> remote;
+  if (!o.remote.url.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(remote, RemoteTier::Create(o.remote, fp, cache->geometry(), cache->block_bytes()));
+    const int held = remote->Extend(*cache, seq, r.prompt_tokens, static_cast<int>(r.prompt_tokens.size()) - 1, 0);
+    if (held != start) {
+      r.remote_tokens = std::max(held - start, 0);
+      start = held;
+      r.reused_prefix_tokens = held;
+    }
+  }
 
   // The prompt's tokens the cache holds, then the rest to compute.
   const size_t n_vocab = static_cast<size_t>(model->config().n_vocab);
@@ -938,6 +950,12 @@ Result<RunReport> RunSession(const RunOptions& o) {
       r.turns.push_back(std::move(next));
     }
     TIERKV_RETURN_IF_ERROR(save());
+  }
+  if (remote) {
+    // The run's full blocks for the others; sent before the process ends (or given up on).
+    remote->Publish(*cache, seq, gen.tokens(), 0);
+    remote->Flush(std::max(2.0, 4e-3 * o.remote.timeout_ms));
+    r.remote = remote->stats();
   }
   r.kv_tokens = cache->Length(seq);
   r.kv_bytes = static_cast<uint64_t>(r.kv_tokens) * cache->token_bytes();

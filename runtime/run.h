@@ -18,6 +18,7 @@
 
 #include "kvcache/codec.h"
 #include "kvcache/kv_cache.h"
+#include "kvcache/remote_tier.h"
 #include "kvcache/session_file.h"
 #include "memory/memory_manager.h"
 #include "runtime/gguf.h"
@@ -136,6 +137,9 @@ struct RunOptions {
   bool auto_frame = false;     // --frame auto: RunSession picks memory.frame_bytes (AutoFrameBytes)
   KvCodec kv_type = KvCodec::kF16;
   std::string session;         // "" = no session file
+  // The shared KV cache on Redis (docs/remote.md): the prompt's blocks are looked up
+  // there after the session's, and the run's full blocks published at its end. url "" = none.
+  RemoteOptions remote;
   int threads = 0;             // 0 = all cores
   int dump_logits = 0;         // first and last N prompt positions, plus every step
   // Weights as pages under the budgets (Model::UseMemory) or read in place from the
@@ -238,6 +242,8 @@ struct RunReport {
   uint64_t kv_bytes = 0;
   std::string session_path;
   int restored_tokens = 0;
+  int remote_tokens = 0;                // prompt tokens fetched from the remote cache
+  std::optional<RemoteStats> remote;    // with --remote: its counters at the end
   int reused_prefix_tokens = 0;
   bool saved = false;
   std::vector<LogitsEntry> logits;  // with dump_logits

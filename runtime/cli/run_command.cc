@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -72,7 +73,19 @@ struct RunFlags {
   bool no_display_prompt = false;  // llama.cpp's: the prompt is not shown before the text
   bool mlock_given = false;        // --mlock, bare or with a value
   bool serve = false;              // `tierkv serve`'s flags: no prompt, no output flags
+  std::string remote, remote_salt, remote_password_file;
+  int remote_ttl = 7 * 24 * 3600, remote_timeout_ms = 500;
 };
+
+// --remote-password-file: its first line, surrounding spaces dropped.
+Result<std::string> ReadRemotePassword(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line)) return Status::InvalidArgument("--remote-password-file " + path + ": cannot be read");
+  const size_t a = line.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return Status::InvalidArgument("--remote-password-file " + path + ": holds no password");
+  return line.substr(a, line.find_last_not_of(" \t\r") - a + 1);
+}
 
 // llama.cpp's RoPE flags. --rope-scale N and --rope-freq-scale 1/N say the same.
 Result<RopeOverrides> ToRope(const RunFlags& f) {
@@ -298,6 +311,21 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   }
   if (kv.empty()) kv = "f16";
   TIERKV_ASSIGN_OR_RETURN(o.kv_type, ParseKvCodec(kv));
+  if (f.remote.empty() && (!f.remote_salt.empty() || !f.remote_password_file.empty())) {
+    return Status::InvalidArgument("--remote-salt and --remote-password-file need --remote");
+  }
+  if (f.remote_ttl < 1) return Status::InvalidArgument("--remote-ttl must be at least 1 (seconds)");
+  if (f.remote_timeout_ms < 1) return Status::InvalidArgument("--remote-timeout-ms must be at least 1");
+  if (!f.remote.empty()) {
+    o.remote.url = f.remote;
+    o.remote.salt = f.remote_salt;
+    o.remote.ttl_s = f.remote_ttl;
+    o.remote.timeout_ms = f.remote_timeout_ms;
+    TIERKV_RETURN_IF_ERROR(RemoteTier::CheckOptions(o.remote).Annotate("--remote"));
+    if (!f.remote_password_file.empty()) {
+      TIERKV_ASSIGN_OR_RETURN(o.remote.password, ReadRemotePassword(f.remote_password_file));
+    }
+  }
   MemoryOptions& m = o.memory;
   TIERKV_ASSIGN_OR_RETURN(m.device, ParseDeviceKind(f.device));
   // A size names its flag: "--vram auto: size 'auto' does not start with a number".
@@ -625,13 +653,30 @@ std::string RunSummary(const RunReport& r, bool interactive) {
   } else {
     std::snprintf(prefill_rate, sizeof prefill_rate, "%.1f tok/s", rate(r.prefill_tokens, r.prefill_s));
   }
+  char reused[96];
+  if (r.remote_tokens > 0) {
+    std::snprintf(reused, sizeof reused, "%d reused, %d of them from the remote cache", r.reused_prefix_tokens,
+                  r.remote_tokens);
+  } else {
+    std::snprintf(reused, sizeof reused, "%d reused from the session", r.reused_prefix_tokens);
+  }
   std::snprintf(line, sizeof line,
-                "prompt %zu tokens (%d reused from the session), %d computed%s in %.3f s (%s); %zu generated "
+                "prompt %zu tokens (%s), %d computed%s in %.3f s (%s); %zu generated "
                 "in %.3f s (%.1f tok/s)\n",
-                r.prompt_tokens.size(), r.reused_prefix_tokens, r.prefill_tokens,
+                r.prompt_tokens.size(), reused, r.prefill_tokens,
                 r.turns.size() > 1 ? " with the inputs" : "", r.prefill_s, prefill_rate,
                 r.generated_tokens.size(), r.decode_s, rate(static_cast<double>(r.generated_tokens.size()), r.decode_s));
   out += line;
+  if (r.remote) {
+    const RemoteStats& m = *r.remote;
+    std::snprintf(line, sizeof line,
+                  "remote cache: %llu blocks fetched (%.1f MiB in %.3f s), %llu published, %llu held already, "
+                  "%llu refused as damaged%s\n",
+                  static_cast<unsigned long long>(m.hit_blocks), m.fetched_bytes / 1048576.0, m.fetch_us / 1e6,
+                  static_cast<unsigned long long>(m.published_blocks), static_cast<unsigned long long>(m.present_blocks),
+                  static_cast<unsigned long long>(m.verify_failures), m.connected ? "" : "; not reachable");
+    out += line;
+  }
   return out;
 }
 
@@ -730,6 +775,14 @@ void AddRuntimeFlags(CLI::App* app, RunFlags* f) {
   app->add_option("--flash-attn", f->flash_attn, "llama.cpp's -fa [on|off|auto]: ignored (attention is always fused)")
       ->expected(0, 1);
   app->add_flag("--no-mmap", f->no_mmap, "llama.cpp's --no-mmap: the same as --weights paged");
+  app->add_option("--remote", f->remote,
+                  "a KV cache shared with other tierkv processes on Redis: redis://[:PASSWORD@]HOST[:PORT][/DB] or "
+                  "unix:///PATH (docs/remote.md)");
+  app->add_option("--remote-salt", f->remote_salt, "tenant salt: blocks are shared only under the same salt");
+  app->add_option("--remote-password-file", f->remote_password_file, "the Redis password: a file's first line");
+  app->add_option("--remote-ttl", f->remote_ttl, "seconds a published block lives in Redis (default 604800, a week)");
+  app->add_option("--remote-timeout-ms", f->remote_timeout_ms,
+                  "longest wait for Redis's answer before computing instead (default 500)");
 }
 
 // Which flags were given (their values cannot say: --session "" is refused, --mlock

@@ -88,6 +88,16 @@ nlohmann::json RunReportJson(const RunReport& r) {
                   {"restored_tokens", r.restored_tokens},
                   {"reused_prefix_tokens", r.reused_prefix_tokens},
                   {"saved", r.saved}};
+  j["remote"] = nullptr;
+  if (r.remote) {
+    const RemoteStats& m = *r.remote;
+    j["remote"] = {{"prompt_tokens", r.remote_tokens},        {"hit_blocks", m.hit_blocks},
+                   {"miss_blocks", m.miss_blocks},             {"fetched_bytes", m.fetched_bytes},
+                   {"fetch_s", m.fetch_us / 1e6},              {"verify_failures", m.verify_failures},
+                   {"skipped_slower", m.skipped_slower},       {"published_blocks", m.published_blocks},
+                   {"present_blocks", m.present_blocks},       {"dropped_blocks", m.dropped_blocks},
+                   {"errors", m.errors},                       {"connected", m.connected}};
+  }
   j["n_ctx"] = r.n_ctx;
   j["seed"] = r.seed;
   j["interrupted"] = r.interrupted;

@@ -23,22 +23,7 @@ struct ServeFlags {
   std::string session_dir;
   int queue = 64;
   std::string alias;
-  std::string remote;
-  std::string remote_salt;
-  std::string remote_password_file;
-  int remote_ttl = 7 * 24 * 3600;
-  int remote_timeout_ms = 500;
 };
-
-// --remote-password-file: the first line (surrounding spaces ignored).
-Result<std::string> ReadPassword(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line)) return Status::InvalidArgument("--remote-password-file " + path + ": cannot be read");
-  const size_t a = line.find_first_not_of(" \t\r"), b = line.find_last_not_of(" \t\r");
-  if (a == std::string::npos) return Status::InvalidArgument("--remote-password-file " + path + ": holds no password");
-  return line.substr(a, b - a + 1);
-}
 
 // --api-key-file: one key a line (blank lines and surrounding spaces ignored).
 Result<std::vector<std::string>> ReadKeys(const std::string& path) {
@@ -75,14 +60,6 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
                     "directory where conversations are saved and found again after a restart (default: none)");
   serve->add_option("--queue", f->queue, "requests that may wait; more are answered 503 (default 64)");
   serve->add_option("--alias", f->alias, "the model's id in replies (default: the file's name)");
-  serve->add_option("--remote", f->remote,
-                    "a KV cache shared with other servers on Redis: redis://[:PASSWORD@]HOST[:PORT][/DB] or "
-                    "unix:///PATH (docs/remote.md)");
-  serve->add_option("--remote-salt", f->remote_salt, "tenant salt: servers share blocks only with the same salt");
-  serve->add_option("--remote-password-file", f->remote_password_file, "the Redis password, from a file's first line");
-  serve->add_option("--remote-ttl", f->remote_ttl, "seconds a published block lives in Redis (default 604800: a week)");
-  serve->add_option("--remote-timeout-ms", f->remote_timeout_ms,
-                    "the longest wait for Redis's answer before computing instead (default 500)");
   serve->callback([f, run_options, &exit_code] {
     const auto usage = [&exit_code](const Status& s) {
       std::fprintf(stderr, "error: %s\n", s.message().c_str());
@@ -114,23 +91,6 @@ void AddServeCommand(CLI::App& app, int& exit_code) {
       o.api_keys.insert(o.api_keys.end(), keys->begin(), keys->end());
     }
     o.session_dir = f->session_dir;
-    o.remote.url = f->remote;
-    o.remote.salt = f->remote_salt;
-    o.remote.ttl_s = f->remote_ttl;
-    o.remote.timeout_ms = f->remote_timeout_ms;
-    if (f->remote.empty() && (!f->remote_salt.empty() || !f->remote_password_file.empty())) {
-      return usage(Status::InvalidArgument("--remote-salt and --remote-password-file need --remote"));
-    }
-    if (f->remote_ttl < 1) return usage(Status::InvalidArgument("--remote-ttl must be at least 1 second"));
-    if (f->remote_timeout_ms < 1) return usage(Status::InvalidArgument("--remote-timeout-ms must be at least 1"));
-    if (!f->remote.empty()) {
-      if (Status s = RemoteTier::CheckOptions(o.remote); !s.ok()) return usage(s.Annotate("--remote"));
-    }
-    if (!f->remote_password_file.empty()) {
-      auto password = ReadPassword(f->remote_password_file);
-      if (!password.ok()) return usage(password.status());
-      o.remote.password = *password;
-    }
     o.alias = f->alias;
 #ifdef TIERKV_VERSION
     o.version = TIERKV_VERSION;

@@ -33,6 +33,7 @@
 #include "kernels/thread_pool.h"
 #include "kvcache/session_file.h"
 #include "runtime/run.h"
+#include "tests/kvcache/redis_test_util.h"
 #include "tests/runtime/cli_test_util.h"
 #include "tests/runtime/reference_util.h"
 
@@ -969,6 +970,59 @@ TEST(RunCommandTest, MlockIsMentionedOnlyWhenAskedFor) {
   const CliResult asked = RunCli({"run", "-m", "builtin:tiny-moe", "-p", "ab", "-n", "2", "--host", "16MiB", "--mlock"});
   EXPECT_EQ(asked.exit_code, 0) << asked.err;
   EXPECT_NE(asked.err.find("mlock of 16.0 MiB failed"), std::string::npos) << asked.err;
+}
+
+
+// --remote: a second run of a prompt fetches the blocks the first published, and both
+// give the text a run without Redis gives; a Redis that is gone changes nothing but
+// the counters; a bad URL is a usage error naming it.
+TEST(RunCommandTest, RemoteCacheSharesAPromptBetweenRuns) {
+  TIERKV_NEED_REDIS();
+  testing::TestRedis redis;
+  std::string prompt;
+  for (int i = 0; i < 30; ++i) prompt += "The tide came in at " + std::to_string(i) + " and went out again. ";
+  const auto run = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"run", "-m", "builtin:tiny-moe", "-p", prompt, "-n", "6", "--no-warmup",
+                                     "--mlock", "off", "--frame", "64KiB", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const CliResult r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out, nullptr, false);
+  };
+  const nlohmann::json alone = run({});
+  ASSERT_TRUE(alone.is_object());
+  EXPECT_TRUE(alone["remote"].is_null());
+  const nlohmann::json first = run({"--remote", redis.url()});
+  ASSERT_TRUE(first.is_object());
+  EXPECT_EQ(first["text"], alone["text"]);
+  EXPECT_EQ(first["remote"]["prompt_tokens"], 0);
+  EXPECT_GT(first["remote"]["published_blocks"].get<int>(), 0);
+  const nlohmann::json second = run({"--remote", redis.url()});
+  ASSERT_TRUE(second.is_object());
+  EXPECT_EQ(second["text"], alone["text"]) << "from Redis";
+  const int fetched = second["remote"]["prompt_tokens"].get<int>();
+  EXPECT_GT(fetched, static_cast<int>(alone["prompt_tokens"].size()) / 2);
+  EXPECT_EQ(second["session"]["reused_prefix_tokens"], fetched);
+  EXPECT_GT(second["remote"]["hit_blocks"].get<int>(), 0);
+  EXPECT_EQ(second["remote"]["verify_failures"], 0);
+  EXPECT_EQ(second["remote"]["published_blocks"], 0) << "it held them all already";
+
+  redis.Kill();
+  const nlohmann::json gone = run({"--remote", redis.url(), "--remote-timeout-ms", "100"});
+  ASSERT_TRUE(gone.is_object());
+  EXPECT_EQ(gone["text"], alone["text"]);
+  EXPECT_EQ(gone["remote"]["connected"], false);
+  EXPECT_EQ(gone["remote"]["prompt_tokens"], 0);
+
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--remote", "http://example.com"}, {"--remote-salt", "x"}, {"--remote", redis.url(), "--remote-ttl", "0"}}) {
+    std::vector<std::string> args = {"run", "-m", "builtin:tiny-moe", "-p", "hi", "-n", "1"};
+    args.insert(args.end(), bad.begin(), bad.end());
+    const CliResult r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 2) << bad[0];
+    EXPECT_EQ(Lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(bad[0]), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 // tests/runtime/server/clients.sh.
 #include "runtime/server/server.h"
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <fstream>
@@ -19,6 +22,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/kvcache/redis_test_util.h"
 #include "tests/runtime/reference_util.h"
 
 namespace tierkv::server {
@@ -459,6 +463,182 @@ TEST(ServerTest, BadRequestsAreAnsweredAndTheServerStaysUp) {
   // And it still answers.
   const json ok = Post(*r.client, "/completion", {{"prompt", "Hello"}, {"n_predict", 2}, {"temperature", 0}});
   EXPECT_EQ(ok["tokens_predicted"], 2);
+}
+
+
+// --- the remote tier: servers sharing one Redis ------------------------------------
+
+// A prompt of some 1,200 tokens (four or more full blocks of 64 KiB frames).
+std::string LongPrompt() {
+  std::string text;
+  for (int i = 0; i < 60; ++i) {
+    text += "Entry " + std::to_string(i) + ": the lighthouse keeper counted " + std::to_string(i * 7 % 13) +
+            " ships passing the northern cape before the storm. ";
+  }
+  return text;
+}
+
+json Complete(httplib::Client& c, const std::string& prompt) {
+  return Post(c, "/completion", {{"prompt", prompt}, {"n_predict", 8}, {"temperature", 0}, {"cache_prompt", true}});
+}
+
+double Metric(httplib::Client& c, const std::string& name) {
+  auto res = c.Get("/metrics");
+  if (!res) return -1;
+  std::istringstream in(res->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+// Waits until a server's publishing backlog is sent.
+void AwaitPublished(httplib::Client& c) {
+  for (int i = 0; i < 400 && Metric(c, "tierkv_remote_pending_bytes") != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Metric(c, "tierkv_remote_pending_bytes"), 0);
+}
+
+ServerOptions SharingOptions(const std::string& url, const std::string& session_dir = "",
+                            const std::string& model = kModel) {
+  ServerOptions o = Options(session_dir);
+  o.run.model = model;
+  o.n_ctx = 2048;
+  o.remote.url = url;
+  o.remote.timeout_ms = 200;
+  return o;
+}
+
+// What a server without the remote tier answers (computed from the first token).
+const json& ComputedAnswer() {
+  static const json answer = [] {
+    ServerOptions o = Options();
+    o.n_ctx = 2048;
+    Running r = StartServer(o);
+    return r.client ? Complete(*r.client, LongPrompt()) : json();
+  }();
+  return answer;
+}
+
+// A prompt computed by one server is reused by another with its own session dir (and
+// its own memory and disk tiers): only the last token computed; the tokens equal the
+// computed ones, and those of the second server restarted on its session file.
+TEST(ServerRemoteTest, ASecondServerReusesWhatTheFirstComputed) {
+  TIERKV_NEED_REFERENCE(kModel);
+  TIERKV_NEED_REDIS();
+  testing::TestRedis redis;
+  TempDir dir_a, dir_b;
+  const json& computed = ComputedAnswer();
+  ASSERT_TRUE(computed.is_object());
+  Running a = StartServer(SharingOptions(redis.url(), dir_a.str()));
+  ASSERT_TRUE(a.client);
+  const json first = Complete(*a.client, LongPrompt());
+  EXPECT_EQ(first["content"], computed["content"]);
+  EXPECT_EQ(first["timings"]["cache_n"], 0);
+  AwaitPublished(*a.client);
+  EXPECT_GE(Metric(*a.client, "tierkv_remote_published_blocks_total"), 4);
+  const int prompt_n = first["tokens_evaluated"].get<int>();
+  {
+    Running b = StartServer(SharingOptions(redis.url(), dir_b.str()));
+    ASSERT_TRUE(b.client);
+    const json fetched = Complete(*b.client, LongPrompt());
+    EXPECT_EQ(fetched["content"], computed["content"]) << "from Redis";
+    // Every full block (of 256 tokens with 64 KiB frames); the partial last one is computed.
+    const int cache_n = fetched["timings"]["cache_n"].get<int>();
+    EXPECT_EQ(cache_n % 256, 0);
+    EXPECT_GT(cache_n, prompt_n - 256);
+    EXPECT_EQ(fetched["timings"]["prompt_n"], prompt_n - cache_n);
+    EXPECT_GE(Metric(*b.client, "tierkv_remote_hit_blocks_total"), 4);
+    EXPECT_EQ(Metric(*b.client, "tierkv_remote_verify_failures_total"), 0);
+    EXPECT_EQ(Metric(*b.client, "tierkv_remote_connected"), 1);
+  }
+  // B again, restarted: its session file has the conversation now.
+  redis.Kill();
+  Running b = StartServer(SharingOptions(redis.url(), dir_b.str()));
+  ASSERT_TRUE(b.client);
+  const json restored = Complete(*b.client, LongPrompt());
+  EXPECT_EQ(restored["content"], computed["content"]) << "from the local session";
+  EXPECT_GT(restored["timings"]["cache_n"].get<int>(), prompt_n / 2);
+}
+
+// Whatever Redis does - killed, stopped mid-fetch, flushed, restarted, full, holding
+// damaged, truncated or foreign values - every request completes with the computed tokens.
+TEST(ServerRemoteTest, EveryFaultStillAnswersTheComputedTokens) {
+  TIERKV_NEED_REFERENCE(kModel);
+  TIERKV_NEED_REDIS();
+  const json& computed = ComputedAnswer();
+  ASSERT_TRUE(computed.is_object());
+  const std::string f16 = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-f16.gguf";
+  struct Case {
+    const char* name;
+    // Done to Redis after server A published the prompt (A's value keys given).
+    std::function<void(testing::TestRedis&, const std::vector<std::string>&)> fault;
+    bool pause_mid_fetch = false;
+    bool damaged = false;  // B must count a verification failure
+  };
+  const auto flip = [](testing::TestRedis& r, const std::vector<std::string>& keys) {
+    const std::string v = r.Command({"GET", keys[keys.size() / 2]});
+    r.Command({"SETRANGE", keys[keys.size() / 2], "4000", std::string(1, static_cast<char>(v[4000] ^ 0x20))});
+  };
+  const auto truncate = [](testing::TestRedis& r, const std::vector<std::string>& keys) {
+    r.Command({"SET", keys[0], r.Command({"GET", keys[0]}).substr(0, 100)});
+  };
+  const auto foreign = [&](testing::TestRedis& r, const std::vector<std::string>& keys) {
+    // The same prompt's blocks from another model (f16 weights), put under A's keys.
+    const auto before = r.Keys("tkv:*");
+    Running other = StartServer(SharingOptions(r.url(), "", f16));
+    ASSERT_TRUE(other.client);
+    Complete(*other.client, LongPrompt());
+    AwaitPublished(*other.client);
+    std::vector<std::string> theirs;
+    for (const std::string& k : r.Keys("tkv:*:0")) {
+      if (std::find(before.begin(), before.end(), k) == before.end()) theirs.push_back(k);
+    }
+    ASSERT_FALSE(theirs.empty());
+    for (size_t i = 0; i < keys.size(); ++i) r.Command({"SET", keys[i], r.Command({"GET", theirs[i % theirs.size()]})});
+  };
+  const std::vector<Case> cases = {
+      {"killed", [](testing::TestRedis& r, const auto&) { r.Kill(); }},
+      {"stopped mid-fetch", [](testing::TestRedis&, const auto&) {}, /*pause_mid_fetch=*/true},
+      {"flushed", [](testing::TestRedis& r, const auto&) { EXPECT_EQ(r.Command({"FLUSHALL"}), "OK"); }},
+      {"restarted", [](testing::TestRedis& r, const auto&) { r.Kill(); r.Start(); }},
+      {"full", [](testing::TestRedis& r, const auto&) {
+         EXPECT_EQ(r.Command({"FLUSHALL"}), "OK");
+         EXPECT_EQ(r.Command({"CONFIG", "SET", "maxmemory", "1"}), "OK");  // every write refused
+       }},
+      {"a flipped byte", flip, false, true},
+      {"a truncated value", truncate, false, true},
+      {"another model's values", foreign, false, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    testing::TestRedis redis;
+    {
+      Running a = StartServer(SharingOptions(redis.url()));
+      ASSERT_TRUE(a.client);
+      Complete(*a.client, LongPrompt());
+      AwaitPublished(*a.client);
+    }
+    std::vector<std::string> values = redis.Keys("tkv:*:0");
+    std::sort(values.begin(), values.end());
+    ASSERT_GE(values.size(), 4u);
+    c.fault(redis, values);
+    ServerOptions ob = SharingOptions(redis.url());
+    if (c.pause_mid_fetch) ob.remote.before_fetch = [&redis] { redis.Pause(); };
+    Running b = StartServer(ob);
+    ASSERT_TRUE(b.client);
+    const json answer = Complete(*b.client, LongPrompt());
+    EXPECT_EQ(answer["content"], computed["content"]);
+    if (c.damaged) {
+      EXPECT_GE(Metric(*b.client, "tierkv_remote_verify_failures_total"), 1);
+      EXPECT_LT(answer["timings"]["cache_n"].get<int>(), answer["tokens_evaluated"].get<int>() - 1);
+    }
+    // Its own blocks go out when Redis takes them (the full one refuses them).
+    if (c.pause_mid_fetch) redis.Resume();
+    AwaitPublished(*b.client);
+  }
 }
 
 }  // namespace

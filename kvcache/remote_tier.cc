@@ -650,6 +650,14 @@ int RemoteTier::Publish(KvCache& cache, SeqId s, std::span<const int32_t> tokens
   std::vector<Reply> replies;
   if (!m.conn->Run(cmds, &replies)) return first_block;
   MemoryManager& mm = cache.memory();
+  // Copied first, then queued at once: the backlog never looks empty half-way.
+  std::vector<Impl::Item> items;
+  int next = n_full;
+  uint64_t queued = 0;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    queued = m.pending;
+  }
   for (int b = first_block; b < n_full; ++b) {
     const redisReply* r = replies[static_cast<size_t>(b - first_block)].get();
     if (r->type == REDIS_REPLY_INTEGER && r->integer == 1) {
@@ -659,7 +667,7 @@ int RemoteTier::Publish(KvCache& cache, SeqId s, std::span<const int32_t> tokens
     Impl::Item item;
     for (int l = 0; l < m.g.n_layers; ++l) {
       auto pin = mm.Acquire(cache.BlockPage(s, l, b), Tier::kHost);
-      if (!pin.ok()) return b;  // tried again by the next call
+      if (!pin.ok()) break;
       std::string v(m.value_bytes(), '\0');
       std::memcpy(v.data() + BlockRecordHeader::kBytes, pin->data(), m.block_bytes);
       BlockRecordHeader{static_cast<uint32_t>(l), static_cast<uint32_t>(b), static_cast<uint32_t>(B), m.block_bytes,
@@ -669,21 +677,30 @@ int RemoteTier::Publish(KvCache& cache, SeqId s, std::span<const int32_t> tokens
       item.bytes += v.size();
       item.values.push_back(std::move(v));
     }
+    if (item.values.size() != static_cast<size_t>(m.g.n_layers)) {  // a page could not be read: tried again next time
+      next = b;
+      break;
+    }
     item.keys.push_back(markers[static_cast<size_t>(b - first_block)]);
     item.values.push_back(m.Marker(b, keys[static_cast<size_t>(b)], tokens.subspan(static_cast<size_t>(b) * B, B)));
     item.bytes += item.values.back().size();
-    {
-      std::lock_guard<std::mutex> lock(m.mu);
-      if (m.pending + item.bytes > m.o.max_pending_bytes) {
-        m.Count(&RemoteStats::dropped_blocks, static_cast<uint64_t>(n_full - b));
-        return b;
-      }
+    if (queued + item.bytes > m.o.max_pending_bytes) {
+      m.Count(&RemoteStats::dropped_blocks, static_cast<uint64_t>(n_full - b));
+      next = b;
+      break;
+    }
+    queued += item.bytes;
+    items.push_back(std::move(item));
+  }
+  if (!items.empty()) {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (Impl::Item& item : items) {
       m.pending += item.bytes;
       m.queue.push_back(std::move(item));
     }
-    m.cv.notify_one();
   }
-  return n_full;
+  m.cv.notify_one();
+  return next;
 }
 
 bool RemoteTier::Flush(double timeout_s) {

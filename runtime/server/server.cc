@@ -21,6 +21,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "kvcache/remote_tier.h"
 #include "kvcache/session_lock.h"
 #include "memory/size.h"
 #include "runtime/builtin_model.h"
@@ -160,7 +161,6 @@ struct Server::Impl {
 
   // Worker only.
   std::vector<SavedSession> saved;
-  Slot* to_publish = nullptr;  // the slot a request computed in: published after its reply
 
   // Metrics.
   std::atomic<uint64_t> requests{0}, rejected{0}, errors{0}, prompt_tokens{0}, cached_tokens{0}, predicted_tokens{0},
@@ -241,8 +241,8 @@ Status Server::Impl::Load() {
     for (int i = 0; i < o.n_slots; ++i) slots[static_cast<size_t>(i)].id = i;
   }
   if (!o.session_dir.empty()) IndexSessionDir();
-  if (!o.remote.url.empty()) {
-    TIERKV_ASSIGN_OR_RETURN(remote, RemoteTier::Create(o.remote, rt->fingerprint, rt->cache->geometry(),
+  if (!ro.remote.url.empty()) {
+    TIERKV_ASSIGN_OR_RETURN(remote, RemoteTier::Create(ro.remote, rt->fingerprint, rt->cache->geometry(),
                                                        rt->cache->block_bytes()));
     spdlog::info("remote KV cache {}: prompts' blocks are looked up there and published", remote->display_url());
   }
@@ -303,12 +303,6 @@ void Server::Impl::Run(Job& job) {
     case Job::Kind::kGenerate: Generate(job); break;
     default: SlotAction(job); break;
   }
-  // After the reply: the blocks this request computed go to the remote cache.
-  if (to_publish != nullptr && remote && to_publish->seq) {
-    to_publish->remote_blocks =
-        remote->Publish(*rt->cache, *to_publish->seq, to_publish->tokens, to_publish->remote_blocks);
-  }
-  to_publish = nullptr;
 }
 
 void Server::Impl::Free(Slot& slot) {
@@ -529,7 +523,6 @@ void Server::Impl::Generate(Job& job) {
   }
   if (!picked_status.ok()) return fail(picked_status);
   if (remote && r.cache_prompt) reuse = ExtendFromRemote(*slot, p, reuse);
-  to_publish = slot;
 
   Generator gen(*rt->model, *rt->cache, *slot->seq, slot->tokens);
   const auto t0 = Clock::now();
@@ -685,6 +678,11 @@ void Server::Impl::Generate(Job& job) {
     } else {
       spdlog::warn("slot {}: not saved: {}", slot->id, s.message());
     }
+  }
+  // Its new full blocks are queued for the remote cache before the reply ends (sent in
+  // the background), so a client that has the reply can count on them being on the way.
+  if (remote && slot->seq && !slot->tokens.empty()) {
+    slot->remote_blocks = remote->Publish(*rt->cache, *slot->seq, slot->tokens, slot->remote_blocks);
   }
   if (!st.ok()) return fail(st);
 

@@ -24,7 +24,6 @@
 #include <string>
 #include <vector>
 
-#include "kvcache/remote_tier.h"
 #include "memory/status.h"
 #include "runtime/run.h"
 
@@ -41,8 +40,6 @@ struct ServerOptions {
   int n_slots = 4;
   std::vector<std::string> api_keys;  // none: no authentication
   std::string session_dir;            // "": conversations are kept in memory only
-  // The shared KV cache on Redis (docs/remote.md); url "" = none.
-  RemoteOptions remote;
   int max_queue = 64;                 // waiting requests; more are answered 503
   size_t max_body_bytes = 32u << 20;
   std::string alias;                  // the model's id in replies (default: the file's name)

@@ -506,8 +506,8 @@ ServerOptions SharingOptions(const std::string& url, const std::string& session_
   ServerOptions o = Options(session_dir);
   o.run.model = model;
   o.n_ctx = 2048;
-  o.remote.url = url;
-  o.remote.timeout_ms = 200;
+  o.run.remote.url = url;
+  o.run.remote.timeout_ms = 200;
   return o;
 }
 
@@ -626,7 +626,7 @@ TEST(ServerRemoteTest, EveryFaultStillAnswersTheComputedTokens) {
     ASSERT_GE(values.size(), 4u);
     c.fault(redis, values);
     ServerOptions ob = SharingOptions(redis.url());
-    if (c.pause_mid_fetch) ob.remote.before_fetch = [&redis] { redis.Pause(); };
+    if (c.pause_mid_fetch) ob.run.remote.before_fetch = [&redis] { redis.Pause(); };
     Running b = StartServer(ob);
     ASSERT_TRUE(b.client);
     const json answer = Complete(*b.client, LongPrompt());

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/runtime/server/clients.sh TIERKV MODEL: `tierkv serve` on loopback driven by real
-# clients (curl, Node's fetch, python3-requests), the SIGKILL restart test and the load
-# test (tests/runtime/server/*.py). Run by ctest (tests/CMakeLists.txt) when the three clients
+# clients (curl, Node's fetch, python3-requests), the SIGKILL restart test, the load
+# test and two servers sharing a Redis (tests/runtime/server/*.py). Run by ctest (tests/CMakeLists.txt) when the three clients
 # are installed (scripts/deps.sh installs them).
 set -euo pipefail
 bin=$1 model=$2
@@ -90,4 +90,5 @@ pid=
 
 python3 "$here/restart_test.py" "$bin" "$model" "$work"
 python3 "$here/load_test.py" "$bin" "$model" "$work" 200 8 4
+python3 "$here/remote_test.py" "$bin" "$model" "$work"
 echo "clients.sh: all passed"

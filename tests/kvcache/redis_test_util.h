@@ -52,9 +52,11 @@ class TestRedis {
   // Starts the server (again, after Kill) and waits until it answers PING.
   void Start() {
     std::filesystem::remove(socket());
+    // Everything the child needs is made before fork: the test process has threads, and
+    // only exec is safe in the child.
+    const std::string dir = dir_.string(), sock = socket(), log = (dir_ / "redis.log").string();
     pid_ = fork();
     if (pid_ == 0) {
-      const std::string dir = dir_.string(), sock = socket(), log = (dir_ / "redis.log").string();
       execlp("redis-server", "redis-server", "--port", "0", "--unixsocket", sock.c_str(), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", dir.c_str(), "--logfile", log.c_str(), "--daemonize", "no",
              static_cast<char*>(nullptr));

@@ -585,10 +585,13 @@ TEST(ServerRemoteTest, EveryFaultStillAnswersTheComputedTokens) {
   const auto truncate = [](testing::TestRedis& r, const std::vector<std::string>& keys) {
     r.Command({"SET", keys[0], r.Command({"GET", keys[0]}).substr(0, 100)});
   };
-  const auto foreign = [&](testing::TestRedis& r, const std::vector<std::string>& keys) {
-    // The same prompt's blocks from another model (f16 weights), put under A's keys.
+  // The same prompt's blocks from another model (f16 weights) or codec (q8_0), put under
+  // A's keys.
+  const auto foreign = [&](testing::TestRedis& r, const std::vector<std::string>& keys, bool codec) {
     const auto before = r.Keys("tkv:*");
-    Running other = StartServer(SharingOptions(r.url(), "", f16));
+    ServerOptions oo = SharingOptions(r.url(), "", codec ? kModel : f16);
+    if (codec) oo.run.kv_type = KvCodec::kQ8_0;
+    Running other = StartServer(oo);
     ASSERT_TRUE(other.client);
     Complete(*other.client, LongPrompt());
     AwaitPublished(*other.client);
@@ -610,7 +613,8 @@ TEST(ServerRemoteTest, EveryFaultStillAnswersTheComputedTokens) {
        }},
       {"a flipped byte", flip, false, true},
       {"a truncated value", truncate, false, true},
-      {"another model's values", foreign, false, true},
+      {"another model's values", [&](testing::TestRedis& r, const auto& k) { foreign(r, k, false); }, false, true},
+      {"another codec's values", [&](testing::TestRedis& r, const auto& k) { foreign(r, k, true); }, false, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

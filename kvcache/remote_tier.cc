@@ -188,6 +188,7 @@ class Connection {
     }
     if (out != Outcome::kOk) {
       Fail(why);
+      pending_ = nullptr;
       return nullptr;
     }
     ++read_;
@@ -208,6 +209,7 @@ class Connection {
       if (!r) return false;
       replies->push_back(std::move(r));
     }
+    pending_ = nullptr;  // read whole (cmds may be a temporary)
     return true;
   }
 
@@ -571,6 +573,7 @@ int RemoteTier::Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt,
     if (!cache.Truncate(s, first * B).ok()) return finish(0);
     have = first * B;
   }
+  const int base = have;
   if (m.o.before_fetch) m.o.before_fetch();
   const auto f0 = Clock::now();
   uint64_t fetched = 0;
@@ -620,17 +623,13 @@ int RemoteTier::Extend(KvCache& cache, SeqId s, std::span<const int32_t> prompt,
     }
   }
   if (have > limit) {
-    if (cache.Truncate(s, limit).ok()) {
-      have = limit;
-    } else {  // (cannot fail: limit < have) the whole block off again
-      (void)cache.Truncate(s, have - B);
-      have -= B;
-    }
+    (void)cache.Truncate(s, limit);  // cannot fail: limit < Length(s)
+    have = limit;
   }
   const double secs = std::chrono::duration<double>(Clock::now() - f0).count();
   if (fetched > 0 && secs > 0) m.fetch_bytes_per_s = static_cast<double>(fetched) / secs;
   m.Count(&RemoteStats::hit_blocks, static_cast<uint64_t>(reused));
-  m.Count(&RemoteStats::hit_tokens, static_cast<uint64_t>(reused) * static_cast<uint64_t>(B));
+  m.Count(&RemoteStats::hit_tokens, static_cast<uint64_t>(std::max(have - base, 0)));
   m.Count(&RemoteStats::fetched_bytes, fetched);
   return finish(reused);
 }

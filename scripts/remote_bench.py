@@ -68,8 +68,13 @@ try:
     # request below keeps its own slot.
     common = dict(slots=2, ctx=ctx, ram="auto", frame="auto", threads=threads, warmup=True)
     remote = ["--remote", "unix://" + sock]
-    a = Server(binary, model, session_dir=os.path.join(work, "a"), extra=remote, **common)
-    b = Server(binary, model, session_dir=os.path.join(work, "b"), extra=remote, **common)
+    def own(name):  # each server its own session dir and disk tier
+        os.makedirs(os.path.join(work, name + "-disk"))
+        return dict(session_dir=os.path.join(work, name),
+                    extra=remote + ["--disk", "2GiB", "--disk-dir", os.path.join(work, name + "-disk")])
+
+    a = Server(binary, model, **own("a"), **common)
+    b = Server(binary, model, **own("b"), **common)
     # The document: a prompt of about `tokens` tokens (counted by the model's tokenizer).
     doc = p3
     while len(a.post("/tokenize", {"content": doc}).json()["tokens"]) < tokens:
@@ -95,7 +100,7 @@ try:
     # A third server, once Redis has served a fetch (its reply buffers allocated: a
     # long-running cache's state; the first fetch from a fresh redis-server pays its
     # page faults).
-    d = Server(binary, model, session_dir=os.path.join(work, "d"), extra=remote, **common)
+    d = Server(binary, model, **own("d"), **common)
     first_token(d, "Hello")
     d_s, d_text, d_t = first_token(d, prompt)
     d_fetch_s = metric(d, "tierkv_remote_fetch_seconds_total")

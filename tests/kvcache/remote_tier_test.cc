@@ -141,6 +141,27 @@ TEST(RemoteTierTest, PublishedBlocksAreFetchedBitForBit) {
   ExpectSameKv(*a.cache, sa, *c.cache, sc, 20);
 }
 
+// The cost model: once a fetch has measured the rate, blocks that would take longer to
+// fetch than to compute are not fetched (counted); with no estimate of either, they are.
+TEST(RemoteTierTest, AFetchSlowerThanComputingIsSkipped) {
+  TIERKV_NEED_REDIS();
+  TestRedis redis;
+  World a(redis.url()), b(redis.url());
+  const std::vector<int32_t> prompt = Tokens(40);
+  const SeqId sa = a.Computed(40);
+  ASSERT_EQ(a.remote->Publish(*a.cache, sa, prompt, 0), 5);
+  ASSERT_TRUE(a.remote->Flush(10));
+  const SeqId first = b.cache->NewSequence();
+  EXPECT_EQ(b.remote->Extend(*b.cache, first, prompt, 40, /*recompute_s_per_token=*/1e-15), 40)
+      << "no fetch measured yet: fetched";
+  const SeqId slow = b.cache->NewSequence();
+  EXPECT_EQ(b.remote->Extend(*b.cache, slow, prompt, 40, 1e-15), 0) << "computing 40 tokens takes 40 fs";
+  EXPECT_EQ(b.remote->stats().skipped_slower, 1u);
+  const SeqId fast = b.cache->NewSequence();
+  EXPECT_EQ(b.remote->Extend(*b.cache, fast, prompt, 40, 1.0), 40) << "a second a token: fetched";
+  ExpectSameKv(*a.cache, sa, *b.cache, fast, 40);
+}
+
 TEST(RemoteTierTest, OtherSaltModelCodecOrTokensFindNothingOfIt) {
   TIERKV_NEED_REDIS();
   TestRedis redis;

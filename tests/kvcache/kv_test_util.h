@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvcache/kv_cache.h"
+#include "kvcache/session_file.h"
 #include "tests/memory/mm_test_util.h"
 
 namespace tierkv::testing {
@@ -19,6 +20,15 @@ inline KvGeometry SmallGeometry(KvCodec codec = KvCodec::kF16) {
   g.block_tokens = 8;
   g.codec = codec;
   return g;
+}
+
+// Models as sessions and the remote tier name them, and prompt token ids.
+inline const ModelFingerprint kModel{0x1234abcd, "test-model (2 layers)"};
+inline const ModelFingerprint kOtherModel{0x9999, "other-model"};
+inline std::vector<int32_t> Tokens(int n, int salt = 0) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + salt) % 1000;
+  return t;
 }
 
 // One token's K or V for one layer: [n_kv_heads][head_dim], deterministic in (seed, pos, layer).

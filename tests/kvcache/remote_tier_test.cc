@@ -25,15 +25,10 @@ using testing::SmallGeometry;
 using testing::TempDir;
 using testing::TestRedis;
 
-const ModelFingerprint kModel{0x1234abcd, "test-model (2 layers)"};
-const ModelFingerprint kOtherModel{0x9999, "other-model"};
+using testing::kModel;
+using testing::kOtherModel;
+using testing::Tokens;
 constexpr int kBlock = 8;  // SmallGeometry's block_tokens
-
-std::vector<int32_t> Tokens(int n, int salt = 0) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + salt) % 1000;
-  return t;
-}
 
 struct World {  // one process's memory, cache and remote tier
   TempDir dir;
@@ -59,6 +54,13 @@ struct World {  // one process's memory, cache and remote tier
   SeqId Computed(int n, uint64_t seed = 7) {
     const SeqId s = cache->NewSequence();
     AppendTokens(*cache, s, 0, n, seed);
+    return s;
+  }
+  // Computed for all of `prompt` and its full blocks published (sent before it returns).
+  SeqId Published(const std::vector<int32_t>& prompt) {
+    const SeqId s = Computed(static_cast<int>(prompt.size()));
+    EXPECT_EQ(remote->Publish(*cache, s, prompt, 0), static_cast<int>(prompt.size()) / kBlock);
+    EXPECT_TRUE(remote->Flush(10));
     return s;
   }
 };
@@ -148,9 +150,7 @@ TEST(RemoteTierTest, AFetchSlowerThanComputingIsSkipped) {
   TestRedis redis;
   World a(redis.url()), b(redis.url());
   const std::vector<int32_t> prompt = Tokens(40);
-  const SeqId sa = a.Computed(40);
-  ASSERT_EQ(a.remote->Publish(*a.cache, sa, prompt, 0), 5);
-  ASSERT_TRUE(a.remote->Flush(10));
+  const SeqId sa = a.Published(prompt);
   const SeqId first = b.cache->NewSequence();
   EXPECT_EQ(b.remote->Extend(*b.cache, first, prompt, 40, /*recompute_s_per_token=*/1e-15), 40)
       << "no fetch measured yet: fetched";
@@ -167,9 +167,7 @@ TEST(RemoteTierTest, OtherSaltModelCodecOrTokensFindNothingOfIt) {
   TestRedis redis;
   World a(redis.url());
   const std::vector<int32_t> prompt = Tokens(40);
-  const SeqId sa = a.Computed(40);
-  ASSERT_EQ(a.remote->Publish(*a.cache, sa, prompt, 0), 5);
-  ASSERT_TRUE(a.remote->Flush(10));
+  const SeqId sa = a.Published(prompt);
   World salted(redis.url(), kModel, KvCodec::kF16, "tenant-b"), other(redis.url(), kOtherModel),
       q8(redis.url(), kModel, KvCodec::kQ8_0);
   for (World* w : {&salted, &other, &q8}) {
@@ -257,9 +255,7 @@ TEST(RemoteTierTest, ADownHungOrRestartedServerCostsATimeoutNeverAFailure) {
   TestRedis redis;
   World a(redis.url());
   const std::vector<int32_t> prompt = Tokens(40);
-  const SeqId sa = a.Computed(40);
-  ASSERT_EQ(a.remote->Publish(*a.cache, sa, prompt, 0), 5);
-  ASSERT_TRUE(a.remote->Flush(10));
+  const SeqId sa = a.Published(prompt);
 
   // Killed: nothing comes, nothing fails, and the next calls do not wait for it.
   redis.Kill();

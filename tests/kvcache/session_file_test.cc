@@ -26,19 +26,14 @@ using testing::BlockBytes;
 using testing::SmallGeometry;
 using testing::TempDir;
 
-const ModelFingerprint kModel{0x1234abcd, "test-model (2 layers)"};
-const ModelFingerprint kOtherModel{0x9999, "other-model"};
+using testing::kModel;
+using testing::kOtherModel;
+using testing::Tokens;
 
 std::string Hex16(uint64_t v) {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
   return hex;
-}
-
-std::vector<int32_t> Tokens(int n, int salt = 0) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = (i * 37 + salt) % 1000;
-  return t;
 }
 
 struct World {  // a memory manager and a cache, as one process would have

@@ -8,9 +8,11 @@
 //               alternated a few times; keep the (b, a) with the least |z - a c|^2
 //               (searched on a histogram of |z|; one exact pass then sets idx and a)
 //               header = fp16(scale = |x_g| / sqrt(G) * a) with book b in its 3 low bits
-//   Decode:     x_g = scale * R_g^T c_b[idx]
+//   Decode:     x_g = scale * R_g^T c_b[idx]               (c_b: the designed centroids in fp16)
 //   Dot:        sum_g scale_g * <R_g q_g, c_b[idx]>     (R q computed once: PrepareQuery)
-//   Accumulate: acc_g += w * scale_g * c_b[idx]       (rotated; FinishOutput: R^T acc)
+//   Accumulate: acc_g += (w * scale_g) * c_b[idx]     (rotated; FinishOutput: R^T acc)
+// The dot products and sums run in the f16 codec's kernels over decoded centroids (see
+// "kernels" below).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -19,7 +21,9 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "kernels/cpu_features.h"
 #include "kvcache/codec.h"
 #include "memory/half.h"
 
@@ -245,33 +249,37 @@ Result<std::shared_ptr<const TqCodebooks>> GetTqCodebooks(int dim, int levels) {
   return slot;
 }
 
-// ---- kernels --------------------------------------------------------------------------
-
 namespace {
 
 inline float SumLanes8(const float* l) {
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-// What the kernels need to read one encoded vector.
+// ---- kernels --------------------------------------------------------------------------
+//
+// Attention reads tq vectors through the f16 codec's kernels: a batch of vectors is
+// decoded, one group at a time, into the *unscaled* centroids c_b[idx] as fp16 (the
+// codec's centroids are fp16 values, so this is exact), the f16 kernels take the dot
+// products or weighted sums over them, and each group's scale is applied outside:
+//   score      = scale_0 * <q_0, c_0>  (+ scale_g * <q_g, c_g> for further groups, in order)
+//   acc_g     += (w * scale_g) * c_g
+// Every form (one vector, many, grouped) goes this way, so their bits agree with each
+// other and do not depend on the kernel family: the decode only looks values up.
+
 struct TqView {
-  const float* books;   // [kTqBooks][kMaxLevels], padded with 0
   int groups;           // head_dim / group
-  int group;            // coordinates per group (multiple of 8)
+  int group;            // coordinates per group (8 .. 64, a power of two)
   int bits;             // 3 or 4
   int group_bytes;      // 2 + group * bits / 8
   uint16_t book_mask;   // header bits holding the book (7, or 0 with a single book)
 };
 
-struct Header {
-  float scale;
-  const float* centroids;  // [kMaxLevels]
+// Each book's centroids as fp16, repeated with period `levels` to 32 entries (so an
+// index's bits above its own select the same value), and the same as floats.
+struct TqTables {
+  alignas(64) uint16_t halves[kTqBooks][32];
+  alignas(32) float floats[kTqBooks][16];
 };
-inline Header ReadHeader(const TqView& v, const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return {HalfToFloat(static_cast<uint16_t>(h & ~v.book_mask)), v.books + (h & v.book_mask) * kMaxLevels};
-}
 
 // The little-endian word holding indices 8w..8w+7 of a group (bits bytes).
 inline uint32_t LoadWord(const uint8_t* idx, int w, int bits) {
@@ -284,190 +292,242 @@ inline uint32_t LoadWord(const uint8_t* idx, int w, int bits) {
   return static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16);
 }
 
-struct TqKernels {
-  float (*dot)(const TqView& v, const float* q, const uint8_t* p);
-  void (*accumulate)(const TqView& v, float w, const uint8_t* p, float* acc);
-  // The same over n vectors of `stride` bytes, looped inside (one call per batch).
-  void (*dot_many)(const TqView& v, const float* q, const uint8_t* p, size_t n, size_t stride, float* scores);
-  void (*accumulate_many)(const TqView& v, const float* w, const uint8_t* p, size_t n, size_t stride, float* acc);
-};
+// Group g of n vectors (vb bytes apart): centroids into out [n][group] fp16, scales [n].
+using DecodeGroupFn = void (*)(const TqView& v, const TqTables& t, const uint8_t* p, size_t n, size_t vb, int g,
+                               uint16_t* out, float* scales);
 
-template <int kBits>
-float DotTqGeneric(const TqView& v, const float* q, const uint8_t* p) {
-  constexpr uint32_t mask = (1u << kBits) - 1;
-  float total = 0;
-  for (int g = 0; g < v.groups; ++g, p += v.group_bytes, q += v.group) {
-    const Header h = ReadHeader(v, p);
-    float lanes[8] = {};
+void DecodeGroupGeneric(const TqView& v, const TqTables& t, const uint8_t* p, size_t n, size_t vb, int g,
+                        uint16_t* out, float* scales) {
+  const uint32_t mask = (1u << v.bits) - 1;
+  p += static_cast<size_t>(g) * v.group_bytes;
+  for (size_t i = 0; i < n; ++i, p += vb, out += v.group) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    scales[i] = HalfToFloat(static_cast<uint16_t>(h & ~v.book_mask));
+    const uint16_t* book = t.halves[h & v.book_mask];
     for (int w = 0; w < v.group / 8; ++w) {
-      const uint32_t word = LoadWord(p + 2, w, kBits);
-      for (int j = 0; j < 8; ++j) lanes[j] += q[8 * w + j] * h.centroids[(word >> (kBits * j)) & mask];
-    }
-    total += h.scale * SumLanes8(lanes);
-  }
-  return total;
-}
-
-template <int kBits>
-void AccumulateTqGeneric(const TqView& v, float w, const uint8_t* p, float* acc) {
-  constexpr uint32_t mask = (1u << kBits) - 1;
-  for (int g = 0; g < v.groups; ++g, p += v.group_bytes, acc += v.group) {
-    const Header h = ReadHeader(v, p);
-    const float ws = w * h.scale;
-    for (int i = 0; i < v.group / 8; ++i) {
-      const uint32_t word = LoadWord(p + 2, i, kBits);
-      for (int j = 0; j < 8; ++j) acc[8 * i + j] += ws * h.centroids[(word >> (kBits * j)) & mask];
+      const uint32_t word = LoadWord(p + 2, w, v.bits);
+      for (int j = 0; j < 8; ++j) out[8 * w + j] = book[(word >> (v.bits * j)) & mask];
     }
   }
-}
-
-// The per-vector kernel inlined into a loop over the vectors: the same code per vector,
-// so the same bits, without a call per vector.
-template <float (*kDot)(const TqView&, const float*, const uint8_t*)>
-void DotManyLoop(const TqView& v, const float* q, const uint8_t* p, size_t n, size_t stride, float* scores) {
-  for (size_t i = 0; i < n; ++i) scores[i] = kDot(v, q, p + i * stride);
-}
-template <void (*kAcc)(const TqView&, float, const uint8_t*, float*)>
-void AccumulateManyLoop(const TqView& v, const float* w, const uint8_t* p, size_t n, size_t stride, float* acc) {
-  for (size_t i = 0; i < n; ++i) kAcc(v, w[i], p + i * stride, acc);
 }
 
 #if defined(TIERKV_CODEC_X86)
 #define TIERKV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TIERKV_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
-TIERKV_AVX2 inline float HorizontalSum(__m256 v) {
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
-// The 8 centroids for the 8 indices in `word`: 3-bit indices look up one 8-entry table
-// (vpermps), 4-bit ones two tables blended on the index's top bit.
+// 8 centroids for the 8 indices in `word`, as fp16: 3-bit indices look up one 8-entry
+// table (vpermps), 4-bit ones two tables blended on the index's top bit.
 template <int kBits>
-TIERKV_AVX2 inline __m256 Lookup8(uint32_t word, __m256 cb_lo, __m256 cb_hi) {
+TIERKV_AVX2 inline __m128i Lookup8(uint32_t word, const float* book) {
   const __m256i shifts = kBits == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
                                     : _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
   const __m256i idx = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(word)), shifts);
-  if constexpr (kBits == 3) {
-    return _mm256_permutevar8x32_ps(cb_lo, idx);  // uses the low 3 bits of each lane
-  } else {
-    const __m256 lo = _mm256_permutevar8x32_ps(cb_lo, idx);
-    const __m256 hi = _mm256_permutevar8x32_ps(cb_hi, idx);
-    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+  const __m256 lo = _mm256_permutevar8x32_ps(_mm256_load_ps(book), idx);  // the low 3 bits of each lane
+  __m256 c = lo;
+  if constexpr (kBits == 4) {
+    const __m256 hi = _mm256_permutevar8x32_ps(_mm256_load_ps(book + 8), idx);
+    c = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
   }
+  return _mm256_cvtps_ph(c, _MM_FROUND_TO_NEAREST_INT);  // exact: the table holds fp16 values
 }
 
 template <int kBits>
-TIERKV_AVX2 float DotTqAvx2(const TqView& v, const float* q, const uint8_t* p) {
-  __m256 total = _mm256_setzero_ps();
+TIERKV_AVX2 void DecodeGroupAvx2(const TqView& v, const TqTables& t, const uint8_t* p, size_t n, size_t vb, int g,
+                                 uint16_t* out, float* scales) {
+  p += static_cast<size_t>(g) * v.group_bytes;
   const int words = v.group / 8;
-  for (int g = 0; g < v.groups; ++g, p += v.group_bytes, q += v.group) {
-    const Header h = ReadHeader(v, p);
-    const __m256 cb_lo = _mm256_loadu_ps(h.centroids);
-    const __m256 cb_hi = _mm256_loadu_ps(h.centroids + 8);
-    const uint8_t* idx = p + 2;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int w = 0;
-    for (; w + 2 <= words; w += 2) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * w), Lookup8<kBits>(LoadWord(idx, w, kBits), cb_lo, cb_hi), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * w + 8),
-                           Lookup8<kBits>(LoadWord(idx, w + 1, kBits), cb_lo, cb_hi), a1);
+  for (size_t i = 0; i < n; ++i, p += vb, out += v.group) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    scales[i] = _cvtsh_ss(static_cast<uint16_t>(h & ~v.book_mask));
+    const float* book = t.floats[h & v.book_mask];
+    for (int w = 0; w < words; ++w) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8 * w), Lookup8<kBits>(LoadWord(p + 2, w, kBits), book));
     }
-    if (w < words) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * w), Lookup8<kBits>(LoadWord(idx, w, kBits), cb_lo, cb_hi), a0);
-    }
-    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(h.scale), total);
   }
-  return HorizontalSum(total);
 }
 
-template <int kBits>
-TIERKV_AVX2 void AccumulateTqAvx2(const TqView& v, float w, const uint8_t* p, float* acc) {
-  for (int g = 0; g < v.groups; ++g, p += v.group_bytes, acc += v.group) {
-    const Header h = ReadHeader(v, p);
-    const __m256 cb_lo = _mm256_loadu_ps(h.centroids);
-    const __m256 cb_hi = _mm256_loadu_ps(h.centroids + 8);
-    const __m256 ws = _mm256_set1_ps(w * h.scale);
-    for (int i = 0; i < v.group / 8; ++i) {
-      const __m256 c = Lookup8<kBits>(LoadWord(p + 2, i, kBits), cb_lo, cb_hi);
-      _mm256_storeu_ps(acc + 8 * i, _mm256_fmadd_ps(ws, c, _mm256_loadu_ps(acc + 8 * i)));
+// The scales of m <= 16 vectors from their headers.
+TIERKV_AVX512BW inline void HeadersToScales(const uint16_t* raw, size_t m, uint16_t book_mask, float* scales) {
+  if (m == 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw));
+    _mm512_storeu_ps(scales, _mm512_maskz_cvtph_ps(0xffff, _mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(~book_mask)))));
+    return;
+  }
+  for (size_t i = 0; i < m; ++i) scales[i] = _cvtsh_ss(static_cast<uint16_t>(raw[i] & ~book_mask));
+}
+
+// Index j of a run of 32 (bits 3j or 4j of the run's bytes, which are broadcast to every
+// 128-bit lane) lands in 16-bit lane j: a byte shuffle brings the two bytes that hold it,
+// a shift by the bit offset within them puts it at the bottom, and vpermw, which reads
+// the low 5 bits, looks it up in the 32-entry table whose period is the levels.
+struct UnpackControl {
+  alignas(64) int8_t shuffle[64];
+  alignas(64) int16_t shift[32];
+};
+constexpr UnpackControl MakeUnpackControl(int bits, int bytes) {
+  UnpackControl c{};
+  for (int j = 0; j < 32; ++j) {
+    const int bit = bits * j;
+    const int lo = bit / 8;
+    c.shuffle[2 * j] = static_cast<int8_t>(lo);
+    c.shuffle[2 * j + 1] = static_cast<int8_t>(lo + 1 < bytes ? lo + 1 : 0x80);  // 0x80: a zero byte
+    c.shift[j] = static_cast<int16_t>(bit % 8);
+  }
+  return c;
+}
+constexpr UnpackControl kUnpack4 = MakeUnpackControl(4, 16);
+constexpr UnpackControl kUnpack3 = MakeUnpackControl(3, 12);
+
+// AVX-512BW: 16-bit lookups (vpermw) straight from the fp16 table, 32 values per step
+// (16 for a group of 16); the group size a template constant so that the loops unroll.
+template <int kBits, int kGroup>
+TIERKV_AVX512BW void DecodeGroupAvx512(const TqView& v, const TqTables& t, const uint8_t* p, size_t n, size_t vb,
+                                       int g, uint16_t* out, float* scales) {
+  static_assert(kGroup == 16 || kGroup % 32 == 0);
+  constexpr int kRunBytes = 32 * kBits / 8;  // the index bytes of 32 values
+  constexpr const UnpackControl& c = kBits == 4 ? kUnpack4 : kUnpack3;
+  const __m512i shuffle = _mm512_load_si512(c.shuffle);
+  const __m512i shift = _mm512_load_si512(c.shift);
+  const uint32_t book_mask = v.book_mask;
+  p += static_cast<size_t>(g) * v.group_bytes;
+  uint16_t raw[16];  // headers, turned into scales 16 at a time
+  for (size_t i = 0; i < n; ++i, p += vb, out += kGroup) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    raw[i % 16] = h;
+    if (i % 16 == 15) HeadersToScales(raw, 16, v.book_mask, scales + i - 15);
+    const uint16_t* book = t.halves[h & book_mask];
+    const uint8_t* idx = p + 2;
+    if constexpr (kGroup == 16) {
+      // the index bytes of 16 values (8 or 6), read without touching the bytes after them
+      const __m128i b = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << (kRunBytes / 2)) - 1), idx);
+      const __m256i ix = _mm256_srlv_epi16(
+          _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(b),
+                              _mm256_load_si256(reinterpret_cast<const __m256i*>(c.shuffle))),
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(c.shift)));
+      const __m256i table = _mm256_load_si256(reinterpret_cast<const __m256i*>(book));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutexvar_epi16(ix, table));
+    } else {
+      const __m512i table = _mm512_load_si512(book);
+      for (int j = 0; j < kGroup; j += 32) {
+        const uint8_t* run = idx + j / 32 * kRunBytes;
+        const __m128i b = kRunBytes == 16 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(run))
+                                          : _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << kRunBytes) - 1), run);
+        const __m512i ix = _mm512_srlv_epi16(_mm512_shuffle_epi8(_mm512_maskz_broadcast_i32x4(0xffff, b), shuffle), shift);
+        _mm512_storeu_si512(out + j, _mm512_permutexvar_epi16(ix, table));
+      }
     }
   }
+  HeadersToScales(raw, n % 16, v.book_mask, scales + n - n % 16);
 }
-template <float (*kDot)(const TqView&, const float*, const uint8_t*)>
-TIERKV_AVX2 void DotManyLoopAvx2(const TqView& v, const float* q, const uint8_t* p, size_t n, size_t stride,
-                                 float* scores) {
-  for (size_t i = 0; i < n; ++i) scores[i] = kDot(v, q, p + i * stride);
-}
-template <void (*kAcc)(const TqView&, float, const uint8_t*, float*)>
-TIERKV_AVX2 void AccumulateManyLoopAvx2(const TqView& v, const float* w, const uint8_t* p, size_t n, size_t stride,
-                                        float* acc) {
-  for (size_t i = 0; i < n; ++i) kAcc(v, w[i], p + i * stride, acc);
+
+// The AVX-512 decoder for a group size (16, 32 or 64).
+DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
+  switch (group) {
+    case 16: return bits == 4 ? DecodeGroupAvx512<4, 16> : DecodeGroupAvx512<3, 16>;
+    case 32: return bits == 4 ? DecodeGroupAvx512<4, 32> : DecodeGroupAvx512<3, 32>;
+    default: return bits == 4 ? DecodeGroupAvx512<4, 64> : DecodeGroupAvx512<3, 64>;
+  }
 }
 #endif  // TIERKV_CODEC_X86
+
+// Per-thread room for a batch's decoded centroids and the per-vector numbers around them.
+struct TqScratch {
+  static constexpr size_t kHalves = 8192;  // 16 KiB of fp16: stays in L1 while the f16 kernels read it
+  alignas(64) uint16_t halves[kHalves];
+  std::vector<float> scales;  // [runs][vectors]
+  std::vector<float> temp;    // scores of a later group, or scaled weights: [heads][vectors]
+  std::vector<float> q;       // one group's slice of the queries, or of the accumulators
+};
+TqScratch& Scratch() {
+  thread_local TqScratch s;
+  return s;
+}
+void Fit(std::vector<float>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
 
 // ---- the codec ------------------------------------------------------------------------
 
 class TqCodec final : public VectorCodec {
  public:
   TqCodec(KvCodec codec, int head_dim, uint64_t seed, int bits, int group,
-          std::shared_ptr<const TqCodebooks> codebooks, const codec_internal::TqOptions& opt)
+          std::shared_ptr<const TqCodebooks> codebooks, const codec_internal::TqOptions& opt,
+          std::unique_ptr<VectorCodec> f16)
       : VectorCodec(codec, head_dim, seed,
                     static_cast<size_t>(head_dim / group) * (2 + group * bits / 8)),
         levels_(1 << bits),
         opt_(opt),
         rotation_(head_dim, seed, opt.rounds, group),
         codebooks_(std::move(codebooks)),
-        sqrt_group_(std::sqrt(static_cast<double>(group))) {
+        sqrt_group_(std::sqrt(static_cast<double>(group))),
+        f16_(std::move(f16)) {
+    // The codec's centroids are the designed ones rounded to fp16 (attention reads them
+    // through the f16 kernels); the encoder fits against the same values.
     for (int b = 0; b < kTqBooks; ++b) {
       for (int k = 0; k < kMaxLevels; ++k) {
-        books_[b][k] = k < levels_ ? codebooks_->centroids[b * levels_ + k] : 0.0f;
-        thresholds_[b][k] = k < levels_ - 1 ? codebooks_->thresholds[b * (levels_ - 1) + k] : INFINITY;
+        books_[b][k] = k < levels_ ? HalfToFloat(FloatToHalf(codebooks_->centroids[b * levels_ + k])) : 0.0f;
       }
+      for (int k = 0; k < kMaxLevels; ++k) {
+        thresholds_[b][k] = INFINITY;
+        tables_.floats[b][k] = books_[b][k % levels_];
+      }
+      for (int k = 0; k + 1 < levels_; ++k) thresholds_[b][k] = (books_[b][k] + books_[b][k + 1]) / 2;
+      for (int k = 0; k < 32; ++k) tables_.halves[b][k] = FloatToHalf(books_[b][k % levels_]);
     }
-    view_ = {&books_[0][0], head_dim / group, group, bits, 2 + group * bits / 8,
+    view_ = {head_dim / group, group, bits, 2 + group * bits / 8,
              static_cast<uint16_t>(opt.books > 1 ? kTqBooks - 1 : 0)};
+    decode_ = DecodeGroupGeneric;
 #if defined(TIERKV_CODEC_X86)
     if (codec_internal::UseAvx2Kernels()) {
-      avx2_ = true;
-      k_ = bits == 4 ? TqKernels{DotTqAvx2<4>, AccumulateTqAvx2<4>, DotManyLoopAvx2<DotTqAvx2<4>>,
-                                 AccumulateManyLoopAvx2<AccumulateTqAvx2<4>>}
-                     : TqKernels{DotTqAvx2<3>, AccumulateTqAvx2<3>, DotManyLoopAvx2<DotTqAvx2<3>>,
-                                 AccumulateManyLoopAvx2<AccumulateTqAvx2<3>>};
-      return;
+      const kernels::CpuFeatures& cpu = kernels::CpuHas();
+      if (codec_internal::UseAvx512Kernels() && cpu.avx512bw && cpu.avx512vl && group >= 16) {
+        decode_ = DecodeGroupAvx512For(bits, group);
+        kernel_ = "avx512";
+      } else {
+        decode_ = bits == 4 ? DecodeGroupAvx2<4> : DecodeGroupAvx2<3>;
+        kernel_ = "avx2";
+      }
     }
 #endif
-    k_ = bits == 4 ? TqKernels{DotTqGeneric<4>, AccumulateTqGeneric<4>, DotManyLoop<DotTqGeneric<4>>,
-                               AccumulateManyLoop<AccumulateTqGeneric<4>>}
-                   : TqKernels{DotTqGeneric<3>, AccumulateTqGeneric<3>, DotManyLoop<DotTqGeneric<3>>,
-                               AccumulateManyLoop<AccumulateTqGeneric<3>>};
   }
 
   void Encode(const float* x, void* out) const override;
 
   void Decode(const void* in, float* out) const override {
     std::fill(out, out + head_dim(), 0.0f);
-    k_.accumulate(view_, 1.0f, static_cast<const uint8_t*>(in), out);
+    Accumulate(1.0f, in, out);
     rotation_.Inverse(out, out);
   }
   void PrepareQuery(const float* q, float* q_prep) const override {
     rotation_.Forward(q, q_prep);
   }
   float Dot(const float* q_prep, const void* k_enc) const override {
-    return k_.dot(view_, q_prep, static_cast<const uint8_t*>(k_enc));
+    float score;
+    DotManyGroup(q_prep, 1, k_enc, 1, &score, 1);
+    return score;
   }
   void Accumulate(float w, const void* v_enc, float* acc) const override {
-    k_.accumulate(view_, w, static_cast<const uint8_t*>(v_enc), acc);
+    AccumulateManyGroup(&w, 1, 1, v_enc, 1, acc);
   }
   void FinishOutput(const float* acc, float* out) const override { rotation_.Inverse(acc, out); }
   void DotMany(const float* q_prep, const void* k_enc, size_t n, float* scores) const override {
-    k_.dot_many(view_, q_prep, static_cast<const uint8_t*>(k_enc), n, vector_bytes(), scores);
+    DotManyGroup(q_prep, 1, k_enc, n, scores, n);
   }
   void AccumulateMany(const float* w, const void* v_enc, size_t n, float* acc) const override {
-    k_.accumulate_many(view_, w, static_cast<const uint8_t*>(v_enc), n, vector_bytes(), acc);
+    AccumulateManyGroup(w, n, 1, v_enc, n, acc);
   }
-  const char* kernel_name() const override { return avx2_ ? "avx2" : "generic"; }
+  void DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
+                    size_t scores_stride) const override;
+  void AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
+                           float* acc) const override;
+  void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
+                               size_t run_stride, size_t n, float* acc) const override;
+  const char* kernel_name() const override { return kernel_; }
+
 
  private:
   // One pass over a group with book b: idx[i] = the nearest centroid to z[i] * inv_a
@@ -523,9 +583,122 @@ class TqCodec final : public VectorCodec {
   alignas(32) float books_[kTqBooks][kMaxLevels];  // centroids, padded with 0
   float thresholds_[kTqBooks][kMaxLevels];         // padded with +inf
   TqView view_;
-  TqKernels k_;
-  bool avx2_ = false;
+  TqTables tables_;
+  DecodeGroupFn decode_;
+  const char* kernel_ = "generic";
+  std::unique_ptr<VectorCodec> f16_;  // head_dim = group: the kernels attention runs on
 };
+
+void TqCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
+                           size_t scores_stride) const {
+  const auto* p = static_cast<const uint8_t*>(k_enc);
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t hd = static_cast<size_t>(head_dim());
+  const size_t nh = static_cast<size_t>(heads);
+  TqScratch& s = Scratch();
+  const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / group);
+  Fit(s.scales, chunk);
+  if (view_.groups > 1) {  // each group's slice of the queries, contiguous: [groups][heads][group]
+    Fit(s.temp, nh * chunk);
+    Fit(s.q, nh * hd);
+    for (int g = 0; g < view_.groups; ++g) {
+      for (size_t h = 0; h < nh; ++h) {
+        std::memcpy(&s.q[(g * nh + h) * group], q_prep + h * hd + g * group, sizeof(float) * group);
+      }
+    }
+  }
+  for (size_t s0 = 0; s0 < n; s0 += chunk) {
+    const size_t m = std::min(chunk, n - s0);
+    for (int g = 0; g < view_.groups; ++g) {
+      decode_(view_, tables_, p + s0 * vector_bytes(), m, vector_bytes(), g, s.halves, s.scales.data());
+      const float* qg = view_.groups == 1 ? q_prep : &s.q[g * nh * group];
+      if (g == 0) {
+        f16_->DotManyGroup(qg, heads, s.halves, m, scores + s0, scores_stride);
+        for (size_t h = 0; h < nh; ++h) {
+          float* row = scores + h * scores_stride + s0;
+          for (size_t t = 0; t < m; ++t) row[t] = s.scales[t] * row[t];
+        }
+      } else {
+        f16_->DotManyGroup(qg, heads, s.halves, m, s.temp.data(), m);
+        for (size_t h = 0; h < nh; ++h) {
+          float* row = scores + h * scores_stride + s0;
+          const float* part = &s.temp[h * m];
+          for (size_t t = 0; t < m; ++t) row[t] = row[t] + s.scales[t] * part[t];
+        }
+      }
+    }
+  }
+}
+
+void TqCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
+                                  float* acc) const {
+  const auto* p = static_cast<const uint8_t*>(v_enc);
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t hd = static_cast<size_t>(head_dim());
+  const size_t nh = static_cast<size_t>(heads);
+  TqScratch& s = Scratch();
+  const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / group);
+  Fit(s.scales, chunk);
+  Fit(s.temp, nh * chunk);
+  const bool split = view_.groups > 1;  // then each group's accumulators, contiguous
+  if (split) {
+    Fit(s.q, nh * hd);
+    for (int g = 0; g < view_.groups; ++g) {
+      for (size_t h = 0; h < nh; ++h) {
+        std::memcpy(&s.q[(g * nh + h) * group], acc + h * hd + g * group, sizeof(float) * group);
+      }
+    }
+  }
+  for (size_t s0 = 0; s0 < n; s0 += chunk) {
+    const size_t m = std::min(chunk, n - s0);
+    for (int g = 0; g < view_.groups; ++g) {
+      decode_(view_, tables_, p + s0 * vector_bytes(), m, vector_bytes(), g, s.halves, s.scales.data());
+      for (size_t h = 0; h < nh; ++h) {
+        const float* wh = w + h * w_stride + s0;
+        float* scaled = &s.temp[h * m];
+        for (size_t t = 0; t < m; ++t) scaled[t] = wh[t] * s.scales[t];
+      }
+      f16_->AccumulateManyGroup(s.temp.data(), m, heads, s.halves, m, split ? &s.q[g * nh * group] : acc);
+    }
+  }
+  if (split) {
+    for (int g = 0; g < view_.groups; ++g) {
+      for (size_t h = 0; h < nh; ++h) {
+        std::memcpy(acc + h * hd + g * group, &s.q[(g * nh + h) * group], sizeof(float) * group);
+      }
+    }
+  }
+}
+
+// One group per vector: the runs go to the f16 kernels together (pairs of KV heads side by
+// side where they fit the registers); per head the same bits as one run at a time.
+void TqCodec::AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
+                                      size_t run_stride, size_t n, float* acc) const {
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t nr = static_cast<size_t>(runs);
+  if (view_.groups > 1 || runs < 2 || nr * group > TqScratch::kHalves) {
+    return VectorCodec::AccumulateManyGroupRuns(w, w_stride, heads, runs, v_enc, run_stride, n, acc);
+  }
+  const auto* p = static_cast<const uint8_t*>(v_enc);
+  const size_t nh = static_cast<size_t>(heads);
+  TqScratch& s = Scratch();
+  const size_t chunk = TqScratch::kHalves / (nr * group);
+  Fit(s.scales, nr * chunk);
+  Fit(s.temp, nr * nh * chunk);
+  for (size_t s0 = 0; s0 < n; s0 += chunk) {
+    const size_t m = std::min(chunk, n - s0);
+    for (size_t r = 0; r < nr; ++r) {
+      decode_(view_, tables_, p + r * run_stride + s0 * vector_bytes(), m, vector_bytes(), 0,
+              s.halves + r * m * group, &s.scales[r * m]);
+      for (size_t h = 0; h < nh; ++h) {
+        const float* wh = w + (r * nh + h) * w_stride + s0;
+        float* scaled = &s.temp[(r * nh + h) * m];
+        for (size_t t = 0; t < m; ++t) scaled[t] = wh[t] * s.scales[r * m + t];
+      }
+    }
+    f16_->AccumulateManyGroupRuns(s.temp.data(), m, heads, runs, s.halves, m * group * 2, m, acc);
+  }
+}
 
 void TqCodec::FitGroup(const float* z, uint8_t* idx, int* book, double* alpha) const {
   const int n = view_.group;
@@ -705,8 +878,9 @@ Result<std::unique_ptr<VectorCodec>> CreateTqCodec(KvCodec codec, int head_dim, 
   }
   const int group = std::min(head_dim, options.group);
   TIERKV_ASSIGN_OR_RETURN(std::shared_ptr<const TqCodebooks> cb, GetTqCodebooks(group, 1 << bits));
+  TIERKV_ASSIGN_OR_RETURN(std::unique_ptr<VectorCodec> f16, VectorCodec::Create(KvCodec::kF16, group, seed));
   return std::unique_ptr<VectorCodec>(
-      new TqCodec(codec, head_dim, seed, bits, group, std::move(cb), options));
+      new TqCodec(codec, head_dim, seed, bits, group, std::move(cb), options, std::move(f16)));
 }
 
 }  // namespace codec_internal

@@ -253,7 +253,8 @@ TEST(CodecLayoutTest, TqLayoutDecodesIndependently) {
           uint32_t w = 0;
           for (int byte = 0; byte < bits; ++byte) w |= static_cast<uint32_t>(word[byte]) << (8 * byte);
           const int idx = (w >> (bits * (i % 8))) & (levels - 1);
-          y[g * group + i] = scale * books->centroids[book * levels + idx];
+          // The codec uses each published centroid rounded to fp16.
+          y[g * group + i] = scale * HalfToFloat(FloatToHalf(books->centroids[book * levels + idx]));
         }
       }
       TqRotation(d, 99).Inverse(y.data(), y.data());
@@ -657,14 +658,20 @@ TEST(CodecGroupTest, GroupedAndBatchedFormsMatchSingleVectorCalls) {
 }
 
 // The f16 AVX-512 forms give the AVX2 ones' bits (the single-vector calls are AVX2 in
-// both; this compares the batched kernels of the two families directly).
-TEST(CodecGroupTest, F16Avx512AndAvx2KernelsAgree) {
+// both; this compares the batched kernels of the two families directly). tq runs on the
+// f16 kernels over centroids looked up exactly, so its two families agree bit for bit too.
+TEST(CodecGroupTest, F16AndTqAvx512AndAvx2KernelsAgree) {
   if (!codec_internal::UseAvx512Kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (KvCodec codec : {KvCodec::kF16, KvCodec::kTq4, KvCodec::kTq3})
   for (int d : {16, 32, 64, 128, 256}) {
-    std::unique_ptr<VectorCodec> fast = MakeCodec(KvCodec::kF16, d);
+    SCOPED_TRACE(std::string(KvCodecName(codec)) + " head_dim " + std::to_string(d));
+    std::unique_ptr<VectorCodec> fast = MakeCodec(codec, d);
     codec_internal::ForceNoAvx512Kernels(true);
-    std::unique_ptr<VectorCodec> avx2 = MakeCodec(KvCodec::kF16, d);
+    std::unique_ptr<VectorCodec> avx2 = MakeCodec(codec, d);
     codec_internal::ForceNoAvx512Kernels(false);
+    if (codec != KvCodec::kF16 && std::string(fast->kernel_name()) != "avx512") {
+      GTEST_SKIP() << "tq's AVX-512 decode needs AVX-512BW/VL";
+    }
     ASSERT_STREQ(fast->kernel_name(), "avx512");
     ASSERT_STREQ(avx2->kernel_name(), "avx2");
     const int n = 300, heads = 4;
@@ -681,6 +688,13 @@ TEST(CodecGroupTest, F16Avx512AndAvx2KernelsAgree) {
     fast->AccumulateManyGroup(w.data(), n, heads, enc.data(), n, a1.data());
     avx2->AccumulateManyGroup(w.data(), n, heads, enc.data(), n, a2.data());
     EXPECT_EQ(a1, a2) << d;
+    // Two runs of KV heads (the second run is the first's vectors shifted by 7).
+    std::vector<float> w2(2 * w.size()), r1(2 * heads * d, 0.0f), r2(r1.size(), 0.0f);
+    for (size_t i = 0; i < w2.size(); ++i) w2[i] = 1.0f / static_cast<float>(1 + i % 89);
+    const size_t run_stride = 7 * fast->vector_bytes();
+    fast->AccumulateManyGroupRuns(w2.data(), n - 7, heads, 2, enc.data(), run_stride, n - 7, r1.data());
+    avx2->AccumulateManyGroupRuns(w2.data(), n - 7, heads, 2, enc.data(), run_stride, n - 7, r2.data());
+    EXPECT_EQ(r1, r2) << d;
   }
 }
 

@@ -35,15 +35,6 @@
 
 namespace tierkv {
 
-bool LlamaSumsByDefault(int n_ctx, int64_t attention_macs_per_key) {
-  return n_ctx <= kLlamaSumsAutoCtx && static_cast<int64_t>(n_ctx) * attention_macs_per_key <= kLlamaSumsAutoAttentionMacs &&
-         kernels::ActiveSimdLevel() >= kernels::SimdLevel::kAvx2;
-}
-
-int64_t AttentionMacsPerKey(const ModelConfig& config) {
-  return int64_t{config.n_layer} * config.n_head * config.head_dim * 2;
-}
-
 namespace {
 
 // Each present tier's use against its budget: "device 64.0 MiB / 64.0 MiB, host ...".
@@ -443,10 +434,7 @@ Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_pt
   mo.threads = o.threads;
   mo.n_ctx = n_ctx;
   mo.prefetch = o.prefetch;
-  mo.llama_attention_sums = o.kv_type == KvCodec::kF16 &&
-                            (o.llama_sums == RunOptions::LlamaSums::kOn ||
-                             (o.llama_sums == RunOptions::LlamaSums::kAuto &&
-                              LlamaSumsByDefault(n_ctx, AttentionMacsPerKey(config))));
+  mo.llama_attention_sums = o.kv_type == KvCodec::kF16 && o.llama_sums == RunOptions::LlamaSums::kOn;
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.attn_topk = o.attn_topk;
   mo.rope = o.rope;

@@ -27,36 +27,6 @@
 
 namespace tierkv {
 
-// Contexts up to this many tokens take llama.cpp's summation orders by default
-// (RunOptions::LlamaSums::kAuto) when their attention is small as well (below): there
-// the logits are reproduced bit for bit wherever the kernels can (docs/kernels.md).
-// Past it, decode attention would take 3 - 4x as long (docs/benchmarks.md).
-inline constexpr int kLlamaSumsAutoCtx = 8192;
-
-// ... and when the attention over the whole context, n_ctx x n_layer x n_head x
-// head_dim x 2 multiply-adds a token, is at most this many
-// (docs/decisions/2026-12-04-llama-sums-small-attention.md): about
-// 2 ms a token more with llama.cpp's orders on 2 cores, whose attention costs 5 - 7x the
-// default's for eight query heads a KV head (docs/benchmarks.md, "Attention in
-// llama.cpp's summation orders"). The small models of tests and references keep them up
-// to kLlamaSumsAutoCtx (builtin:tiny-moe at 8192 tokens is 2^25 exactly); a real model's
-// attention passes it within a few hundred tokens (Qwen3-30B-A3B: 393,216 a token of
-// context, so from 86 tokens on), where llama.cpp's orders made decode at 4K tokens
-// some 2.5x slower.
-inline constexpr int64_t kLlamaSumsAutoAttentionMacs = int64_t{1} << 25;
-
-// Whether kAuto takes llama.cpp's orders for a context of n_ctx tokens of a model whose
-// attention takes attention_macs_per_key multiply-adds a token per key (n_layer x n_head
-// x head_dim x 2): n_ctx at most kLlamaSumsAutoCtx, n_ctx x attention_macs_per_key at
-// most kLlamaSumsAutoAttentionMacs, and vectorized kernels (AVX2 or AVX-512; the
-// portable attention sums are ~50x slower than the default ones). At the AVX2 level they
-// give the reference build's bits for Q8_0 / Q4_0 weights but not for F16 weights or
-// Q4_K batches (docs/kernels.md, "Reference results"); their attention still matches.
-struct ModelConfig;
-bool LlamaSumsByDefault(int n_ctx, int64_t attention_macs_per_key);
-// n_layer x n_head x head_dim x 2 of a model's config.
-int64_t AttentionMacsPerKey(const ModelConfig& config);
-
 // The longest context a model runs at with these RoPE settings (docs/cli.md, "-c and
 // the trained context"): its trained context (context_length), or, with RoPE scaling in
 // effect (the file's, or --rope-scaling / --rope-scale), max(trained, original context x
@@ -150,12 +120,11 @@ struct RunOptions {
   enum class Weights { kAuto, kPaged, kMapped };
   Weights weights = Weights::kAuto;
   bool prefetch = true;        // the decoder's prefetch pipeline (ModelOptions::prefetch)
-  // llama.cpp's summation orders (ModelOptions::llama_attention_sums; an f16 cache):
-  // kAuto (the default) takes them when LlamaSumsByDefault says so (a context of at most
-  // kLlamaSumsAutoCtx tokens whose attention is small, on a CPU with AVX2 or AVX-512),
-  // the faster orders otherwise (docs/cli.md).
-  enum class LlamaSums { kAuto, kOn, kOff };
-  LlamaSums llama_sums = LlamaSums::kAuto;
+  // llama.cpp's summation orders (ModelOptions::llama_attention_sums; an f16 cache), for
+  // bit-exact comparisons only: off by default, whatever the context (docs/cli.md;
+  // docs/decisions/2026-12-06-llama-sums-opt-in.md).
+  enum class LlamaSums { kOff, kOn };
+  LlamaSums llama_sums = LlamaSums::kOff;
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int attn_topk = 0;           // ModelOptions::attn_topk (--attn-topk; 0 = full attention)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; the same logits for any value)

@@ -370,9 +370,7 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.llama_sums && f.no_llama_sums) {
     return Status::InvalidArgument("give --llama-sums or --no-llama-sums, not both");
   }
-  o.llama_sums = f.llama_sums      ? RunOptions::LlamaSums::kOn
-                 : f.no_llama_sums ? RunOptions::LlamaSums::kOff
-                                   : RunOptions::LlamaSums::kAuto;
+  o.llama_sums = f.llama_sums ? RunOptions::LlamaSums::kOn : RunOptions::LlamaSums::kOff;
   if (f.no_conversation && o.chat) {
     return Status::InvalidArgument("-no-cnv (no chat) contradicts --chat, -sys, --chat-template or --continue");
   }
@@ -750,9 +748,9 @@ void AddRuntimeFlags(CLI::App* app, RunFlags* f) {
   app->add_flag("--no-warmup", f->no_warmup, "do not reserve and touch the arenas at start-up");
   app->add_flag("--no-prefetch", f->no_prefetch, "fetch pages only when the decoder needs them (no copy/compute overlap)");
   app->add_flag("--llama-sums", f->llama_sums,
-                "f16 KV: llama.cpp's summation orders, its logits bit for bit (slower attention; the default "
-                "up to an 8192-token context)");
-  app->add_flag("--no-llama-sums", f->no_llama_sums, "f16 KV: the faster summation orders at any context");
+                "f16 KV: llama.cpp's summation orders, its logits bit for bit (slower attention and prefill; for "
+                "comparisons)");
+  app->add_flag("--no-llama-sums", f->no_llama_sums, "f16 KV: the faster summation orders (the default)");
   app->add_option("--weights", f->weights,
                   "paged (pages under the budgets), mapped (read in place) or auto (default: paged with a device tier "
                   "or when they take at most half the host budget)");

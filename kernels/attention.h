@@ -114,6 +114,17 @@ concept TiledKeyCodec = requires(const C& c, const float* f, float* out, const v
   c.DotManyGroupTiled(f, heads, enc, n, out, n);
 };
 
+// Optional: a block's K or V run decoded once and read by many queries (the decoded
+// runs of kernels/kv_vector_kernels.h), the same bits as reading the run.
+template <typename C>
+concept DecodedRunCodec =
+    requires(const C& c, const float* f, float* out, const void* enc, void* dec, size_t n, int heads) {
+      { c.DecodedRunBytes(n, true) } -> std::convertible_to<size_t>;
+      c.DecodeRun(enc, n, true, dec);
+      c.DotManyGroupDecoded(f, heads, enc, n, n, out, n);
+      c.AccumulateManyGroupDecoded(f, n, heads, enc, n, n, out);
+    };
+
 // Starts a query: q[n_heads * head_dim] (after RoPE).
 template <AttentionCodec Codec>
 void AttentionBegin(const Codec& codec, const AttentionParams& p, const float* q, AttentionState* st) {
@@ -778,6 +789,66 @@ inline PagedKvView OneBlock(const PagedKvView& kv, int b) {
   return one;
 }
 
+// One KV head's K or V run of one block, decoded once (DecodedRunCodec) for the queries of
+// a task, and read by ScoreBlocks / ValueBlocks through the members they call; `run` is
+// the only run it answers for.
+template <typename Codec>
+class DecodedRunReader {
+ public:
+  DecodedRunReader(const Codec& codec, const std::byte* run, size_t n, bool keys, std::vector<std::byte>* buf)
+      : codec_(codec), run_(run), n_(n) {
+    buf->resize(codec.DecodedRunBytes(n, keys));
+    codec.DecodeRun(run, n, keys, buf->data());
+    data_ = buf->data();
+  }
+  int head_dim() const { return codec_.head_dim(); }
+  size_t vector_bytes() const { return codec_.vector_bytes(); }
+  void PrepareQuery(const float* q, float* q_prep) const { codec_.PrepareQuery(q, q_prep); }
+  void FinishOutput(const float* acc, float* out) const { codec_.FinishOutput(acc, out); }
+  void DotMany(const float* q, const void* enc, size_t n, float* scores) const { DotManyGroup(q, 1, enc, n, scores, n); }
+  void AccumulateMany(const float* w, const void* enc, size_t n, float* acc) const {
+    AccumulateManyGroup(w, n, 1, enc, n, acc);
+  }
+  void DotManyGroup(const float* q, int heads, const void* enc, size_t n, float* scores, size_t stride) const {
+    assert(enc == run_ && n <= n_);
+    codec_.DotManyGroupDecoded(q, heads, data_, n_, n, scores, stride);
+  }
+  void AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* enc, size_t n, float* acc) const {
+    assert(enc == run_ && n <= n_);
+    codec_.AccumulateManyGroupDecoded(w, w_stride, heads, data_, n_, n, acc);
+  }
+
+ private:
+  const Codec& codec_;
+  const std::byte* run_;
+  size_t n_;
+  const std::byte* data_ = nullptr;
+};
+
+// fn(c) with c = the codec, or, for a DecodedRunCodec read by several queries, a
+// DecodedRunReader of KV head g's K (keys) or V run of block b of the one-block view
+// `one` decoded up to the most keys any of queries [t0, t1) sees in it.
+template <AttentionCodec Codec, typename F>
+void WithBlockRun(const Codec& codec, const AttentionParams* ps, const PagedKvView& one, int g, int64_t t0,
+                  int64_t t1, bool keys, F&& fn) {
+  if constexpr (DecodedRunCodec<Codec>) {
+    int64_t most = 0;
+    for (int64_t t = t0; t1 - t0 > 1 && t < t1; ++t) {
+      int64_t start;
+      most = std::max(most, BlockKeys(ps[t], one, 0, &start));
+    }
+    if (most > 0 && codec.DecodedRunBytes(static_cast<size_t>(most), keys) > 0) {
+      thread_local std::vector<std::byte> buffers[2];  // K and V: a task decodes one at a time
+      const size_t run_bytes = static_cast<size_t>(one.block_tokens) * one.vector_bytes;
+      const std::byte* run = one.blocks[0] + (keys ? 0 : static_cast<size_t>(one.n_kv_heads) * run_bytes) +
+                             static_cast<size_t>(g) * run_bytes;
+      const DecodedRunReader<Codec> reader(codec, run, static_cast<size_t>(most), keys, &buffers[keys ? 0 : 1]);
+      return fn(reader);
+    }
+  }
+  fn(codec);
+}
+
 // Runs fn(g, t0, t1) for every KV head g and a split of the n queries into ranges:
 // enough tasks for the pool's threads, one range per KV head when there are at least as
 // many KV heads as threads.
@@ -850,9 +921,12 @@ void AttentionScoresMulti(const Codec& codec, const AttentionParams* ps, Attenti
                                     [&](int g, int64_t t0, int64_t t1) {
                                       for (int b = 0; b < kv.n_blocks; ++b) {
                                         const PagedKvView one = attention_internal::OneBlock(kv, b);
-                                        for (int64_t t = t0; t < t1; ++t) {
-                                          attention_internal::ScoreBlocks(codec, ps[t], one, sts[t], g, 0, 1);
-                                        }
+                                        attention_internal::WithBlockRun(
+                                            codec, ps, one, g, t0, t1, true, [&](const auto& c) {
+                                              for (int64_t t = t0; t < t1; ++t) {
+                                                attention_internal::ScoreBlocks(c, ps[t], one, sts[t], g, 0, 1);
+                                              }
+                                            });
                                       }
                                     });
   for (int64_t t = 0; t < n; ++t) sts[t]->n_keys = ends[static_cast<size_t>(t)];
@@ -879,9 +953,12 @@ void AttentionValuesMulti(const Codec& codec, const AttentionParams* ps, Attenti
                                     [&](int g, int64_t t0, int64_t t1) {
                                       for (int b = 0; b < kv.n_blocks; ++b) {
                                         const PagedKvView one = attention_internal::OneBlock(kv, b);
-                                        for (int64_t t = t0; t < t1; ++t) {
-                                          attention_internal::ValueBlocks(codec, ps[t], one, sts[t], g);
-                                        }
+                                        attention_internal::WithBlockRun(
+                                            codec, ps, one, g, t0, t1, false, [&](const auto& c) {
+                                              for (int64_t t = t0; t < t1; ++t) {
+                                                attention_internal::ValueBlocks(c, ps[t], one, sts[t], g);
+                                              }
+                                            });
                                       }
                                     });
 }
@@ -900,16 +977,20 @@ void AttentionTwoPassMulti(const Codec& codec, const AttentionParams* ps, Attent
       ps[0], n, attention_internal::MultiWork(ps, n, kv, 2), pool, [&](int g, int64_t t0, int64_t t1) {
         for (int b = 0; b < kv.n_blocks; ++b) {
           const PagedKvView one = attention_internal::OneBlock(kv, b);
-          for (int64_t t = t0; t < t1; ++t) {
-            attention_internal::ScoreBlocks(codec, ps[t], one, sts[t], g, 0, 1, /*track_max=*/true);
-          }
+          attention_internal::WithBlockRun(codec, ps, one, g, t0, t1, true, [&](const auto& c) {
+            for (int64_t t = t0; t < t1; ++t) {
+              attention_internal::ScoreBlocks(c, ps[t], one, sts[t], g, 0, 1, /*track_max=*/true);
+            }
+          });
         }
         for (int64_t t = t0; t < t1; ++t) {
           attention_internal::SoftmaxHeads(ps[t], sts[t], g * group, (g + 1) * group, /*known_max=*/true);
         }
         for (int b = 0; b < kv.n_blocks; ++b) {
           const PagedKvView one = attention_internal::OneBlock(kv, b);
-          for (int64_t t = t0; t < t1; ++t) attention_internal::ValueBlocks(codec, ps[t], one, sts[t], g);
+          attention_internal::WithBlockRun(codec, ps, one, g, t0, t1, false, [&](const auto& c) {
+            for (int64_t t = t0; t < t1; ++t) attention_internal::ValueBlocks(c, ps[t], one, sts[t], g);
+          });
         }
       });
 }

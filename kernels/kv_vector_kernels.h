@@ -59,6 +59,20 @@ class KvVectorKernels {
   virtual void DotManyGroupTiled(const float* q_prep, int heads, const void* k_tiles, size_t n, float* scores,
                                  size_t scores_stride) const = 0;
 
+  // Decoded runs (optional). A codec whose vectors cost more to read than f16's (tq's
+  // codebook lookups) may decode a block's run of n vectors once, for the queries of a
+  // prefill chunk to read many times (kernels/attention.h, the *Multi forms).
+  // DecodedRunBytes(n, keys): the decoded form's bytes, 0 for none (the default); keys
+  // picks a layout for scores or for weighted sums. DecodeRun fills one; the *Decoded
+  // forms read vectors [0, n) of a run decoded from run_n >= n vectors and give
+  // DotManyGroup's / AccumulateManyGroup's bits over the encoded run.
+  virtual size_t DecodedRunBytes(size_t n, bool keys) const { return 0; }
+  virtual void DecodeRun(const void* enc, size_t n, bool keys, void* decoded) const {}
+  virtual void DotManyGroupDecoded(const float* q_prep, int heads, const void* decoded, size_t run_n, size_t n,
+                                   float* scores, size_t scores_stride) const {}
+  virtual void AccumulateManyGroupDecoded(const float* w, size_t w_stride, int heads, const void* decoded,
+                                          size_t run_n, size_t n, float* acc) const {}
+
   virtual const char* kernel_name() const = 0;
 
  protected:

@@ -434,6 +434,33 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
 }
 #endif  // TIERKV_CODEC_X86
 
+// The row loops around the f16 kernels: out = a * b, or acc = acc + a * b (a product,
+// then a sum: never fused, so every kernel family gives the same bits).
+using RowFn = void (*)(const float* a, const float* b, size_t m, float* out);
+void MulRowGeneric(const float* a, const float* b, size_t m, float* out) {
+  for (size_t t = 0; t < m; ++t) out[t] = a[t] * b[t];
+}
+void MulAddRowGeneric(const float* a, const float* b, size_t m, float* acc) {
+  for (size_t t = 0; t < m; ++t) acc[t] = acc[t] + a[t] * b[t];
+}
+#if defined(TIERKV_CODEC_X86)
+// (The masked forms are builtins: GCC never contracts them into an FMA.)
+TIERKV_AVX512BW void MulRowAvx512(const float* a, const float* b, size_t m, float* out) {
+  for (size_t t = 0; t < m; t += 16) {
+    const __mmask16 k = m - t >= 16 ? 0xffff : static_cast<__mmask16>((1u << (m - t)) - 1);
+    _mm512_mask_storeu_ps(out + t, k,
+                          _mm512_maskz_mul_ps(k, _mm512_maskz_loadu_ps(k, a + t), _mm512_maskz_loadu_ps(k, b + t)));
+  }
+}
+TIERKV_AVX512BW void MulAddRowAvx512(const float* a, const float* b, size_t m, float* acc) {
+  for (size_t t = 0; t < m; t += 16) {
+    const __mmask16 k = m - t >= 16 ? 0xffff : static_cast<__mmask16>((1u << (m - t)) - 1);
+    const __m512 p = _mm512_maskz_mul_ps(k, _mm512_maskz_loadu_ps(k, a + t), _mm512_maskz_loadu_ps(k, b + t));
+    _mm512_mask_storeu_ps(acc + t, k, _mm512_maskz_add_ps(k, _mm512_maskz_loadu_ps(k, acc + t), p));
+  }
+}
+#endif
+
 // Per-thread room for a batch's decoded centroids and the per-vector numbers around them.
 struct TqScratch {
   static constexpr size_t kHalves = 8192;  // 16 KiB of fp16: stays in L1 while the f16 kernels read it
@@ -486,6 +513,8 @@ class TqCodec final : public VectorCodec {
       const kernels::CpuFeatures& cpu = kernels::CpuHas();
       if (codec_internal::UseAvx512Kernels() && cpu.avx512bw && cpu.avx512vl && group >= 16) {
         decode_ = DecodeGroupAvx512For(bits, group);
+        mul_row_ = MulRowAvx512;
+        mul_add_row_ = MulAddRowAvx512;
         kernel_ = "avx512";
       } else {
         decode_ = bits == 4 ? DecodeGroupAvx2<4> : DecodeGroupAvx2<3>;
@@ -526,6 +555,16 @@ class TqCodec final : public VectorCodec {
                            float* acc) const override;
   void AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
                                size_t run_stride, size_t n, float* acc) const override;
+  // Decoded runs: per group, the scales of the run's vectors and their centroids as fp16,
+  // keys as f16 key tiles (the f16 tiled scores), values vector by vector.
+  size_t DecodedRunBytes(size_t n, bool keys) const override {
+    return static_cast<size_t>(view_.groups) * RoundUp16(n) * (sizeof(float) + 2 * static_cast<size_t>(view_.group));
+  }
+  void DecodeRun(const void* enc, size_t n, bool keys, void* decoded) const override;
+  void DotManyGroupDecoded(const float* q_prep, int heads, const void* decoded, size_t run_n, size_t n,
+                           float* scores, size_t scores_stride) const override;
+  void AccumulateManyGroupDecoded(const float* w, size_t w_stride, int heads, const void* decoded, size_t run_n,
+                                  size_t n, float* acc) const override;
   const char* kernel_name() const override { return kernel_; }
 
 
@@ -574,6 +613,25 @@ class TqCodec final : public VectorCodec {
   // Picks book, alpha and indices for one group's unit-variance coordinates z.
   void FitGroup(const float* z, uint8_t* idx, int* book, double* alpha) const;
   uint16_t MakeHeader(float scale, int book) const;
+  static size_t RoundUp16(size_t n) { return (n + 15) / 16 * 16; }
+  // A decoded run of run_n vectors: group g's scales, and its fp16 centroids.
+  const float* RunScales(const void* decoded, size_t run_n, int g) const {
+    return static_cast<const float*>(decoded) + static_cast<size_t>(g) * RoundUp16(run_n);
+  }
+  const uint16_t* RunHalves(const void* decoded, size_t run_n, int g) const {
+    const size_t n16 = RoundUp16(run_n);
+    const auto* halves = reinterpret_cast<const uint16_t*>(static_cast<const float*>(decoded) +
+                                                           static_cast<size_t>(view_.groups) * n16);
+    return halves + static_cast<size_t>(g) * n16 * static_cast<size_t>(view_.group);
+  }
+  // The per-group steps around the f16 kernels, shared by the encoded and decoded forms.
+  void SliceGroups(const float* rows, size_t heads, float* slices) const;  // [heads][hd] -> [groups][heads][group]
+  void JoinGroups(const float* slices, size_t heads, float* rows) const;   // the inverse
+  // Scores of group g from the f16 kernel's dot products `part` ([heads][part_stride]):
+  // g == 0 sets them, a later group adds to them (the rows may be `part` itself for g == 0).
+  void ScaleScores(int g, const float* scales, size_t m, size_t heads, const float* part, size_t part_stride,
+                   float* scores, size_t stride) const;
+  void ScaleWeights(const float* w, size_t w_stride, size_t heads, const float* scales, size_t m, float* out) const;
 
   int levels_;
   codec_internal::TqOptions opt_;
@@ -585,47 +643,66 @@ class TqCodec final : public VectorCodec {
   TqView view_;
   TqTables tables_;
   DecodeGroupFn decode_;
+  RowFn mul_row_ = MulRowGeneric;
+  RowFn mul_add_row_ = MulAddRowGeneric;
   const char* kernel_ = "generic";
   std::unique_ptr<VectorCodec> f16_;  // head_dim = group: the kernels attention runs on
 };
+
+void TqCodec::SliceGroups(const float* rows, size_t heads, float* slices) const {
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t hd = static_cast<size_t>(head_dim());
+  for (int g = 0; g < view_.groups; ++g) {
+    for (size_t h = 0; h < heads; ++h) {
+      std::memcpy(slices + (g * heads + h) * group, rows + h * hd + g * group, sizeof(float) * group);
+    }
+  }
+}
+
+void TqCodec::JoinGroups(const float* slices, size_t heads, float* rows) const {
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t hd = static_cast<size_t>(head_dim());
+  for (int g = 0; g < view_.groups; ++g) {
+    for (size_t h = 0; h < heads; ++h) {
+      std::memcpy(rows + h * hd + g * group, slices + (g * heads + h) * group, sizeof(float) * group);
+    }
+  }
+}
+
+void TqCodec::ScaleScores(int g, const float* scales, size_t m, size_t heads, const float* part, size_t part_stride,
+                          float* scores, size_t stride) const {
+  for (size_t h = 0; h < heads; ++h) {
+    (g == 0 ? mul_row_ : mul_add_row_)(scales, part + h * part_stride, m, scores + h * stride);
+  }
+}
+
+void TqCodec::ScaleWeights(const float* w, size_t w_stride, size_t heads, const float* scales, size_t m,
+                           float* out) const {
+  for (size_t h = 0; h < heads; ++h) mul_row_(w + h * w_stride, scales, m, out + h * m);
+}
 
 void TqCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
                            size_t scores_stride) const {
   const auto* p = static_cast<const uint8_t*>(k_enc);
   const size_t group = static_cast<size_t>(view_.group);
-  const size_t hd = static_cast<size_t>(head_dim());
   const size_t nh = static_cast<size_t>(heads);
   TqScratch& s = Scratch();
   const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / group);
   Fit(s.scales, chunk);
-  if (view_.groups > 1) {  // each group's slice of the queries, contiguous: [groups][heads][group]
+  if (view_.groups > 1) {  // each group's slice of the queries, contiguous
     Fit(s.temp, nh * chunk);
-    Fit(s.q, nh * hd);
-    for (int g = 0; g < view_.groups; ++g) {
-      for (size_t h = 0; h < nh; ++h) {
-        std::memcpy(&s.q[(g * nh + h) * group], q_prep + h * hd + g * group, sizeof(float) * group);
-      }
-    }
+    Fit(s.q, nh * static_cast<size_t>(head_dim()));
+    SliceGroups(q_prep, nh, s.q.data());
   }
   for (size_t s0 = 0; s0 < n; s0 += chunk) {
     const size_t m = std::min(chunk, n - s0);
     for (int g = 0; g < view_.groups; ++g) {
       decode_(view_, tables_, p + s0 * vector_bytes(), m, vector_bytes(), g, s.halves, s.scales.data());
       const float* qg = view_.groups == 1 ? q_prep : &s.q[g * nh * group];
-      if (g == 0) {
-        f16_->DotManyGroup(qg, heads, s.halves, m, scores + s0, scores_stride);
-        for (size_t h = 0; h < nh; ++h) {
-          float* row = scores + h * scores_stride + s0;
-          for (size_t t = 0; t < m; ++t) row[t] = s.scales[t] * row[t];
-        }
-      } else {
-        f16_->DotManyGroup(qg, heads, s.halves, m, s.temp.data(), m);
-        for (size_t h = 0; h < nh; ++h) {
-          float* row = scores + h * scores_stride + s0;
-          const float* part = &s.temp[h * m];
-          for (size_t t = 0; t < m; ++t) row[t] = row[t] + s.scales[t] * part[t];
-        }
-      }
+      float* part = g == 0 ? scores + s0 : s.temp.data();
+      const size_t part_stride = g == 0 ? scores_stride : m;
+      f16_->DotManyGroup(qg, heads, s.halves, m, part, part_stride);
+      ScaleScores(g, s.scales.data(), m, nh, part, part_stride, scores + s0, scores_stride);
     }
   }
 }
@@ -634,7 +711,6 @@ void TqCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads, co
                                   float* acc) const {
   const auto* p = static_cast<const uint8_t*>(v_enc);
   const size_t group = static_cast<size_t>(view_.group);
-  const size_t hd = static_cast<size_t>(head_dim());
   const size_t nh = static_cast<size_t>(heads);
   TqScratch& s = Scratch();
   const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / group);
@@ -642,32 +718,81 @@ void TqCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads, co
   Fit(s.temp, nh * chunk);
   const bool split = view_.groups > 1;  // then each group's accumulators, contiguous
   if (split) {
-    Fit(s.q, nh * hd);
-    for (int g = 0; g < view_.groups; ++g) {
-      for (size_t h = 0; h < nh; ++h) {
-        std::memcpy(&s.q[(g * nh + h) * group], acc + h * hd + g * group, sizeof(float) * group);
-      }
-    }
+    Fit(s.q, nh * static_cast<size_t>(head_dim()));
+    SliceGroups(acc, nh, s.q.data());
   }
   for (size_t s0 = 0; s0 < n; s0 += chunk) {
     const size_t m = std::min(chunk, n - s0);
     for (int g = 0; g < view_.groups; ++g) {
       decode_(view_, tables_, p + s0 * vector_bytes(), m, vector_bytes(), g, s.halves, s.scales.data());
-      for (size_t h = 0; h < nh; ++h) {
-        const float* wh = w + h * w_stride + s0;
-        float* scaled = &s.temp[h * m];
-        for (size_t t = 0; t < m; ++t) scaled[t] = wh[t] * s.scales[t];
-      }
+      ScaleWeights(w + s0, w_stride, nh, s.scales.data(), m, s.temp.data());
       f16_->AccumulateManyGroup(s.temp.data(), m, heads, s.halves, m, split ? &s.q[g * nh * group] : acc);
     }
   }
-  if (split) {
-    for (int g = 0; g < view_.groups; ++g) {
-      for (size_t h = 0; h < nh; ++h) {
-        std::memcpy(acc + h * hd + g * group, &s.q[(g * nh + h) * group], sizeof(float) * group);
+  if (split) JoinGroups(s.q.data(), nh, acc);
+}
+
+void TqCodec::DecodeRun(const void* enc, size_t n, bool keys, void* decoded) const {
+  const auto* p = static_cast<const uint8_t*>(enc);
+  const size_t group = static_cast<size_t>(view_.group);
+  for (int g = 0; g < view_.groups; ++g) {
+    auto* scales = const_cast<float*>(RunScales(decoded, n, g));
+    auto* halves = const_cast<uint16_t*>(RunHalves(decoded, n, g));
+    if (!keys) {
+      decode_(view_, tables_, p, n, vector_bytes(), g, halves, scales);
+      continue;
+    }
+    // Keys: 16 vectors at a time, decoded, then laid out as an f16 key tile (dimension by
+    // dimension; a last tile's missing lanes are zeros).
+    alignas(64) uint16_t rows[16 * kTqGroup];
+    for (size_t i0 = 0; i0 < n; i0 += 16) {
+      const size_t m = std::min<size_t>(16, n - i0);
+      decode_(view_, tables_, p + i0 * vector_bytes(), m, vector_bytes(), g, rows, scales + i0);
+      std::fill(rows + m * group, rows + 16 * group, uint16_t{0});
+      uint16_t* tile = halves + i0 * group;
+      for (size_t d = 0; d < group; ++d) {
+        for (size_t l = 0; l < 16; ++l) tile[d * 16 + l] = rows[l * group + d];
       }
     }
   }
+}
+
+void TqCodec::DotManyGroupDecoded(const float* q_prep, int heads, const void* decoded, size_t run_n, size_t n,
+                                  float* scores, size_t scores_stride) const {
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t nh = static_cast<size_t>(heads);
+  TqScratch& s = Scratch();
+  if (view_.groups > 1) {
+    Fit(s.temp, nh * n);
+    Fit(s.q, nh * static_cast<size_t>(head_dim()));
+    SliceGroups(q_prep, nh, s.q.data());
+  }
+  for (int g = 0; g < view_.groups; ++g) {
+    const float* qg = view_.groups == 1 ? q_prep : &s.q[g * nh * group];
+    float* part = g == 0 ? scores : s.temp.data();
+    const size_t part_stride = g == 0 ? scores_stride : n;
+    f16_->DotManyGroupTiled(qg, heads, RunHalves(decoded, run_n, g), n, part, part_stride);
+    ScaleScores(g, RunScales(decoded, run_n, g), n, nh, part, part_stride, scores, scores_stride);
+  }
+}
+
+void TqCodec::AccumulateManyGroupDecoded(const float* w, size_t w_stride, int heads, const void* decoded,
+                                         size_t run_n, size_t n, float* acc) const {
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t nh = static_cast<size_t>(heads);
+  TqScratch& s = Scratch();
+  Fit(s.temp, nh * n);
+  const bool split = view_.groups > 1;
+  if (split) {
+    Fit(s.q, nh * static_cast<size_t>(head_dim()));
+    SliceGroups(acc, nh, s.q.data());
+  }
+  for (int g = 0; g < view_.groups; ++g) {
+    ScaleWeights(w, w_stride, nh, RunScales(decoded, run_n, g), n, s.temp.data());
+    f16_->AccumulateManyGroup(s.temp.data(), n, heads, RunHalves(decoded, run_n, g), n,
+                              split ? &s.q[g * nh * group] : acc);
+  }
+  if (split) JoinGroups(s.q.data(), nh, acc);
 }
 
 // One group per vector: the runs go to the f16 kernels together (pairs of KV heads side by

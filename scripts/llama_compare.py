@@ -146,7 +146,7 @@ def main():
             with open(path, "w", encoding="utf-8") as f:
                 f.write(body)
             for kv in kvs:
-                runs = [(ours.run(path, kv), theirs.run(body, kv)) for _ in range(a.rounds)]
+                runs = [(ours.run(path, kv), theirs.run("@" + path, kv)) for _ in range(a.rounds)]
                 med = lambda side, key: sorted(r[side][key] for r in runs)[len(runs) // 2]
                 results[(d, kv)] = {side: {k: med(i, k) for k in ("tokens", "prefill", "decode", "rss")}
                                     for i, side in enumerate(("ours", "theirs"))}

@@ -7,7 +7,7 @@
 // 1 on) and the KV cache type (f16, q8_0, q4_0: K and V alike; quantized V needs flash
 // attention), for scripts/llama_compare.py.
 //
-//   llama_decode BACKEND.so MODEL.gguf PROMPT N THREADS [FLASH_ATTN [KV_TYPE]]
+//   llama_decode BACKEND.so MODEL.gguf PROMPT|@FILE N THREADS [FLASH_ATTN [KV_TYPE]]
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +23,7 @@ static double Now() { return std::chrono::duration<double>(std::chrono::steady_c
 
 int main(int argc, char** argv) {
   if (argc < 6 || argc > 8) {
-    fprintf(stderr, "usage: llama_decode BACKEND.so MODEL.gguf PROMPT N THREADS [FLASH_ATTN [KV_TYPE]]\n");
+    fprintf(stderr, "usage: llama_decode BACKEND.so MODEL.gguf PROMPT|@FILE N THREADS [FLASH_ATTN [KV_TYPE]]\n");
     return 2;
   }
   const int flash_attn = argc > 6 ? atoi(argv[6]) : -1;
@@ -47,7 +47,15 @@ int main(int argc, char** argv) {
   if (!model) { fprintf(stderr, "cannot load model\n"); return 1; }
   const llama_vocab* vocab = llama_model_get_vocab(model);
   const int n_gen = atoi(argv[4]), threads = atoi(argv[5]);
-  const std::string text = argv[3];
+  std::string text = argv[3];
+  if (!text.empty() && text[0] == '@') {  // @FILE: the prompt's text from a file (long prompts pass no argv limit)
+    FILE* f = fopen(text.c_str() + 1, "rb");
+    if (f == nullptr) { fprintf(stderr, "cannot read %s\n", text.c_str() + 1); return 1; }
+    text.clear();
+    char buf[65536];
+    for (size_t got; (got = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, got);
+    fclose(f);
+  }
   std::vector<llama_token> ids(text.size() + 16);
   const int n = llama_tokenize(vocab, text.data(), (int)text.size(), ids.data(), (int)ids.size(), true, true);
   if (n <= 0) { fprintf(stderr, "tokenize failed\n"); return 1; }

@@ -698,6 +698,58 @@ TEST(CodecGroupTest, F16AndTqAvx512AndAvx2KernelsAgree) {
   }
 }
 
+// Decoded runs (tq's: a prefill chunk decodes a block's run once for all its queries):
+// the scores and weighted sums over vectors [0, n) of a run decoded from run_n vectors
+// are DotManyGroup's / AccumulateManyGroup's bits over the encoded vectors, keys with a
+// partly filled last tile included, at every kernel level; f16, q8_0 and q4_0 have no
+// decoded form.
+TEST(CodecGroupTest, DecodedRunsMatchEncodedReads) {
+  for (int level = 0; level < 3; ++level) {
+    ForceGenericKernels(level == 0);
+    codec_internal::ForceNoAvx512Kernels(level == 1);
+    for (KvCodec codec : {KvCodec::kF16, KvCodec::kQ8_0, KvCodec::kTq4, KvCodec::kTq3}) {
+      for (int d : {8, 32, 64, 128, 256}) {
+        if (codec == KvCodec::kQ8_0 && d % 32 != 0) continue;
+        SCOPED_TRACE(std::string(KvCodecName(codec)) + " head_dim " + std::to_string(d) + " level " +
+                     std::to_string(level));
+        std::unique_ptr<VectorCodec> c = MakeCodec(codec, d);
+        const size_t run_n = 37, n = 30;
+        const int heads = 3;
+        if (codec == KvCodec::kF16 || codec == KvCodec::kQ8_0) {
+          EXPECT_EQ(c->DecodedRunBytes(run_n, true), 0u);
+          continue;
+        }
+        const std::vector<float> kv = RandomRows(run_n, d, 81, true);
+        const std::vector<float> q = RandomRows(heads, d, 82, false);
+        std::vector<uint8_t> enc(run_n * c->vector_bytes());
+        c->EncodeMany(kv.data(), run_n, enc.data());
+        std::vector<float> qp(q.size());
+        for (int h = 0; h < heads; ++h) c->PrepareQuery(q.data() + h * d, qp.data() + h * d);
+        for (bool keys : {true, false}) {
+          std::vector<std::byte> dec(c->DecodedRunBytes(run_n, keys));
+          ASSERT_GT(dec.size(), 0u);
+          c->DecodeRun(enc.data(), run_n, keys, dec.data());
+          if (keys) {
+            std::vector<float> want(heads * n), got(heads * n, -1.0f);
+            c->DotManyGroup(qp.data(), heads, enc.data(), n, want.data(), n);
+            c->DotManyGroupDecoded(qp.data(), heads, dec.data(), run_n, n, got.data(), n);
+            EXPECT_EQ(got, want);
+          } else {
+            std::vector<float> w(heads * n);
+            for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f / static_cast<float>(2 + i % 13);
+            std::vector<float> want(heads * d, 0.5f), got(heads * d, 0.5f);
+            c->AccumulateManyGroup(w.data(), n, heads, enc.data(), n, want.data());
+            c->AccumulateManyGroupDecoded(w.data(), n, heads, dec.data(), run_n, n, got.data());
+            EXPECT_EQ(got, want);
+          }
+        }
+      }
+    }
+  }
+  ForceGenericKernels(false);
+  codec_internal::ForceNoAvx512Kernels(false);
+}
+
 // Key tiles: a key written into a tile reads back as Encode/Decode would give it, and
 // the tiled scores equal the single-vector Dot of the same keys bit for bit, at every
 // kernel level (generic, AVX2, AVX-512): head_dims that are and are not multiples of 16,

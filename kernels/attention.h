@@ -832,10 +832,12 @@ template <AttentionCodec Codec, typename F>
 void WithBlockRun(const Codec& codec, const AttentionParams* ps, const PagedKvView& one, int g, int64_t t0,
                   int64_t t1, bool keys, F&& fn) {
   if constexpr (DecodedRunCodec<Codec>) {
-    int64_t most = 0;
-    for (int64_t t = t0; t1 - t0 > 1 && t < t1; ++t) {
-      int64_t start;
-      most = std::max(most, BlockKeys(ps[t], one, 0, &start));
+    int64_t most = 0;  // stays 0 for a single query: it reads the run once anyway
+    if (t1 - t0 > 1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t start;
+        most = std::max(most, BlockKeys(ps[t], one, 0, &start));
+      }
     }
     if (most > 0 && codec.DecodedRunBytes(static_cast<size_t>(most), keys) > 0) {
       thread_local std::vector<std::byte> buffers[2];  // K and V: a task decodes one at a time

@@ -624,6 +624,11 @@ class TqCodec final : public VectorCodec {
                                                            static_cast<size_t>(view_.groups) * n16);
     return halves + static_cast<size_t>(g) * n16 * static_cast<size_t>(view_.group);
   }
+  // fn(s0, m, g, halves, scales) for each chunk of vectors [s0, s0 + m) of the n at enc
+  // and each group g, with that group's centroids ([m][group] fp16) and scales decoded
+  // into the thread's scratch.
+  template <typename F>
+  void ForEachDecodedChunk(const void* enc, size_t n, F&& fn) const;
   // The per-group steps around the f16 kernels, shared by the encoded and decoded forms.
   void SliceGroups(const float* rows, size_t heads, float* slices) const;  // [heads][hd] -> [groups][heads][group]
   void JoinGroups(const float* slices, size_t heads, float* rows) const;   // the inverse
@@ -681,54 +686,55 @@ void TqCodec::ScaleWeights(const float* w, size_t w_stride, size_t heads, const 
   for (size_t h = 0; h < heads; ++h) mul_row_(w + h * w_stride, scales, m, out + h * m);
 }
 
-void TqCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
-                           size_t scores_stride) const {
-  const auto* p = static_cast<const uint8_t*>(k_enc);
-  const size_t group = static_cast<size_t>(view_.group);
-  const size_t nh = static_cast<size_t>(heads);
+template <typename F>
+void TqCodec::ForEachDecodedChunk(const void* enc, size_t n, F&& fn) const {
+  const auto* p = static_cast<const uint8_t*>(enc);
   TqScratch& s = Scratch();
-  const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / group);
+  const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / static_cast<size_t>(view_.group));
   Fit(s.scales, chunk);
-  if (view_.groups > 1) {  // each group's slice of the queries, contiguous
-    Fit(s.temp, nh * chunk);
-    Fit(s.q, nh * static_cast<size_t>(head_dim()));
-    SliceGroups(q_prep, nh, s.q.data());
-  }
   for (size_t s0 = 0; s0 < n; s0 += chunk) {
     const size_t m = std::min(chunk, n - s0);
     for (int g = 0; g < view_.groups; ++g) {
       decode_(view_, tables_, p + s0 * vector_bytes(), m, vector_bytes(), g, s.halves, s.scales.data());
-      const float* qg = view_.groups == 1 ? q_prep : &s.q[g * nh * group];
-      float* part = g == 0 ? scores + s0 : s.temp.data();
-      const size_t part_stride = g == 0 ? scores_stride : m;
-      f16_->DotManyGroup(qg, heads, s.halves, m, part, part_stride);
-      ScaleScores(g, s.scales.data(), m, nh, part, part_stride, scores + s0, scores_stride);
+      fn(s0, m, g, s.halves, s.scales.data());
     }
   }
 }
 
-void TqCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
-                                  float* acc) const {
-  const auto* p = static_cast<const uint8_t*>(v_enc);
+void TqCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
+                           size_t scores_stride) const {
   const size_t group = static_cast<size_t>(view_.group);
   const size_t nh = static_cast<size_t>(heads);
   TqScratch& s = Scratch();
-  const size_t chunk = std::max<size_t>(1, TqScratch::kHalves / group);
-  Fit(s.scales, chunk);
-  Fit(s.temp, nh * chunk);
+  if (view_.groups > 1) {  // each group's slice of the queries, contiguous
+    Fit(s.temp, nh * (TqScratch::kHalves / group));
+    Fit(s.q, nh * static_cast<size_t>(head_dim()));
+    SliceGroups(q_prep, nh, s.q.data());
+  }
+  ForEachDecodedChunk(k_enc, n, [&](size_t s0, size_t m, int g, const uint16_t* halves, const float* scales) {
+    const float* qg = view_.groups == 1 ? q_prep : &s.q[g * nh * group];
+    float* part = g == 0 ? scores + s0 : s.temp.data();
+    const size_t part_stride = g == 0 ? scores_stride : m;
+    f16_->DotManyGroup(qg, heads, halves, m, part, part_stride);
+    ScaleScores(g, scales, m, nh, part, part_stride, scores + s0, scores_stride);
+  });
+}
+
+void TqCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
+                                  float* acc) const {
+  const size_t group = static_cast<size_t>(view_.group);
+  const size_t nh = static_cast<size_t>(heads);
+  TqScratch& s = Scratch();
+  Fit(s.temp, nh * std::max<size_t>(1, TqScratch::kHalves / group));
   const bool split = view_.groups > 1;  // then each group's accumulators, contiguous
   if (split) {
     Fit(s.q, nh * static_cast<size_t>(head_dim()));
     SliceGroups(acc, nh, s.q.data());
   }
-  for (size_t s0 = 0; s0 < n; s0 += chunk) {
-    const size_t m = std::min(chunk, n - s0);
-    for (int g = 0; g < view_.groups; ++g) {
-      decode_(view_, tables_, p + s0 * vector_bytes(), m, vector_bytes(), g, s.halves, s.scales.data());
-      ScaleWeights(w + s0, w_stride, nh, s.scales.data(), m, s.temp.data());
-      f16_->AccumulateManyGroup(s.temp.data(), m, heads, s.halves, m, split ? &s.q[g * nh * group] : acc);
-    }
-  }
+  ForEachDecodedChunk(v_enc, n, [&](size_t s0, size_t m, int g, const uint16_t* halves, const float* scales) {
+    ScaleWeights(w + s0, w_stride, nh, scales, m, s.temp.data());
+    f16_->AccumulateManyGroup(s.temp.data(), m, heads, halves, m, split ? &s.q[g * nh * group] : acc);
+  });
   if (split) JoinGroups(s.q.data(), nh, acc);
 }
 

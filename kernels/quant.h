@@ -63,6 +63,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/ggml_types.h"
+#include "kernels/hd.h"
 
 namespace tierkv::kernels {
 
@@ -185,7 +186,7 @@ inline bool IsActivationOnly(WeightType type) { return type == WeightType::kQ8_1
 size_t RowBytes(WeightType type, int64_t n);
 
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
-inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+TIERKV_HD void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   if (j < 4) {
     *sc = q[j] & 63;
     *m = q[j + 4] & 63;
@@ -198,7 +199,7 @@ inline void ScaleMinK4(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
 // The 6-bit scale code (0..63; the scale is code - 32) of group g (0..15) of a Q3_K
 // super-block: low 4 bits in nibble g / 8 of byte g % 8, high 2 bits at bit 2 * (g / 4)
 // of byte 8 + g % 4.
-inline int ScaleQ3K(const uint8_t* scales, int g) {
+TIERKV_HD int ScaleQ3K(const uint8_t* scales, int g) {
   return ((scales[g % 8] >> (4 * (g / 8))) & 15) | (((scales[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
 }
 
@@ -228,7 +229,7 @@ void QuantizeQ8KTiesAway(const float* x, void* out, int64_t n);
 
 // The 8 float lanes of a Q5_K / Q6_K dot product (DotQ5_KScalar) summed as ggml's x86
 // hsum_float_8 sums them: lanes (L, L + 4) pairwise, then (0, 2) and (1, 3), then the two.
-inline float HsumLanes8(const float a[8]) {
+TIERKV_HD float HsumLanes8(const float a[8]) {
   const float b0 = a[4] + a[0], b1 = a[5] + a[1], b2 = a[6] + a[2], b3 = a[7] + a[3];
   return (b0 + b2) + (b1 + b3);
 }

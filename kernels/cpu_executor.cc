@@ -8,6 +8,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/cuda_executor.h"
 #include "kernels/moe.h"
 #include "kernels/norm.h"
 
@@ -26,10 +27,8 @@ std::unique_ptr<Executor> MakeCpuExecutor(int threads) { return std::make_unique
 
 std::unique_ptr<Executor> MakeExecutor(std::string_view name, int threads, std::string* why_not) {
   if (name == "cpu") return MakeCpuExecutor(threads);
-  if (why_not != nullptr) {
-    *why_not = name == "cuda" ? "this build has no CUDA executor (compute runs on the CPU; docs/architecture.md)"
-                              : "unknown executor \"" + std::string(name) + "\"";
-  }
+  if (name == "cuda") return MakeCudaExecutor(why_not);
+  if (why_not != nullptr) *why_not = "unknown executor \"" + std::string(name) + "\"";
   return nullptr;
 }
 

@@ -66,6 +66,10 @@ class Executor {
   // write the caller's host arrays (logits) directly instead of reading them back.
   virtual bool host_memory() const = 0;
 
+  // Whether AppendKv and attention take this KV codec (the CPU executor: all of them;
+  // the CUDA executor: f16, q8_0, q4_0). Callers refuse the others before computing.
+  virtual bool SupportsKv(const KvCodecDesc& codec) const { return true; }
+
   // Executor-visible memory (the decoder's scratch), at least 64-byte aligned;
   // contents unspecified. Allocate(0) may return null.
   virtual void* Allocate(size_t bytes) = 0;

@@ -101,6 +101,15 @@ TIERKV_HD int HdRoundHalfEven(float v) {
 #endif
 }
 
+// Round half away from zero (std::round), as the q8_0 KV codec rounds.
+TIERKV_HD int HdRoundHalfAway(float v) {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(roundf(v));
+#else
+  return static_cast<int>(std::round(v));
+#endif
+}
+
 TIERKV_HD float HdAbs(float v) { return v < 0.0f ? -v : (v == 0.0f ? 0.0f : v); }
 
 }  // namespace tierkv::kernels

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -71,6 +72,16 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
+// Whether the executor takes the KV codec (Executor::SupportsKv); one that does not is
+// skipped in the KV tests, with a line saying so.
+bool TakesKv(const Executor& e, KvCodec codec) {
+  auto c = VectorCodec::Create(codec, 64, 0);
+  EXPECT_TRUE(c.ok());
+  if (e.SupportsKv((*c)->desc())) return true;
+  std::printf("[ SKIPPED  ] %s KV: not taken by the %s executor\n", KvCodecName(codec), e.name());
+  return false;
+}
+
 // |a - b| <= tol * (1 + |b|) for every element.
 void ExpectClose(const std::vector<float>& got, const std::vector<double>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
@@ -87,6 +98,12 @@ TEST_P(ExecutorConformance, NamesItselfAndItsTier) {
   host_only.device_frames = 0;
   host_only.disk_frames = 0;
   auto mm = testing::MakeManager(host_only, dir.path());
+  // Every executor takes the f16 KV codec; the CPU executor takes them all.
+  for (KvCodec codec : kAllKvCodecs) {
+    if (codec == KvCodec::kF16 || exec_->host_memory()) {
+      EXPECT_TRUE(TakesKv(*exec_, codec)) << KvCodecName(codec);
+    }
+  }
   if (exec_->host_memory()) {
     EXPECT_EQ(exec_->tier_for(*mm), Tier::kHost);
     auto with_sim = testing::MakeManager(testing::SmallTiers{}, dir.path());
@@ -324,7 +341,9 @@ struct KvFixture {
 std::unique_ptr<KvFixture> MakeKv(Executor& exec, KvCodec codec, int block_tokens, int n_tokens, uint32_t seed) {
   auto f = std::make_unique<KvFixture>();
   testing::SmallTiers tiers;
-  tiers.device_frames = 0;
+  // A device executor computes on the Device tier: in VRAM for it, none for the CPU.
+  tiers.device_frames = exec.host_memory() ? 0 : 64;
+  tiers.cuda_device = !exec.host_memory();
   tiers.disk_frames = 0;
   tiers.host_frames = 64;
   tiers.frame_bytes = 64 << 10;
@@ -360,6 +379,7 @@ std::unique_ptr<KvFixture> MakeKv(Executor& exec, KvCodec codec, int block_token
 
 TEST_P(ExecutorConformance, AppendKvWritesTheCodecsBytes) {
   for (KvCodec codec : kAllKvCodecs) {
+    if (!TakesKv(*exec_, codec)) continue;
     for (int block_tokens : {16, 24}) {  // 16: f16, q8_0 and q4_0 keys in tiles
       SCOPED_TRACE(std::string(KvCodecName(codec)) + ", block of " + std::to_string(block_tokens));
       auto f = MakeKv(*exec_, codec, block_tokens, 40, 15);
@@ -486,6 +506,7 @@ std::vector<std::vector<float>> RunAttention(Executor& exec, KvFixture& f, const
 
 TEST_P(ExecutorConformance, AttentionMatchesReferenceInEveryFormAndBatching) {
   for (KvCodec codec : kAllKvCodecs) {
+    if (!TakesKv(*exec_, codec)) continue;
     SCOPED_TRACE(KvCodecName(codec));
     auto f = MakeKv(*exec_, codec, 16, 70, 16);  // 5 blocks, the last partly filled
     AttentionParams p;

@@ -39,6 +39,7 @@ struct SmallTiers {
   uint32_t disk_frames = 16;   // 0 = no Disk tier
   uint64_t frame_bytes = 4096;
   PolicyKind policy = PolicyKind::kDecayedLfu;
+  bool cuda_device = false;    // the Device tier in VRAM (a CUDA executor's tests), else simulated
 };
 
 // Injectors are optional: when given, that tier's backend is wrapped in a FaultyBackend.
@@ -57,7 +58,9 @@ inline std::unique_ptr<MemoryManager> MakeManager(const SmallTiers& s, const std
   host.mlock = MlockMode::kOff;
   b[TierIndex(Tier::kHost)] = wrap(CreateHostBackend(host), nullptr);
   if (s.device_frames) {
-    b[TierIndex(Tier::kDevice)] = wrap(CreateSimDeviceBackend({s.device_frames * s.frame_bytes, 0, true}), device_faults);
+    const uint64_t bytes = s.device_frames * s.frame_bytes;
+    b[TierIndex(Tier::kDevice)] =
+        wrap(s.cuda_device ? CreateCudaDeviceBackend(bytes, true) : CreateSimDeviceBackend({bytes, 0, true}), device_faults);
   }
   if (s.disk_frames) {
     b[TierIndex(Tier::kDisk)] = wrap(CreateDiskBackend({disk_dir, s.disk_frames * s.frame_bytes, true, true}), disk_faults);

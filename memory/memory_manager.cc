@@ -190,6 +190,14 @@ std::optional<Tier> MemoryManager::Above(Tier t) const {
   return std::nullopt;
 }
 
+bool MemoryManager::InArena(Tier t, const void* p) const {
+  if (!has_tier(t)) return false;
+  TierBackend& b = *tiers_[TierIndex(t)].backend;
+  const auto* base = b.arena_address();
+  const auto* q = static_cast<const std::byte*>(p);
+  return base != nullptr && q >= base && q < base + b.capacity();
+}
+
 std::byte* MemoryManager::FrameAddress(Tier t, FrameId f) const {
   std::byte* base = tiers_[TierIndex(t)].backend->arena_address();
   return base == nullptr ? nullptr : base + static_cast<uint64_t>(f.value) * frame_bytes_;

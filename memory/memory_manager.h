@@ -134,6 +134,9 @@ class MemoryManager {
   // True when pins on tier t hand out host pointers (Host, sim Device), so CPU code
   // can read and write the page in place.
   bool host_addressable(Tier t) const { return has_tier(t) && tiers_[TierIndex(t)].backend->base() != nullptr; }
+  // Whether p lies in tier t's arena (host or device address space): pins on t hand out
+  // pointers there. False for a tier without an arena address (a disk tier read through).
+  bool InArena(Tier t, const void* p) const;
   PolicyKind policy_kind() const { return policy_->kind(); }
 
   // A new page of `bytes` with its only copy on `tier` (dirty; contents unspecified),

@@ -1,0 +1,255 @@
+// tests/runtime/model_device_test.cc
+//
+// The decoder's device-executor path, on the CPU. A device executor (the CUDA one)
+// cannot read host memory the way the CPU executor does: the decoder must read the
+// logits back, stage KV blocks into the compute tier, and hand every compute op only
+// memory of the executor's own or pages pinned on the device tier. DeviceStyleExecutor
+// computes with the CPU kernels on a simulated device tier but behaves as a device
+// executor (host_memory() false) and fails the test when an op gets host memory where
+// a GPU would need its own. Runs through it, with paged weights and every KV codec, in
+// decode steps and in prefill chunks, must give the CPU executor's logits bit for bit.
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <set>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/executor.h"
+#include "runtime/builtin_model.h"
+#include "runtime/model.h"
+#include "tests/memory/mm_test_util.h"
+#include "tests/runtime/reference_util.h"
+
+namespace tierkv {
+namespace {
+
+using kernels::Executor;
+
+class DeviceStyleExecutor final : public Executor {
+ public:
+  DeviceStyleExecutor() : cpu_(kernels::MakeCpuExecutor(2)) {}
+  // The manager whose device tier counts as this executor's memory.
+  void Watch(const MemoryManager* mm) { mm_ = mm; }
+  int checked() const { return checked_; }
+  // The row counts of the matrices whose weights were host memory.
+  const std::set<int64_t>& host_matrices() const { return host_matrices_; }
+
+  const char* name() const override { return "device-style"; }
+  int threads() const override { return cpu_->threads(); }
+  Tier tier_for(const MemoryManager& mm) const override { return Tier::kDevice; }
+  bool host_memory() const override { return false; }
+
+  void* Allocate(size_t bytes) override {
+    void* p = cpu_->Allocate(bytes);
+    if (p != nullptr) allocs_[static_cast<const std::byte*>(p)] = bytes;
+    return p;
+  }
+  void Deallocate(void* p) override {
+    allocs_.erase(static_cast<const std::byte*>(p));
+    cpu_->Deallocate(p);
+  }
+  void Upload(void* dst, const void* src, size_t n) override { Dev(dst, "Upload dst"), cpu_->Upload(dst, src, n); }
+  void ReadBack(void* dst, const void* src, size_t n) override { Dev(src, "ReadBack src"), cpu_->ReadBack(dst, src, n); }
+  void Copy(void* dst, const void* src, size_t n) override {
+    Dev(dst, "Copy dst"), Dev(src, "Copy src"), cpu_->Copy(dst, src, n);
+  }
+  void WaitFor(const Pin& pin) override { cpu_->WaitFor(pin); }
+  void Retire(Pin pin) override { cpu_->Retire(std::move(pin)); }
+  void Synchronize() override { cpu_->Synchronize(); }
+
+  void GetRow(const kernels::MatrixView& w, int64_t r, float* out) override { Dev(out, "GetRow"), cpu_->GetRow(w, r, out); }
+  void RmsNorm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* out) override {
+    Dev(x, "RmsNorm x"), Dev(out, "RmsNorm out"), cpu_->RmsNorm(x, w, rows, n, eps, out);
+  }
+  void Rope(const kernels::RopeParams& p, int64_t pos, float* x, int n_heads, int head_dim) override {
+    Dev(x, "Rope"), cpu_->Rope(p, pos, x, n_heads, head_dim);
+  }
+  void Add(float* y, const float* x, size_t n) override { Dev(y, "Add y"), cpu_->Add(y, x, n); }  // x: may be a bias
+  void SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    Dev(gate, "SwiGlu gate"), Dev(up, "SwiGlu up"), Dev(out, "SwiGlu out"), cpu_->SwiGlu(gate, up, out, n);
+  }
+  void SetActivation(kernels::ActivationRow& row, const float* x, int64_t n) override {
+    Dev(x, "SetActivation"), cpu_->SetActivation(row, x, n);
+  }
+  void MatVec(std::span<const kernels::MatVecJob> jobs) override {
+    for (const auto& j : jobs) Dev(j.y, "MatVec y"), Weights(*j.w);
+    cpu_->MatVec(jobs);
+  }
+  void MatMul(std::span<const kernels::MatMulJob> jobs) override {
+    for (const auto& j : jobs) Dev(j.y, "MatMul y"), Weights(*j.w);
+    cpu_->MatMul(jobs);
+  }
+  void RouteTopK(const float* logits, int n_expert, int k, bool normalize, int* ids, float* weights) override {
+    Dev(logits, "RouteTopK"), cpu_->RouteTopK(logits, n_expert, k, normalize, ids, weights);
+  }
+  void CombineExperts(const float* weights, const float* rows, int k, int64_t n, float* out) override {
+    Dev(rows, "CombineExperts rows"), Dev(out, "CombineExperts out"), cpu_->CombineExperts(weights, rows, k, n, out);
+  }
+  void AppendKv(const kernels::KvVectorKernels& codec, const kernels::KvWriteSlot& slot, const float* k,
+                const float* v) override {
+    Dev(slot.k, "AppendKv slot"), Dev(slot.v, "AppendKv slot"), Dev(k, "AppendKv k"), Dev(v, "AppendKv v");
+    cpu_->AppendKv(codec, slot, k, v);
+  }
+  void AttentionBegin(const kernels::KvVectorKernels& codec, const kernels::AttentionParams& p, const float* q,
+                      kernels::AttentionState* st) override {
+    Dev(q, "AttentionBegin q"), cpu_->AttentionBegin(codec, p, q, st);
+  }
+  void AttentionStep(const kernels::KvVectorKernels& codec, kernels::AttentionVisit visit,
+                     const kernels::AttentionParams& p, const kernels::PagedKvView& kv,
+                     kernels::AttentionState* st) override {
+    Blocks(kv), cpu_->AttentionStep(codec, visit, p, kv, st);
+  }
+  void AttentionSoftmax(const kernels::AttentionParams& p, kernels::AttentionState* st) override {
+    cpu_->AttentionSoftmax(p, st);
+  }
+  void AttentionStepMulti(const kernels::KvVectorKernels& codec, kernels::AttentionVisit visit,
+                          const kernels::AttentionParams* ps, kernels::AttentionState* const* sts, int64_t n,
+                          const kernels::PagedKvView& kv) override {
+    Blocks(kv), cpu_->AttentionStepMulti(codec, visit, ps, sts, n, kv);
+  }
+  void AttentionSoftmaxMulti(const kernels::AttentionParams* ps, kernels::AttentionState* const* sts,
+                             int64_t n) override {
+    cpu_->AttentionSoftmaxMulti(ps, sts, n);
+  }
+  void AttentionEnd(const kernels::KvVectorKernels& codec, const kernels::AttentionParams& p,
+                    kernels::AttentionState* st, float* out) override {
+    Dev(out, "AttentionEnd out"), cpu_->AttentionEnd(codec, p, st, out);
+  }
+
+ private:
+  bool Mine(const void* p) const {
+    const auto* b = static_cast<const std::byte*>(p);
+    auto it = allocs_.upper_bound(b);
+    if (it != allocs_.begin() && b < std::prev(it)->first + std::prev(it)->second) return true;
+    return mm_ != nullptr && mm_->InArena(Tier::kDevice, p);
+  }
+  // p must be in one of this executor's allocations or on the device tier.
+  void Dev(const void* p, const char* what) {
+    ++checked_;
+    if (p != nullptr && !Mine(p)) ADD_FAILURE() << what << ": host memory where a device executor reads only its own";
+  }
+  // Weights on the host are constant model data a device executor copies once (the
+  // routers, which are read ahead of their layer's page); which ones, for the test.
+  void Weights(const kernels::MatrixView& w) {
+    ++checked_;
+    if (!Mine(w.data)) host_matrices_.insert(w.rows);
+  }
+  void Blocks(const kernels::PagedKvView& kv) {
+    for (int i = 0; i < kv.n_blocks; ++i) Dev(kv.blocks[i], "attention block");
+  }
+
+  std::unique_ptr<Executor> cpu_;
+  const MemoryManager* mm_ = nullptr;
+  std::map<const std::byte*, size_t> allocs_;
+  std::set<int64_t> host_matrices_;
+  int checked_ = 0;
+};
+
+int32_t TokenAt(int pos, int n_vocab) { return static_cast<int32_t>((pos * 7919 + 13) % n_vocab); }
+
+// Logits of every 4th position of a fixed token stream: decode steps (chunks empty) or
+// a prefill in chunks cycling through `chunks`. With `device`, through a
+// DeviceStyleExecutor with the weights paged onto a device tier that holds them all;
+// else the CPU executor on host memory.
+struct DeviceRun {
+  int checked = 0;
+  std::set<int64_t> host_matrices;
+  int64_t n_expert = 0;
+};
+
+std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, bool device, int tokens,
+                          const std::vector<int>& chunks, DeviceRun* run = nullptr) {
+  testing::TempDir dir;
+  ModelOptions mo;
+  mo.threads = 2;
+  auto exec = std::make_shared<DeviceStyleExecutor>();
+  if (device) mo.executor = exec;
+  auto model = Model::Load(file, mo);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  if (!model.ok()) return {};
+  testing::SmallTiers s;
+  s.frame_bytes = 64 * 1024;
+  const uint32_t room = static_cast<uint32_t>((*model)->WeightPageBytes(s.frame_bytes) / s.frame_bytes) + 256;
+  s.device_frames = device ? room : 0;
+  s.host_frames = room;
+  s.disk_frames = 0;
+  std::unique_ptr<MemoryManager> mm = testing::MakeManager(s, dir.path());
+  exec->Watch(mm.get());
+  if (device) {
+    const Status st = (*model)->UseMemory(mm.get());
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  auto cache = KvCache::Create(mm.get(), (*model)->KvGeometryFor(codec, /*block_tokens=*/16));
+  EXPECT_TRUE(cache.ok()) << cache.status().ToString();
+  const SeqId seq = (*cache)->NewSequence();
+  const int n_vocab = (*model)->config().n_vocab;
+  std::vector<float> all, logits(static_cast<size_t>(n_vocab));
+  size_t c = 0;
+  for (int pos = 0; pos < tokens;) {
+    if (chunks.empty()) {
+      const Status st = (*model)->Forward(**cache, seq, TokenAt(pos, n_vocab), pos, logits);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      if (pos % 4 == 3) all.insert(all.end(), logits.begin(), logits.end());
+      ++pos;
+      continue;
+    }
+    const int n = std::min(chunks[c++ % chunks.size()], tokens - pos);
+    std::vector<int32_t> ids;
+    std::vector<int> rows;
+    for (int i = 0; i < n; ++i) {
+      ids.push_back(TokenAt(pos + i, n_vocab));
+      if ((pos + i) % 4 == 3) rows.push_back(i);
+    }
+    logits.resize(rows.size() * static_cast<size_t>(n_vocab));
+    const Status st = (*model)->ForwardBatch(**cache, seq, ids, pos, rows, logits);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    all.insert(all.end(), logits.begin(), logits.end());
+    pos += n;
+  }
+  if (run != nullptr) *run = {exec->checked(), exec->host_matrices(), (*model)->config().n_expert};
+  cache->reset();
+  model->reset();  // before the memory manager
+  return all;
+}
+
+TEST(ModelDeviceTest, DeviceExecutorPathGivesTheCpuLogits) {
+  std::vector<std::pair<std::string, std::shared_ptr<const GgufFile>>> models;
+  auto tiny = BuildBuiltinModel("tiny-moe");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  models.emplace_back("builtin:tiny-moe", std::move(tiny).value());
+  const std::string ref = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-llama-q8_0.gguf";
+  if (std::filesystem::exists(ref)) {
+    auto f = GgufFile::Open(ref);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    models.emplace_back("ref-llama-q8_0", std::move(f).value());
+  } else {
+    ASSERT_FALSE(testing::ReferenceRequired()) << ref << " is absent and TIERKV_REQUIRE_REFERENCE is set";
+  }
+  for (const auto& [name, file] : models) {
+    for (KvCodec codec : kAllKvCodecs) {
+      for (const std::vector<int>& chunks : {std::vector<int>{}, std::vector<int>{9, 2, 13}}) {
+        SCOPED_TRACE(name + " " + KvCodecName(codec) + (chunks.empty() ? ", decode" : ", prefill chunks"));
+        DeviceRun run;
+        const std::vector<float> cpu = Logits(file, codec, false, 40, chunks);
+        const std::vector<float> dev = Logits(file, codec, true, 40, chunks, &run);
+        ASSERT_FALSE(cpu.empty());
+        ASSERT_EQ(cpu.size(), dev.size());
+        EXPECT_EQ(std::memcmp(cpu.data(), dev.data(), cpu.size() * sizeof(float)), 0)
+            << "the device path changed the logits";
+        EXPECT_GT(run.checked, 1000) << "the ops went through the checks";
+        // Every weight matrix on the device but the routers (n_expert rows).
+        for (int64_t rows : run.host_matrices) {
+          EXPECT_EQ(rows, run.n_expert) << "a matrix of " << rows << " rows on the host";
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tierkv

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/cpu_features.h"
+#include "kernels/executor.h"
 #include "kernels/quant.h"
 #include "kvcache/checksum.h"
 #include "kvcache/kv_cache.h"
@@ -58,11 +59,10 @@ LogitsEntry Entry(int pos, std::span<const float> logits) {
   return LogitsEntry{pos, TopLogits(logits, 10), LogSumExp(logits)};
 }
 
-// Whether the decoder computes on pages of the device tier. The simulated device is host
-// memory the CPU executor computes on; a CUDA device only stores pages in this build
-// (there is no CUDA executor yet: docs/architecture.md), so its VRAM is not room for the
-// KV cache or the weights the decoder reads, nor a reason to keep the host budget small.
-bool DecoderUsesDevice(const MemoryOptions& m) { return m.device == DeviceKind::kSim; }
+// Whether the decoder computes on pages of the device tier: the simulated device is host
+// memory the CPU executor computes on; --device cuda computes on the GPU (the CUDA
+// executor), so VRAM holds the weights and KV blocks it reads.
+bool DecoderUsesDevice(const MemoryOptions& m) { return m.device != DeviceKind::kNone; }
 
 // The context's KV blocks (one frame each) must fit in all tiers together, or the run
 // would fail when the cache fills, after the prefill's work: refused before it starts
@@ -88,8 +88,7 @@ Status CheckKvFits(int n_ctx, const KvGeometry& g, const MemoryOptions& m, const
   return Status::InvalidArgument(
       "impossible budget: a context of " + std::to_string(n_ctx) + " tokens needs " + FormatBytes(blocks * frame) +
       " of KV cache (" + std::to_string(blocks) + " blocks of " + FormatBytes(frame) + "), more than all tiers hold (" +
-      held + (m.device == DeviceKind::kCuda ? "; --vram is not counted: this build computes on the CPU" : "") +
-      "); raise --host, add --disk SIZE, or lower -c (by default the prompt plus -n)");
+      held + "); raise --host, add --disk SIZE, or lower -c (by default the prompt plus -n)");
 }
 
 // The RoPE settings that shape the cached K (stored after RoPE), as text.
@@ -426,6 +425,22 @@ AutoHost AutoHostBytes(int n_ctx, const KvGeometry& g, const MemoryOptions& m, u
   return h;
 }
 
+// --device cuda: the CUDA executor, or one line saying why not (no CUDA in this build,
+// no device, a KV type or option it does not take).
+Result<std::shared_ptr<kernels::Executor>> CudaExecutorFor(const RunOptions& o, const ModelConfig& config) {
+  std::string why;
+  std::shared_ptr<kernels::Executor> exec = kernels::MakeExecutor("cuda", o.threads, &why);
+  if (exec == nullptr) return Status::Unsupported("--device cuda: " + why + "; use --device sim or none to compute on the CPU");
+  TIERKV_ASSIGN_OR_RETURN(auto codec, VectorCodec::Create(o.kv_type, config.head_dim, 0));
+  if (!exec->SupportsKv(codec->desc())) {
+    return Status::Unsupported(std::string("--device cuda: the CUDA executor does not take --kv-type ") +
+                               KvCodecName(o.kv_type) + " with head_dim " + std::to_string(config.head_dim) +
+                               " (f16, q8_0 and q4_0, head_dim a multiple of 32 up to 256)");
+  }
+  if (o.attn_topk > 0) return Status::Unsupported("--device cuda: --attn-topk is not on the CUDA executor yet");
+  return exec;
+}
+
 Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_ptr<const GgufFile> file,
                                               const ModelConfig& config, int n_ctx, bool fingerprint) {
   auto rt = std::make_unique<Runtime>();
@@ -438,6 +453,13 @@ Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_pt
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.attn_topk = o.attn_topk;
   mo.rope = o.rope;
+  if (o.memory.device == DeviceKind::kCuda) {
+    TIERKV_ASSIGN_OR_RETURN(mo.executor, CudaExecutorFor(o, config));
+  }
+  if (mo.executor != nullptr && mo.llama_attention_sums) {
+    spdlog::warn("--llama-sums: the CUDA executor sums in its own orders (docs/gpu.md); ignored");
+    mo.llama_attention_sums = false;
+  }
   // The memory manager is created once the frame size is known (Runtime: destroyed
   // after the model, whose pages it holds).
   TIERKV_ASSIGN_OR_RETURN(rt->model, Model::Load(file, mo));

@@ -339,10 +339,6 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
     spdlog::warn("--vram {} is ignored: --device none has no device tier (use --device cuda or sim)", f.vram);
     m.device_bytes = 0;
   }
-  if (m.device == DeviceKind::kCuda) {
-    spdlog::warn("--device cuda: this build computes on the CPU (no CUDA executor yet); VRAM only stores pages between "
-                 "uses, and the KV cache must fit --host and --disk");
-  }
   o.auto_host = f.host == "auto";
   if (!o.auto_host) {
     TIERKV_ASSIGN_OR_RETURN(m.host_bytes, size(f.serve ? "--ram" : "--host", f.host));

@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/cpu_features.h"
+#include "kernels/executor.h"
 #include "kernels/quant.h"
 #include "kernels/thread_pool.h"
 #include "kvcache/session_file.h"
@@ -710,19 +711,25 @@ TEST(RunCommandTest, RopeFlagsReachTheModelAndSeparateSessions) {
   std::remove(session.c_str());
 }
 
-// Until the CUDA executor lands, --device cuda computes on the CPU: the run says so, and
-// VRAM is no room for the KV cache (the same context with --device sim, whose memory the
-// CPU computes on, fits). The refusal comes before any device is opened, so it holds on
-// machines with and without a GPU.
-TEST(RunCommandTest, CudaDeviceSaysComputeIsOnTheCpuAndVramHoldsNoKv) {
-  const CliResult r = RunCli(Quick({"--device", "cuda", "--vram", "64GiB", "-c", "262144"}));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("--device cuda: this build computes on the CPU"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("error: impossible budget: a context of 262144 tokens"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("--vram is not counted: this build computes on the CPU"), std::string::npos) << r.err;
-  const CliResult sim = RunCli(Quick({"--device", "sim", "--vram", "1GiB", "-c", "262144", "-n", "1"}));
-  EXPECT_EQ(sim.exit_code, 0) << sim.err;
-  EXPECT_EQ(sim.err.find("computes on the CPU"), std::string::npos) << sim.err;
+// --device cuda computes on the GPU (the CUDA executor). Where this build or machine
+// has none (CI), the run is refused with one line naming why, before any work; where
+// there is one (the GPU check), it runs, and a KV type the executor does not take is
+// refused with one line.
+TEST(RunCommandTest, CudaDeviceComputesOnTheGpuOrSaysWhyNot) {
+  std::string why;
+  const bool gpu = kernels::MakeExecutor("cuda", 1, &why) != nullptr;
+  const CliResult r = RunCli(Quick({"--device", "cuda", "--vram", "1GiB", "-n", "4"}));
+  if (!gpu) {
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.err.rfind("error: --device cuda: " + why, 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+    return;
+  }
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const CliResult tq = RunCli(Quick({"--device", "cuda", "--vram", "1GiB", "-n", "4", "--kv-type", "tq4"}));
+  EXPECT_EQ(tq.exit_code, 1);
+  EXPECT_NE(tq.err.find("error: --device cuda: the CUDA executor does not take --kv-type tq4"), std::string::npos)
+      << tq.err;
 }
 
 // tiny-moe keeps 512 tokens of a layer in a 256 KiB block: -c 262144 needs 4 x 512

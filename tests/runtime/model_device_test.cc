@@ -153,30 +153,37 @@ class DeviceStyleExecutor final : public Executor {
 int32_t TokenAt(int pos, int n_vocab) { return static_cast<int32_t>((pos * 7919 + 13) % n_vocab); }
 
 // Logits of every 4th position of a fixed token stream: decode steps (chunks empty) or
-// a prefill in chunks cycling through `chunks`. With `device`, through a
-// DeviceStyleExecutor with the weights paged onto a device tier that holds them all;
-// else the CPU executor on host memory.
+// a prefill in chunks cycling through `chunks`. kCpu: the CPU executor on host memory;
+// kDeviceStyle: a DeviceStyleExecutor with the weights paged onto a (simulated) device
+// tier that holds them all; kCuda: the CUDA executor, weights and KV in VRAM, the device
+// tier holding all the weights and `spare_frames` frames more (few: KV blocks and
+// weights evicted and fetched again at every step).
+enum class Exec { kCpu, kDeviceStyle, kCuda };
+
 struct DeviceRun {
   int checked = 0;
   std::set<int64_t> host_matrices;
   int64_t n_expert = 0;
 };
 
-std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, bool device, int tokens,
-                          const std::vector<int>& chunks, DeviceRun* run = nullptr) {
+std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, Exec kind, int tokens,
+                          const std::vector<int>& chunks, DeviceRun* run = nullptr, uint32_t spare_frames = 256) {
   testing::TempDir dir;
   ModelOptions mo;
   mo.threads = 2;
+  const bool device = kind != Exec::kCpu;
   auto exec = std::make_shared<DeviceStyleExecutor>();
-  if (device) mo.executor = exec;
+  if (kind == Exec::kDeviceStyle) mo.executor = exec;
+  if (kind == Exec::kCuda) mo.executor = kernels::MakeExecutor("cuda", 1, nullptr);
   auto model = Model::Load(file, mo);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   if (!model.ok()) return {};
   testing::SmallTiers s;
   s.frame_bytes = 64 * 1024;
-  const uint32_t room = static_cast<uint32_t>((*model)->WeightPageBytes(s.frame_bytes) / s.frame_bytes) + 256;
-  s.device_frames = device ? room : 0;
-  s.host_frames = room;
+  const uint32_t weights = static_cast<uint32_t>((*model)->WeightPageBytes(s.frame_bytes) / s.frame_bytes);
+  s.device_frames = device ? weights + spare_frames : 0;
+  s.cuda_device = kind == Exec::kCuda;
+  s.host_frames = weights + 256;
   s.disk_frames = 0;
   std::unique_ptr<MemoryManager> mm = testing::MakeManager(s, dir.path());
   exec->Watch(mm.get());
@@ -235,8 +242,8 @@ TEST(ModelDeviceTest, DeviceExecutorPathGivesTheCpuLogits) {
       for (const std::vector<int>& chunks : {std::vector<int>{}, std::vector<int>{9, 2, 13}}) {
         SCOPED_TRACE(name + " " + KvCodecName(codec) + (chunks.empty() ? ", decode" : ", prefill chunks"));
         DeviceRun run;
-        const std::vector<float> cpu = Logits(file, codec, false, 40, chunks);
-        const std::vector<float> dev = Logits(file, codec, true, 40, chunks, &run);
+        const std::vector<float> cpu = Logits(file, codec, Exec::kCpu, 40, chunks);
+        const std::vector<float> dev = Logits(file, codec, Exec::kDeviceStyle, 40, chunks, &run);
         ASSERT_FALSE(cpu.empty());
         ASSERT_EQ(cpu.size(), dev.size());
         EXPECT_EQ(std::memcmp(cpu.data(), dev.data(), cpu.size() * sizeof(float)), 0)
@@ -247,6 +254,30 @@ TEST(ModelDeviceTest, DeviceExecutorPathGivesTheCpuLogits) {
           EXPECT_EQ(rows, run.n_expert) << "a matrix of " << rows << " rows on the host";
         }
       }
+    }
+  }
+}
+
+// On a GPU: the CUDA executor's logits do not depend on the device budget (ample, or a
+// few frames beyond the weights, so KV blocks are evicted and fetched at every step),
+// on decode steps vs prefill chunks of any size (its products and attention are per
+// token, its attention folded block by block), for every KV type it takes.
+TEST(ModelDeviceTest, CudaLogitsDoNotDependOnBudgetsOrChunks) {
+  std::string why;
+  if (kernels::MakeExecutor("cuda", 1, &why) == nullptr) GTEST_SKIP() << "no CUDA executor: " << why;
+  auto tiny = BuildBuiltinModel("tiny-moe");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  std::shared_ptr<const GgufFile> file = std::move(tiny).value();
+  for (KvCodec codec : {KvCodec::kF16, KvCodec::kQ8_0, KvCodec::kQ4_0}) {
+    SCOPED_TRACE(KvCodecName(codec));
+    const std::vector<float> ample = Logits(file, codec, Exec::kCuda, 200, {});
+    ASSERT_FALSE(ample.empty());
+    for (const auto& [chunks, spare] : {std::pair<std::vector<int>, uint32_t>{{}, 4}, {{9, 2, 13}, 256},
+                                        {{64}, 256}, {{7, 64}, 4}}) {
+      const std::vector<float> other = Logits(file, codec, Exec::kCuda, 200, chunks, nullptr, spare);
+      ASSERT_EQ(other.size(), ample.size());
+      EXPECT_EQ(std::memcmp(other.data(), ample.data(), ample.size() * sizeof(float)), 0)
+          << chunks.size() << " chunk sizes, " << spare << " spare device frames: other logits";
     }
   }
 }

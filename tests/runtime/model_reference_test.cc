@@ -144,6 +144,7 @@ struct RefCase {
   int index = -1;     // case index in the JSON; -1: no vectors (skip); -2: unreadable vectors (fail)
   std::string id;     // "P1"
   bool llama_sums = false;  // ModelOptions::llama_attention_sums (both are run)
+  bool cuda = false;        // on the CUDA executor (skipped where none answers)
 };
 
 std::vector<RefCase> ListCases() {
@@ -168,13 +169,18 @@ std::vector<RefCase> ListCases() {
     for (bool sums : {false, true}) {
       for (size_t i = 0; i < j["cases"].size(); ++i) out.push_back({m, static_cast<int>(i), j["cases"][i]["id"], sums});
     }
+    // The CUDA executor: the default sums (it has no llama.cpp-order attention).
+    for (size_t i = 0; i < j["cases"].size(); ++i) {
+      out.push_back({m, static_cast<int>(i), j["cases"][i]["id"], false, /*cuda=*/true});
+    }
   }
   if (out.empty()) out.push_back({"none", -1, "none"});
   return out;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RefCase>& info) {
-  std::string s = info.param.model + "_" + info.param.id + (info.param.llama_sums ? "_llama_sums" : "");
+  std::string s = info.param.model + "_" + info.param.id + (info.param.llama_sums ? "_llama_sums" : "") +
+                  (info.param.cuda ? "_cuda" : "");
   for (char& ch : s) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
@@ -258,6 +264,22 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   ModelOptions mo;
   mo.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
   mo.llama_attention_sums = rc.llama_sums;
+  MemoryOptions mem;
+  mem.host_bytes = 64 * kMiB;
+  mem.warmup = false;
+  mem.mlock = MlockMode::kOff;
+  if (rc.cuda) {
+    // The weights paged into VRAM and the KV cache there: as `tierkv run --device cuda`.
+    std::string why;
+    mo.executor = kernels::MakeExecutor("cuda", 1, &why);
+    if (mo.executor == nullptr) GTEST_SKIP() << "no CUDA executor: " << why;
+    mem.device = DeviceKind::kCuda;
+    mem.device_bytes = 1024 * kMiB;
+    mem.host_bytes = 256 * kMiB;
+  }
+  // Before the model, so that it outlives the model's weight pages.
+  auto mm_or = MemoryManager::Create(mem);
+  ASSERT_TRUE(mm_or.ok()) << mm_or.status().ToString();
   auto model_or = Model::Load(file, mo);
   ASSERT_TRUE(model_or.ok()) << model_or.status().ToString();
   Model& model = **model_or;
@@ -265,13 +287,10 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   EXPECT_EQ(cfg.n_embd, j["model"]["n_embd"].get<int>());
   EXPECT_EQ(cfg.n_layer, j["model"]["n_layer"].get<int>());
   EXPECT_EQ(cfg.tied_output, j["model"]["tied_embeddings"].get<bool>());
+  if (rc.cuda) {
+    ASSERT_TRUE(model.UseMemory(mm_or->get()).ok());
+  }
 
-  MemoryOptions mem;
-  mem.host_bytes = 64 * kMiB;
-  mem.warmup = false;
-  mem.mlock = MlockMode::kOff;
-  auto mm_or = MemoryManager::Create(mem);
-  ASSERT_TRUE(mm_or.ok()) << mm_or.status().ToString();
   auto cache_or = KvCache::Create(mm_or->get(), model.KvGeometryFor(KvCodec::kF16));
   ASSERT_TRUE(cache_or.ok()) << cache_or.status().ToString();
   KvCache& cache = **cache_or;
@@ -347,9 +366,9 @@ TEST_P(ModelReferenceTest, MatchesLlamaCpp) {
   EXPECT_GE(frac, 0.99) << "share of top-10 logits within logit_abs_p99 " << tol["logit_abs_p99"];
   std::string why;
   EXPECT_TRUE(cache.CheckInvariants(&why)) << why;
-  std::printf("[reference] %-22s %s%s: %4zu tokens, max |logit err| %.3g (tol %.3g), within p99 tol %.1f%% (tol %.3g), "
+  std::printf("[reference] %-22s %s%s%s: %4zu tokens, max |logit err| %.3g (tol %.3g), within p99 tol %.1f%% (tol %.3g), "
               "max |lse err| %.3g (tol %.3g), greedy prefix %d ok, prompt %.2f s, steps %.2f s\n",
-              rc.model.c_str(), rc.id.c_str(), rc.llama_sums ? " llama-sums" : "", prompt.size(), st.max_err, tol["logit_abs"].get<double>(), 100 * frac,
+              rc.model.c_str(), rc.id.c_str(), rc.llama_sums ? " llama-sums" : "", rc.cuda ? " cuda" : "", prompt.size(), st.max_err, tol["logit_abs"].get<double>(), 100 * frac,
               tol["logit_abs_p99"].get<double>(), st.max_lse_err, tol["logsumexp_abs"].get<double>(), stable,
               std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count());
   RecordProperty("max_logit_err", std::to_string(st.max_err));

@@ -25,7 +25,7 @@ for kind in release asan; do
     # models through the code that machines without it run.
     # Only the tests whose results go through the kernels and codecs (the others do not
     # look at TIERKV_SIMD).
-    simd='^(AttentionTest|AttentionSumsTest|NormTest|RopeTest|ActivationTest|MoeTest|ExpfTest|MatVecTest|QuantTest|QuantHdTest'
+    simd='^(AttentionTest|AttentionSumsTest|NormTest|RopeTest|ActivationTest|MoeTest|ExpfTest|MatVecTest|QuantTest|QuantHdTest|KvLayoutHdTest|ModelDeviceTest'
     simd+='|Fp16Test|Executors/|Codec|Tq|HalfTest|KvCacheTest|SimdEnvTest|ModelTest|ModelArchTest|Reference/'
     simd+='|WeightTypesTest|TieringTest|BuiltinModelTest|RunTest)'
     echo "== release tests, SIMD capped at avx2-novnni (at ${SECONDS}s) ==" >&2

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -201,6 +202,7 @@ struct AttnGeom {
   int codec, n_heads, n_kv_heads, head_dim, block_tokens, first_block, n_tokens, n_blocks;
   size_t vector_bytes;
   bool tiles;
+  bool round_weights;  // the weights of V rounded to f16 (AttentionParams::round_weights_f16)
   float scale;
   int64_t query_pos;
 };
@@ -255,8 +257,9 @@ __global__ void AttnBlockKernel(AttnGeom g, const uint8_t* const* blocks, const 
     const float m_new = s > m ? s : m;
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = HdFma(l, corr, p);
+    const float pv = g.round_weights ? HdHalfToFloat(HdFloatToHalf(p)) : p;
     for (int i = 0, d = lane; d < g.head_dim; ++i, d += 32) {
-      acc[i] = HdFma(acc[i], corr, HdMul(p, hd::KvValue(g.codec, vrun, g.vector_bytes, false, t, d)));
+      acc[i] = HdFma(acc[i], corr, HdMul(pv, hd::KvValue(g.codec, vrun, g.vector_bytes, false, t, d)));
     }
     m = m_new;
   }
@@ -341,8 +344,9 @@ class CudaExecutor final : public Executor {
   Tier tier_for(const MemoryManager& mm) const override { return Tier::kDevice; }
   bool host_memory() const override { return false; }
   bool SupportsKv(const KvCodecDesc& c) const override {
-    return (c.codec_id == hd::kKvF16 || c.codec_id == hd::kKvQ8_0 || c.codec_id == hd::kKvQ4_0) && c.head_dim <= 256 &&
-           c.head_dim % 32 == 0;
+    if (c.head_dim <= 0 || c.head_dim > 256) return false;
+    if (c.codec_id == hd::kKvF16) return true;
+    return (c.codec_id == hd::kKvQ8_0 || c.codec_id == hd::kKvQ4_0) && c.head_dim % 32 == 0;
   }
 
   void* Allocate(size_t bytes) override {
@@ -354,6 +358,7 @@ class CudaExecutor final : public Executor {
   void Deallocate(void* p) override {
     if (p == nullptr) return;
     Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    ReapRetired(true);  // the stream is idle: every retired pin may go (before its manager does)
     Check(cudaFree(p), "cudaFree");
   }
 
@@ -362,10 +367,11 @@ class CudaExecutor final : public Executor {
     Check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, stream_), "upload");
   }
   void ReadBack(void* host_dst, const void* src, size_t bytes) override {
-    if (bytes == 0 || host_dst == src) return;
-    Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_), "read-back");
-    Check(cudaStreamSynchronize(stream_), "read-back");
-    ReapRetired(false);
+    if (bytes > 0 && host_dst != src) {
+      Check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, stream_), "read-back");
+    }
+    Check(cudaStreamSynchronize(stream_), "read-back");  // a synchronisation point either way
+    ReapRetired(true);
   }
   void Copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0 || dst == src) return;
@@ -375,6 +381,12 @@ class CudaExecutor final : public Executor {
   // The device tier's copies complete before Acquire returns (memory/cuda_device_backend.cc).
   void WaitFor(const Pin& pin) override {}
   void Retire(Pin pin) override {
+    if (!pin.valid()) return;
+    if (cudaStreamQuery(stream_) == cudaSuccess) {  // nothing queued reads it: release now
+      ReapRetired(true);
+      return;  // pin released on scope exit
+    }
+    cudaGetLastError();  // cudaErrorNotReady is no error to keep
     cudaEvent_t ev = nullptr;
     Check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
     Check(cudaEventRecord(ev, stream_), "cudaEventRecord");
@@ -387,6 +399,7 @@ class CudaExecutor final : public Executor {
   }
 
   void GetRow(const MatrixView& w, int64_t r, float* out) override {
+    if (w.cols == 0) return;
     if (!OnDevice(w.data)) {  // the embedding read in place from the file: one row on the host
       std::vector<float> row(static_cast<size_t>(w.cols));
       kernels::GetRow(w, r, row.data());
@@ -399,12 +412,14 @@ class CudaExecutor final : public Executor {
   }
 
   void RmsNorm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* out) override {
+    if (rows == 0 || n == 0) return;
     const float* dw = w != nullptr ? Constant(w, static_cast<size_t>(n) * sizeof(float)) : nullptr;
     RmsNormKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream_>>>(x, dw, n, eps, out);
     Launched("RmsNorm");
   }
 
   void Rope(const RopeParams& p, int64_t pos, float* x, int n_heads, int head_dim) override {
+    if (p.n_dims == 0 || n_heads == 0) return;
     std::vector<float> cos_sin(static_cast<size_t>(p.n_dims));
     RopeAngles(p, pos, cos_sin.data());
     float* dev = Small(cos_sin.size());
@@ -415,12 +430,14 @@ class CudaExecutor final : public Executor {
   }
 
   void Add(float* y, const float* x, size_t n) override {
+    if (n == 0) return;
     const float* dx = OnDevice(x) ? x : Constant(x, n * sizeof(float));  // biases come from the file
     AddKernel<<<Blocks(static_cast<int64_t>(n)), kThreads, 0, stream_>>>(y, dx, static_cast<int64_t>(n));
     Launched("Add");
   }
 
   void SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    if (n == 0) return;
     SwiGluKernel<<<Blocks(n), kThreads, 0, stream_>>>(gate, up, out, n);
     Launched("SwiGlu");
   }
@@ -428,9 +445,9 @@ class CudaExecutor final : public Executor {
   void SetActivation(ActivationRow& row, const float* x, int64_t n) override {
     DevAct& a = acts_[&row];
     if (a.cap < n) {
-      cudaFree(a.x);
+      Deallocate(a.x);
       for (void*& b : a.conv) {
-        cudaFree(b);
+        Deallocate(b);
         b = nullptr;
       }
       a.x = static_cast<float*>(Allocate(static_cast<size_t>(n) * sizeof(float)));
@@ -458,6 +475,7 @@ class CudaExecutor final : public Executor {
   }
 
   void CombineExperts(const float* weights, const float* rows, int k, int64_t n, float* out) override {
+    if (n == 0) return;
     float* w = Small(static_cast<size_t>(k));
     Upload(w, weights, static_cast<size_t>(k) * sizeof(float));
     CombineKernel<<<Blocks(n), kThreads, 0, stream_>>>(w, rows, k, n, out);
@@ -489,20 +507,25 @@ class CudaExecutor final : public Executor {
     // block order. The two-pass form's values pass and softmax have nothing left to do.
     if (visit == AttentionVisit::kValues || kv.n_blocks == 0) return;
     DevAttn& s = attn_.at(st);
-    AttnGeom g{codec.desc().codec_id, p.n_heads, p.n_kv_heads, p.head_dim, kv.block_tokens, kv.first_block,
-               kv.n_tokens, kv.n_blocks, kv.vector_bytes, kv.key_tiles, p.scale, p.query_pos};
-    const size_t part_floats = static_cast<size_t>(p.n_heads) * kv.n_blocks * (p.head_dim + 2);
-    const size_t ptr_bytes = static_cast<size_t>(kv.n_blocks) * sizeof(void*);
-    auto* base = static_cast<uint8_t*>(Scratch(ptr_bytes + 256 + part_floats * sizeof(float)));
-    auto* ptrs = reinterpret_cast<const uint8_t**>(base);
-    auto* part = reinterpret_cast<float*>(base + (ptr_bytes + 255) / 256 * 256);
-    Upload(ptrs, kv.blocks, ptr_bytes);
-    AttnBlockKernel<<<dim3(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(kv.n_blocks)), kThreads, 0,
-                      stream_>>>(g, ptrs, s.q, part);
-    Launched("attention blocks");
-    AttnFoldKernel<<<static_cast<unsigned>(p.n_heads), 256, 0, stream_>>>(part, kv.n_blocks, p.head_dim, s.m, s.l,
-                                                                          s.acc);
-    Launched("attention fold");
+    // At most kChunkBlocks blocks per launch (a whole resident layer may come as one
+    // batch): bounded scratch and grid; the fold is sequential, so the bits are the same.
+    constexpr int kChunkBlocks = 1024;
+    for (int b0 = 0; b0 < kv.n_blocks; b0 += kChunkBlocks) {
+      const int nb = std::min(kChunkBlocks, kv.n_blocks - b0);
+      AttnGeom g{codec.desc().codec_id, p.n_heads, p.n_kv_heads, p.head_dim, kv.block_tokens, kv.first_block + b0,
+                 kv.n_tokens, nb, kv.vector_bytes, kv.key_tiles, p.round_weights_f16, p.scale, p.query_pos};
+      const size_t part_floats = static_cast<size_t>(p.n_heads) * nb * (p.head_dim + 2);
+      const size_t ptr_bytes = static_cast<size_t>(nb) * sizeof(void*);
+      auto* base = static_cast<uint8_t*>(Scratch(ptr_bytes + 256 + part_floats * sizeof(float)));
+      auto* ptrs = reinterpret_cast<const uint8_t**>(base);
+      auto* part = reinterpret_cast<float*>(base + (ptr_bytes + 255) / 256 * 256);
+      Upload(ptrs, kv.blocks + b0, ptr_bytes);
+      AttnBlockKernel<<<dim3(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(nb)), kThreads, 0, stream_>>>(
+          g, ptrs, s.q, part);
+      Launched("attention blocks");
+      AttnFoldKernel<<<static_cast<unsigned>(p.n_heads), 256, 0, stream_>>>(part, nb, p.head_dim, s.m, s.l, s.acc);
+      Launched("attention fold");
+    }
   }
 
   void AttentionSoftmax(const AttentionParams& p, AttentionState* st) override {}
@@ -571,7 +594,9 @@ class CudaExecutor final : public Executor {
       if (c.dev != nullptr) Deallocate(c.dev);
       c.dev = Allocate(bytes);
       c.bytes = bytes;
-      Check(cudaMemcpy(c.dev, host, bytes, cudaMemcpyHostToDevice), "upload of a constant");
+      // On the compute stream: the kernels queued next must see it (constant model data,
+      // so the source outlives the copy).
+      Check(cudaMemcpyAsync(c.dev, host, bytes, cudaMemcpyHostToDevice, stream_), "upload of a constant");
     }
     return static_cast<const float*>(c.dev);
   }
@@ -639,6 +664,7 @@ class CudaExecutor final : public Executor {
   }
 
   void Product(const MatrixView& w, ActivationRow& row, float* y) {
+    if (w.rows == 0) return;
     CheckType(w.type);
     auto it = acts_.find(&row);
     if (it == acts_.end()) Refuse("got an activation row that SetActivation did not fill");

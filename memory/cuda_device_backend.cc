@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <functional>
+#include <random>
 #include <vector>
 
 #include "memory/size.h"
@@ -86,6 +89,88 @@ bool CudaDeviceAvailable(std::string* why_not) {
     return false;
   }
   return true;
+}
+
+namespace {
+
+// Frees what MeasureCudaCopies holds on every path out.
+struct CopyBuffers {
+  void* dev = nullptr;
+  void* pinned = nullptr;
+  std::vector<std::byte> pageable;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~CopyBuffers() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    if (dev != nullptr) cudaFree(dev);
+  }
+};
+
+}  // namespace
+
+Result<CudaCopyRates> MeasureCudaCopies(uint64_t bytes, int reps) {
+  std::string why;
+  if (!CudaDeviceAvailable(&why)) return Status::Unsupported(why);
+  if (bytes == 0 || bytes % kMiB != 0 || reps < 1) return Status::InvalidArgument("copy probe: bad size or repetitions");
+  CudaCopyRates r;
+  size_t free_b = 0, total_b = 0;
+  cudaError_t err = cudaMemGetInfo(&free_b, &total_b);
+  if (err != cudaSuccess) return CudaError(err, "cudaMemGetInfo");
+  r.vram_total_bytes = total_b;
+  r.vram_free_bytes = free_b;
+  CopyBuffers b;
+  b.pageable.assign(bytes, std::byte{1});
+  if ((err = cudaMalloc(&b.dev, bytes)) != cudaSuccess) return CudaError(err, "cudaMalloc");
+  if ((err = cudaMallocHost(&b.pinned, bytes)) != cudaSuccess) return CudaError(err, "cudaMallocHost");
+  std::memset(b.pinned, 1, bytes);
+  if ((err = cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking)) != cudaSuccess) return CudaError(err, "stream");
+  if ((err = cudaEventCreate(&b.start)) != cudaSuccess || (err = cudaEventCreate(&b.stop)) != cudaSuccess) {
+    return CudaError(err, "cudaEventCreate");
+  }
+  // The best rate of `reps` runs of `copy` (which queues copies of `bytes` on the stream).
+  const auto best = [&](const std::function<cudaError_t()>& copy, double* gbps) -> Status {
+    for (int i = 0; i <= reps; ++i) {  // the first run warms up
+      cudaError_t e = cudaEventRecord(b.start, b.stream);
+      if (e == cudaSuccess) e = copy();
+      if (e == cudaSuccess) e = cudaEventRecord(b.stop, b.stream);
+      if (e == cudaSuccess) e = cudaEventSynchronize(b.stop);
+      float ms = 0;
+      if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, b.start, b.stop);
+      if (e != cudaSuccess) return CudaError(e, "timed copy");
+      if (i > 0 && ms > 0) *gbps = std::max(*gbps, static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+    }
+    return Status::Ok();
+  };
+  const auto one = [&](const void* src, void* dst, cudaMemcpyKind kind) {
+    return [&b, src, dst, kind, bytes] { return cudaMemcpyAsync(dst, src, bytes, kind, b.stream); };
+  };
+  TIERKV_RETURN_IF_ERROR(best(one(b.pageable.data(), b.dev, cudaMemcpyHostToDevice), &r.h2d_pageable));
+  TIERKV_RETURN_IF_ERROR(best(one(b.pinned, b.dev, cudaMemcpyHostToDevice), &r.h2d_pinned));
+  TIERKV_RETURN_IF_ERROR(best(one(b.dev, b.pinned, cudaMemcpyDeviceToHost), &r.d2h_pinned));
+  for (uint64_t page : {uint64_t{64} << 10, kMiB}) {
+    const uint64_t n = bytes / page;
+    std::vector<uint64_t> src(n), dst(n);
+    for (uint64_t i = 0; i < n; ++i) src[i] = dst[i] = i;
+    // Fixed shuffles (a multiplicative step coprime with n would do too): pages of a
+    // batch come from and go to frames all over their arenas.
+    std::mt19937_64 rng(7);
+    std::shuffle(src.begin(), src.end(), rng);
+    std::shuffle(dst.begin(), dst.end(), rng);
+    const auto gathered = [&] {
+      for (uint64_t i = 0; i < n; ++i) {
+        const cudaError_t e = cudaMemcpyAsync(static_cast<std::byte*>(b.dev) + dst[i] * page,
+                                              static_cast<const std::byte*>(b.pinned) + src[i] * page, page,
+                                              cudaMemcpyHostToDevice, b.stream);
+        if (e != cudaSuccess) return e;
+      }
+      return cudaSuccess;
+    };
+    TIERKV_RETURN_IF_ERROR(best(gathered, page == kMiB ? &r.h2d_pages_1m : &r.h2d_pages_64k));
+  }
+  return r;
 }
 
 Result<std::unique_ptr<TierBackend>> CreateCudaDeviceBackend(uint64_t bytes, bool warmup) {

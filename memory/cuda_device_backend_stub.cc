@@ -16,6 +16,12 @@ Result<std::unique_ptr<TierBackend>> CreateCudaDeviceBackend(uint64_t, bool) {
   return Status::Unsupported("--device cuda: " + why + "; use --device sim or --device none");
 }
 
+Result<CudaCopyRates> MeasureCudaCopies(uint64_t, int) {
+  std::string why;
+  CudaDeviceAvailable(&why);
+  return Status::Unsupported(why);
+}
+
 Status RegisterHostMemoryForDevice(std::byte*, uint64_t) {
   return Status::Unsupported("built without CUDA");
 }

@@ -101,6 +101,19 @@ Result<std::unique_ptr<TierBackend>> CreateCudaDeviceBackend(uint64_t bytes, boo
 // True when this binary was built with CUDA and a device is visible.
 bool CudaDeviceAvailable(std::string* why_not = nullptr);
 
+// What `tierkv probe` measures of a CUDA device beyond the tier's own copies: its memory,
+// and copies of `bytes` between host and device timed with CUDA events (the best of
+// `reps`): host to device from pageable and from pinned memory in one copy, device to
+// host into pinned memory, and host to device gathered as pages of 64 KiB and of 1 MiB
+// (one cudaMemcpyAsync per page, sources and destinations in a shuffled order, one
+// synchronize), as the page table moves them. Rates in GB/s (1e9 B/s).
+struct CudaCopyRates {
+  uint64_t vram_total_bytes = 0, vram_free_bytes = 0;
+  double h2d_pageable = 0, h2d_pinned = 0, d2h_pinned = 0, h2d_pages_64k = 0, h2d_pages_1m = 0;
+};
+// kUnsupported without CUDA or a device; REQUIRES: bytes a multiple of 1 MiB.
+Result<CudaCopyRates> MeasureCudaCopies(uint64_t bytes, int reps);
+
 // CUDA builds: page-locks an existing host range (cudaHostRegister) so device copies
 // from it are DMA. Returns kUnsupported in CPU builds or without a GPU.
 Status RegisterHostMemoryForDevice(std::byte* base, uint64_t bytes);

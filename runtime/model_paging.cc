@@ -199,6 +199,9 @@ Status Model::AcquireLayer(int layer, Layer* out) {
     if (m.data == nullptr) continue;
     m.data = pin->data() + layer_offsets_[static_cast<size_t>(layer)][i++];
   }
+  // The previous layer's page goes through Retire: a device executor may still be
+  // reading it (the CPU executor releases it at once).
+  if (s_->layer_pin.valid()) exec_->Retire(std::move(s_->layer_pin));
   s_->layer_pin = std::move(pin).value();
   return Status::Ok();
 }

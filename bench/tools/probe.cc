@@ -330,6 +330,14 @@ DeviceReport ProbeDevice(const ProbeOptions& options, TierBackend& src, TierBack
   }
   if (reg_src.ok()) UnregisterHostMemoryForDevice(src.base());
   if (reg_dst.ok()) UnregisterHostMemoryForDevice(dst.base());
+  // At most 256 MiB, whole MiB: enough for the rates, little VRAM.
+  const uint64_t copy_bytes = std::clamp<uint64_t>(options.buffer_bytes / kMiB * kMiB, kMiB, 256 * kMiB);
+  auto copies = MeasureCudaCopies(copy_bytes, options.repetitions);
+  if (copies.ok()) {
+    report.copies = copies.value();
+  } else {
+    report.copies_note = copies.status().message();
+  }
   return report;
 }
 
@@ -535,6 +543,21 @@ std::vector<ProbeRow> ProbeRows(const ProbeReport& r) {
       rows.push_back({"device", "D2H", BandwidthValue(dev.d2h),
                       WithRepNote("cudaMalloc arena -> host arena", dev.d2h, r.buffer_bytes)});
     }
+    if (const auto& c = dev.copies) {
+      const auto of_one = [&](double gbps) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%.2f of one pinned copy", c->h2d_pinned > 0 ? gbps / c->h2d_pinned : 0.0);
+        return std::string(buf);
+      };
+      rows.push_back({"device", "VRAM", FormatBytes(c->vram_total_bytes), FormatBytes(c->vram_free_bytes) + " free"});
+      rows.push_back({"device", "H2D pageable, one copy", FormatGbps(c->h2d_pageable), of_one(c->h2d_pageable)});
+      rows.push_back({"device", "H2D pinned, one copy", FormatGbps(c->h2d_pinned), "cudaMallocHost -> cudaMalloc"});
+      rows.push_back({"device", "D2H pinned, one copy", FormatGbps(c->d2h_pinned), "cudaMalloc -> cudaMallocHost"});
+      rows.push_back({"device", "H2D pinned, 64 KiB pages", FormatGbps(c->h2d_pages_64k), of_one(c->h2d_pages_64k)});
+      rows.push_back({"device", "H2D pinned, 1 MiB pages", FormatGbps(c->h2d_pages_1m), of_one(c->h2d_pages_1m)});
+    } else if (!dev.copies_note.empty()) {
+      rows.push_back({"device", "copies", "-", "not measured: " + dev.copies_note});
+    }
   }
   return rows;
 }
@@ -596,6 +619,15 @@ std::string FormatProbeJson(const ProbeReport& r) {
       {"present", dev.present}, {"name", dev.name},         {"why_not", dev.why_not}, {"pinning", dev.pinning},
       {"note", dev.note},       {"h2d", BandwidthJson(dev.h2d)}, {"d2h", BandwidthJson(dev.d2h)},
   };
+  if (const auto& c = dev.copies) {
+    device["copies"] = {{"vram_total_bytes", c->vram_total_bytes}, {"vram_free_bytes", c->vram_free_bytes},
+                        {"h2d_pageable_gbps", c->h2d_pageable},   {"h2d_pinned_gbps", c->h2d_pinned},
+                        {"d2h_pinned_gbps", c->d2h_pinned},       {"h2d_pages_64k_gbps", c->h2d_pages_64k},
+                        {"h2d_pages_1m_gbps", c->h2d_pages_1m}};
+  } else {
+    device["copies"] = nullptr;
+    device["copies_note"] = dev.copies_note;
+  }
   ordered_json out = {
       {"buffer_bytes", r.buffer_bytes}, {"op_bytes", r.op_bytes}, {"repetitions", r.repetitions},
       {"seconds", r.seconds},           {"host", host},           {"disks", disks},

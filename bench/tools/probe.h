@@ -17,6 +17,7 @@
 
 #include "memory/meminfo.h"
 #include "memory/status.h"
+#include "memory/tier_backend.h"
 
 namespace CLI {
 class App;
@@ -88,6 +89,9 @@ struct DeviceReport {
   std::string pinning;     // how the host side of the copies is pinned
   std::string note;        // why a present device was not measured
   std::optional<Bandwidth> h2d, d2h;
+  // VRAM, pageable vs pinned, one copy vs gathered 64 KiB / 1 MiB pages (MeasureCudaCopies).
+  std::optional<CudaCopyRates> copies;
+  std::string copies_note;  // why they were not measured
 };
 
 struct ProbeReport {

@@ -70,7 +70,11 @@ TEST(QuantHdTest, ActivationQuantizersGiveTheCpuBytes) {
 }
 
 TEST(QuantHdTest, RowDotsAreTheScalarDefinitionsBits) {
+#if defined(TIERKV_SANITIZE)
+  const int64_t n = 512, rows = 2000;  // the sanitizers' run: the same code, fewer rows
+#else
   const int64_t n = 512, rows = 10000;
+#endif
   const int kActs = 8;
   for (WeightType t : kTypes) {
     SCOPED_TRACE(WeightTypeName(t));

@@ -12,7 +12,10 @@ quick=0
 G=$PWD/.gpu
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+gpu_line=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)
 export LD_LIBRARY_PATH=$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# The machine's own libstdc++ / libgcc_s unless they are too old for the binaries.
+if ! "$G/bin/tierkv" --version > /dev/null 2>&1; then export LD_LIBRARY_PATH=$G/lib-compat:$LD_LIBRARY_PATH; fi
 export TIERKV_REFERENCE_DIR=$G/reference
 unset TIERKV_REQUIRE_REFERENCE
 tierkv=$G/bin/tierkv
@@ -20,7 +23,8 @@ S=$OUT/summary.md
 {
   echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC'), tierkv $(cat "$G/commit" 2>/dev/null)"
   echo
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/GPU: /'
+  echo "GPU: $gpu_line"
+  echo "libraries: $LD_LIBRARY_PATH"
   echo
   echo "| phase | result | seconds | notes |"
   echo "|---|---|---:|---|"

@@ -14,17 +14,24 @@ nm -C build/release/kernels/libtierkv_kernels.a 2>/dev/null | grep "CudaExecutor
   { echo "error: build/release has no CUDA executor (configure with the CUDA toolkit)" >&2; exit 1; }
 out=.gpu
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib" "$out/reference/models" "$out/reference/vectors"
+mkdir -p "$out/bin" "$out/lib" "$out/lib-compat" "$out/reference/models" "$out/reference/vectors"
 bins=(build/release/runtime/tierkv build/release/tests/kernels_tests build/release/tests/runtime_tests)
 for b in "${bins[@]}"; do
   cp "$b" "$out/bin/"
   strip "$out/bin/$(basename "$b")"
 done
-# Every library the binaries load but glibc's own (libc, libm, the loader and friends):
-# libstdc++ and libgcc_s travel too, in case the GPU machine's are older.
+# Every library the binaries load but glibc's own (libc, libm, the loader and friends).
+# libstdc++ and libgcc_s go to lib-compat: used there only if the GPU machine's are too
+# old for the binaries (gpu_check.sh tries without them first: a newer system libstdc++
+# must stay in place for the tools it runs, such as compute-sanitizer).
 ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux-x86-64)\.so' |
-  while read -r lib; do cp -L "$lib" "$out/lib/"; done
+  while read -r lib; do
+    case "$(basename "$lib")" in
+      libstdc++.so.*|libgcc_s.so.*) cp -L "$lib" "$out/lib-compat/" ;;
+      *) cp -L "$lib" "$out/lib/" ;;
+    esac
+  done
 ref=../shared/reference
 for m in ref-qwen3moe-q8_0 ref-llama-q4_k_m; do
   if [ -f "$ref/models/$m.gguf" ]; then
@@ -40,4 +47,4 @@ if [ "$kib" -ge $((64 * 1024)) ]; then
   echo "error: $out is $((kib / 1024)) MiB, over the 64 MiB carry limit" >&2
   exit 1
 fi
-echo "packed $out: $((kib / 1024)) MiB ($(ls "$out/lib" | wc -l) libraries, $(ls "$out/reference/models" | wc -l) models)" >&2
+echo "packed $out: $((kib / 1024)) MiB ($(ls "$out/lib" "$out/lib-compat" | grep -c '\.so') libraries, $(ls "$out/reference/models" | wc -l) models)" >&2

@@ -39,15 +39,11 @@ class CudaExecutorTest : public ::testing::Test {
   }
   template <typename T>
   ExecArray<T> Put(const std::vector<T>& host) {
-    ExecArray<T> a(gpu_.get(), host.size());
-    gpu_->Upload(a.data(), host.data(), host.size() * sizeof(T));
-    return a;
+    return PutArray(*gpu_, host);
   }
   template <typename T>
   std::vector<T> Get(const ExecArray<T>& a) {
-    std::vector<T> host(a.size());
-    gpu_->ReadBack(host.data(), a.data(), a.size() * sizeof(T));
-    return host;
+    return GetArray(*gpu_, a);
   }
   std::unique_ptr<Executor> gpu_, cpu_;
 };

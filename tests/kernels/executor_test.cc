@@ -42,15 +42,11 @@ class ExecutorConformance : public ::testing::TestWithParam<std::string_view> {
   // host -> a new array in the executor's memory.
   template <typename T>
   ExecArray<T> Put(const std::vector<T>& host) {
-    ExecArray<T> a(exec_.get(), host.size());
-    exec_->Upload(a.data(), host.data(), host.size() * sizeof(T));
-    return a;
+    return PutArray(*exec_, host);
   }
   template <typename T>
   std::vector<T> Get(const ExecArray<T>& a) {
-    std::vector<T> host(a.size());
-    exec_->ReadBack(host.data(), a.data(), a.size() * sizeof(T));
-    return host;
+    return GetArray(*exec_, a);
   }
   // A matrix whose rows live in the executor's memory.
   struct ExecMatrix {

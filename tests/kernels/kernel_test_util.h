@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/executor.h"
 #include "kernels/fp16.h"
 #include "kernels/matvec.h"
 
@@ -69,6 +70,21 @@ inline OwnedMatrix RandomMatrix(WeightType type, int64_t rows, int64_t cols, uin
   }
   m.view = MatrixView{type, m.bytes.data(), cols, rows, rb};
   return m;
+}
+
+// host -> a new array in the executor's memory, and an array's contents back to the host
+// (the executor tests' way in and out: a device executor runs them unchanged).
+template <typename T>
+ExecArray<T> PutArray(Executor& e, const std::vector<T>& host) {
+  ExecArray<T> a(&e, host.size());
+  e.Upload(a.data(), host.data(), host.size() * sizeof(T));
+  return a;
+}
+template <typename T>
+std::vector<T> GetArray(Executor& e, const ExecArray<T>& a) {
+  std::vector<T> host(a.size());
+  e.ReadBack(host.data(), a.data(), a.size() * sizeof(T));
+  return host;
 }
 
 inline std::vector<float> RandomVector(int64_t n, uint32_t seed) {

@@ -216,8 +216,9 @@ class Model {
   // REQUIRES: called at most once; mm outlives the Model.
   Status UseMemory(MemoryManager* mm);
   bool uses_memory() const { return mm_ != nullptr; }
-  // The largest page UseMemory would make: the compute tier must hold at least this.
-  uint64_t LargestWeightPage() const;
+  // The largest page UseMemory would make with frames of frame_bytes: the compute tier
+  // must hold at least this.
+  uint64_t LargestWeightPage(uint64_t frame_bytes) const;
   // The frames all weight pages take, in bytes, for frames of frame_bytes.
   uint64_t WeightPageBytes(uint64_t frame_bytes) const;
 
@@ -276,11 +277,18 @@ class Model {
   static constexpr int kKvLookahead = 2;
   Status BindWeights();
   struct WeightPage {
-    std::string what;  // for messages: "layer 3's weights", "expert 5 of layer 2"
+    std::string what;  // for messages: "layer 3's weights", "experts 4-7 of layer 2"
     std::vector<WeightPart> parts;
     uint64_t bytes;
+    // Expert pages: the layer, the first expert and how many, each `expert_stride`
+    // bytes after the one before.
+    int layer = -1;
+    int first_expert = 0;
+    int experts = 0;
+    size_t expert_stride = 0;
   };
-  std::vector<WeightPage> PlanWeightPages() const;
+  // The pages for frames of frame_bytes (experts share a page where several fit a frame).
+  std::vector<WeightPage> PlanWeightPages(uint64_t frame_bytes) const;
   Status ForwardLayers(KvCache& cache, SeqId seq, int32_t token, int pos, std::span<float> logits);
   Status CheckStep(KvCache& cache, SeqId seq, int pos) const;
   Status ForwardChunk(KvCache& cache, SeqId seq, std::span<const int32_t> tokens, int pos,
@@ -354,10 +362,11 @@ class Model {
   MemoryManager* mm_ = nullptr;
   Tier weight_tier_ = Tier::kHost;
   std::vector<PageId> layer_pages_;   // [n_layer]
-  std::vector<PageId> expert_pages_;  // [n_layer * n_expert]
+  std::vector<PageId> expert_pages_;  // [n_layer * n_expert]: the page holding the expert
+  std::vector<size_t> expert_base_;   // [n_layer * n_expert]: where the expert starts in it
   PageId output_page_;
   // [layer]: offset of each present matrix in its page, in Layer::PagedMatrices order;
-  // of gate, up and down in the layer's expert pages.
+  // of gate, up and down from the expert's start.
   std::vector<std::vector<size_t>> layer_offsets_;
   std::vector<std::array<size_t, 3>> expert_offsets_;
   DecodeCounters counters_;

@@ -485,7 +485,8 @@ Status Model::AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixVie
   if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
   *pin = std::move(p).value();
   const std::array<size_t, 3>& off = expert_offsets_[static_cast<size_t>(layer)];
-  for (int m = 0; m < 3; ++m) out[m].data = pin->data() + off[static_cast<size_t>(m)];
+  const size_t base = expert_base_[static_cast<size_t>(layer * cfg_.n_expert + e)];
+  for (int m = 0; m < 3; ++m) out[m].data = pin->data() + base + off[static_cast<size_t>(m)];
   return Status::Ok();
 }
 

@@ -42,7 +42,10 @@ class WeightSource : public PageSource {
     if (key >= pages_.size()) return Status::Internal("weight page key " + std::to_string(key) + " out of range");
     size_t end = 0;
     for (const Model::WeightPart& p : pages_[key]) {
-      if (p.offset + p.bytes > out.size()) return Status::Internal("weight page part past the page's end");
+      if (p.offset < end || p.offset + p.bytes > out.size()) {
+        return Status::Internal("weight page part out of order or past the page's end");
+      }
+      std::memset(out.data() + end, 0, p.offset - end);  // deterministic padding
       if (file_->fd() >= 0) {
         TIERKV_RETURN_IF_ERROR(ReadAt(out.data() + p.offset, p.bytes, static_cast<uint64_t>(p.src - file_->base())));
       } else {
@@ -50,7 +53,7 @@ class WeightSource : public PageSource {
       }
       end = p.offset + p.bytes;
     }
-    std::memset(out.data() + end, 0, out.size() - end);  // deterministic padding
+    std::memset(out.data() + end, 0, out.size() - end);
     return Status::Ok();
   }
 
@@ -74,9 +77,12 @@ std::span<kernels::MatrixView Model::Layer::* const> Model::Layer::PagedMatrices
 }
 
 // The weight pages in key order: layers (0 .. n_layer-1), the output matrix
-// (n_layer), experts (n_layer + 1 + l * n_expert + e). A layer page's parts are in
-// Layer::PagedMatrices order; an expert page's are gate, up, down.
-std::vector<Model::WeightPage> Model::PlanWeightPages() const {
+// (n_layer), then each layer's experts in id order. A layer page's parts are in
+// Layer::PagedMatrices order; an expert's are gate, up, down. Experts smaller than half
+// a frame share pages, as many consecutive ones as a frame holds (builtin:tiny-moe's
+// 209 KiB experts: four to a 1 MiB frame, where one each left three quarters of every
+// frame empty and a 64 MiB tier held a quarter of the experts it could).
+std::vector<Model::WeightPage> Model::PlanWeightPages(uint64_t frame_bytes) const {
   const ModelConfig& c = cfg_;
   std::vector<WeightPage> pages;
   for (int l = 0; l < c.n_layer; ++l) {
@@ -99,13 +105,24 @@ std::vector<Model::WeightPage> Model::PlanWeightPages() const {
       const kernels::MatrixView* stacked[3] = {&L.gate_exps, &L.up_exps, &L.down_exps};
       const size_t sizes[3] = {MatrixBytes(L.gate_exps), MatrixBytes(L.up_exps), MatrixBytes(L.down_exps)};
       const size_t off[3] = {0, AlignUp(sizes[0]), AlignUp(sizes[0]) + AlignUp(sizes[1])};
-      for (int e = 0; e < c.n_expert; ++e) {
-        WeightPage page{"expert " + std::to_string(e) + " of layer " + std::to_string(l), {}, 0};
-        for (int i = 0; i < 3; ++i) {
-          const auto* base = static_cast<const uint8_t*>(stacked[i]->data);
-          page.parts.push_back({base + static_cast<size_t>(e) * sizes[i], sizes[i], off[i]});
+      const size_t stride = AlignUp(off[2] + sizes[2]);
+      const int per_page = frame_bytes >= 2 * stride
+                               ? static_cast<int>(std::min<uint64_t>(frame_bytes / stride, static_cast<uint64_t>(c.n_expert)))
+                               : 1;
+      for (int first = 0; first < c.n_expert; first += per_page) {
+        const int n = std::min(per_page, c.n_expert - first);
+        WeightPage page{n == 1 ? "expert " + std::to_string(first) + " of layer " + std::to_string(l)
+                               : "experts " + std::to_string(first) + "-" + std::to_string(first + n - 1) + " of layer " +
+                                     std::to_string(l),
+                        {}, 0, l, first, n, stride};
+        for (int e = first; e < first + n; ++e) {
+          const size_t base = static_cast<size_t>(e - first) * stride;
+          for (int i = 0; i < 3; ++i) {
+            const auto* src = static_cast<const uint8_t*>(stacked[i]->data) + static_cast<size_t>(e) * sizes[i];
+            page.parts.push_back({src, sizes[i], base + off[i]});
+          }
         }
-        page.bytes = off[2] + sizes[2];
+        page.bytes = static_cast<size_t>(n - 1) * stride + off[2] + sizes[2];
         pages.push_back(std::move(page));
       }
     }
@@ -113,15 +130,15 @@ std::vector<Model::WeightPage> Model::PlanWeightPages() const {
   return pages;
 }
 
-uint64_t Model::LargestWeightPage() const {
+uint64_t Model::LargestWeightPage(uint64_t frame_bytes) const {
   uint64_t max = 0;
-  for (const WeightPage& p : PlanWeightPages()) max = std::max<uint64_t>(max, p.bytes);
+  for (const WeightPage& p : PlanWeightPages(frame_bytes)) max = std::max<uint64_t>(max, p.bytes);
   return max;
 }
 
 uint64_t Model::WeightPageBytes(uint64_t frame_bytes) const {
   uint64_t sum = 0;
-  for (const WeightPage& p : PlanWeightPages()) sum += (p.bytes + frame_bytes - 1) / frame_bytes * frame_bytes;
+  for (const WeightPage& p : PlanWeightPages(frame_bytes)) sum += (p.bytes + frame_bytes - 1) / frame_bytes * frame_bytes;
   return sum;
 }
 
@@ -130,7 +147,7 @@ Status Model::UseMemory(MemoryManager* mm) {
   if (mm_ != nullptr) return Status::FailedPrecondition("model: weights are already placed in a memory manager");
   const Tier tier = exec_->tier_for(*mm);
   const uint64_t budget = mm->Stats(tier).budget_bytes;
-  std::vector<WeightPage> plan = PlanWeightPages();
+  std::vector<WeightPage> plan = PlanWeightPages(mm->frame_bytes());
   for (const WeightPage& p : plan) {
     const uint64_t frames = (p.bytes + mm->frame_bytes() - 1) / mm->frame_bytes();
     if (frames * mm->frame_bytes() > budget) {
@@ -144,9 +161,11 @@ Status Model::UseMemory(MemoryManager* mm) {
   expert_offsets_.assign(cfg_.is_moe() ? n_layer : 0, {});
   for (size_t l = 0; l < n_layer; ++l) {
     for (const WeightPart& part : plan[l].parts) layer_offsets_[l].push_back(part.offset);
-    if (cfg_.is_moe()) {
-      const WeightPage& first = plan[n_layer + 1 + l * static_cast<size_t>(cfg_.n_expert)];
-      for (size_t i = 0; i < 3; ++i) expert_offsets_[l][i] = first.parts[i].offset;
+  }
+  for (size_t key = n_layer + 1; key < plan.size(); ++key) {
+    const WeightPage& p = plan[key];
+    if (p.first_expert == 0) {
+      for (size_t i = 0; i < 3; ++i) expert_offsets_[static_cast<size_t>(p.layer)][i] = p.parts[i].offset;
     }
   }
   auto source = std::make_shared<WeightSource>(file_);
@@ -164,7 +183,17 @@ Status Model::UseMemory(MemoryManager* mm) {
   }
   layer_pages_.assign(pages.begin(), pages.begin() + static_cast<ptrdiff_t>(n_layer));
   output_page_ = pages[n_layer];
-  expert_pages_.assign(pages.begin() + static_cast<ptrdiff_t>(n_layer) + 1, pages.end());
+  const size_t n_expert = static_cast<size_t>(cfg_.n_expert);
+  expert_pages_.assign(cfg_.is_moe() ? n_layer * n_expert : 0, PageId{});
+  expert_base_.assign(expert_pages_.size(), 0);
+  for (size_t key = n_layer + 1; key < plan.size(); ++key) {
+    const WeightPage& p = plan[key];
+    for (int i = 0; i < p.experts; ++i) {
+      const size_t at = static_cast<size_t>(p.layer) * n_expert + static_cast<size_t>(p.first_expert + i);
+      expert_pages_[at] = pages[key];
+      expert_base_[at] = static_cast<size_t>(i) * p.expert_stride;
+    }
+  }
   mm_ = mm;
   weight_tier_ = tier;
   return Status::Ok();

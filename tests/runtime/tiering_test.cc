@@ -266,7 +266,7 @@ struct PagedRun {
 };
 
 PagedRun DecodePaged(std::shared_ptr<const GgufFile> file, KvCodec codec, bool paged, int tokens,
-                     const Chunks& chunks = {}) {
+                     const Chunks& chunks = {}, uint64_t frame_bytes = 16 * 1024) {
   PagedRun run;
   testing::TempDir dir;
   ModelOptions mo;
@@ -275,13 +275,13 @@ PagedRun DecodePaged(std::shared_ptr<const GgufFile> file, KvCodec codec, bool p
   EXPECT_TRUE(model.ok()) << model.status().ToString();
   if (!model.ok()) return run;
   testing::SmallTiers s;
-  s.frame_bytes = 16 * 1024;
-  const uint64_t largest = (*model)->LargestWeightPage();
+  s.frame_bytes = frame_bytes;
+  const uint64_t largest = (*model)->LargestWeightPage(s.frame_bytes);
   const auto frames = [&](uint64_t bytes) { return static_cast<uint32_t>((bytes + s.frame_bytes - 1) / s.frame_bytes); };
   if (paged) {
     s.device_frames = frames(largest) + 8;  // the largest page plus a few KV blocks
     s.host_frames = frames(largest) + 8;
-    s.disk_frames = 4096;
+    s.disk_frames = static_cast<uint32_t>((64ull << 20) / frame_bytes);
   } else {
     s.device_frames = 0;
     s.host_frames = frames(256ull << 20);
@@ -360,6 +360,38 @@ TEST(TieringTest, PagedWeightsAndKvUnderTinyBudgetsGiveBitIdenticalLogits) {
       }
       EXPECT_GT(tiered.counters.prefetched_pages, 0u);
     }
+  }
+}
+
+// Experts smaller than half a frame share pages (Model::PlanWeightPages): with 1 MiB
+// frames builtin:tiny-moe's 209 KiB experts go four to a page, the expert offsets inside
+// a page are the views' bases, and the logits stay those of the resident run.
+TEST(TieringTest, ExpertsSharingPagesGiveBitIdenticalLogits) {
+  auto tiny = BuildBuiltinModel("tiny-moe");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  std::shared_ptr<const GgufFile> file = std::move(tiny).value();
+  {
+    auto model = Model::Load(file, ModelOptions{});
+    ASSERT_TRUE(model.ok()) << model.status().ToString();
+    const ModelConfig& c = (*model)->config();
+    // One expert a frame, 1 MiB frames would take 4x the expert frames of 256 KiB ones
+    // (tiny-moe's 209 KiB experts take a frame each at 256 KiB); shared, the same, plus a
+    // frame of rounding for each layer page and the output matrix.
+    EXPECT_LE((*model)->WeightPageBytes(kMiB),
+              (*model)->WeightPageBytes(256 * kKiB) + static_cast<uint64_t>(c.n_layer + 1) * kMiB);
+    EXPECT_LE((*model)->LargestWeightPage(kMiB), kMiB);
+  }
+  const int tokens = 24;
+  for (const uint64_t frame : {uint64_t{512} * kKiB, uint64_t{1} * kMiB}) {
+    SCOPED_TRACE("frame " + std::to_string(frame));
+    const PagedRun resident = DecodePaged(file, KvCodec::kF16, /*paged=*/false, tokens, {}, frame);
+    const PagedRun tiered = DecodePaged(file, KvCodec::kF16, /*paged=*/true, tokens, {}, frame);
+    ASSERT_FALSE(resident.logits.empty());
+    ASSERT_EQ(resident.logits.size(), tiered.logits.size());
+    EXPECT_EQ(std::memcmp(resident.logits.data(), tiered.logits.data(), resident.logits.size() * sizeof(float)), 0)
+        << "shared expert pages changed the logits";
+    EXPECT_GT(tiered.counters.expert_acquires, 0u);
+    EXPECT_GT(tiered.device.evictions + tiered.device.drops, static_cast<uint64_t>(tokens));
   }
 }
 

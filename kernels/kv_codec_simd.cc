@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/kv_dot_tree.h"
 #include "kernels/kv_vector_kernels.h"
 #include "memory/half.h"
 #include "memory/prefetch.h"
@@ -387,66 +388,40 @@ TIERKV_AVX512 void DotF16GroupAvx512(const float* q, int heads, const uint8_t* k
 }
 
 // ---- the same dot products, 16 tokens at a time, reduced in registers ----------------
-// Per (head, token) the product sum p (a 512-bit vector: DotF16Avx2's a0 in lanes 0-7,
-// a1 in 8-15) is reduced exactly as HorizontalSum(a0 + a1) does, but for 16 tokens at
-// once and without leaving registers: each level of the tree combines two vectors of
-// partial sums with two shuffles and one add (the same adds, in the same order, as the
-// one-token reduction):
-//   level 1, tokens 2j, 2j+1:  [u_2j | u_2j+1],      u = a0 + a1          (8 lanes each)
-//   level 2, 4 tokens:         [s_t] per 128-bit lane, s_t[i] = u_t[i] + u_t[i + 4]
-//   level 3, 8 tokens:         per lane k, s_k[0] + s_k[2], s_k[1] + s_k[3] of tokens k, k + 4
-//   level 4, 16 tokens:        per lane k, the sums of tokens k, k + 4, k + 8, k + 12
-// and a final permutation puts the 16 results in token order.
+// kernels/kv_dot_tree.h has the tree (the same adds, in the same order, as the one-token
+// reduction); the leaf here reads the f16 bytes.
 
 #define TIERKV_AVX512_INLINE TIERKV_AVX512 __attribute__((always_inline)) inline
 
-// p[h] for token kt, kG heads; head h's query is q + h * hd.
+// p[h] for token t of k, kG heads; head h's query is q + h * hd.
 template <int kV, int kG>
-TIERKV_AVX512_INLINE void DotTokenHeads(const float* q, size_t hd, const uint8_t* kt, size_t vb, __m512* p) {
-  PrefetchVector(kt, vb);
-  __m512 kx[kV];
-  for (int i = 0; i < kV; ++i) kx[i] = LoadHalf16(kt + 32 * i);
-  for (int h = 0; h < kG; ++h) {
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    __m512 acc = _mm512_setzero_ps();  // fma onto +0, as DotF16Avx2 (the sign of a zero product)
-    for (int i = 0; i < kV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kx[i], acc);
-    p[h] = acc;
+struct F16KeyLeaf {
+  const float* q;
+  size_t hd;
+  const uint8_t* k;
+  size_t vb;
+  TIERKV_AVX512_INLINE void operator()(size_t t, __m512* p) const {
+    const uint8_t* kt = k + t * vb;
+    PrefetchVector(kt, vb);
+    __m512 kx[kV];
+    for (int i = 0; i < kV; ++i) kx[i] = LoadHalf16(kt + 32 * i);
+    for (int h = 0; h < kG; ++h) {
+      const float* qh = q + static_cast<size_t>(h) * hd;
+      __m512 acc = _mm512_setzero_ps();  // fma onto +0, as DotF16Avx2 (the sign of a zero product)
+      for (int i = 0; i < kV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kx[i], acc);
+      p[h] = acc;
+    }
   }
-}
-
-// Two vectors of partial sums combined one tree level up (the table above): kTokens is
-// the number of tokens the result covers.
-template <int kTokens>
-TIERKV_AVX512_INLINE __m512 CombineLevel(__m512 a, __m512 b) {
-  static_assert(kTokens == 2 || kTokens == 4 || kTokens == 8 || kTokens == 16);
-  if constexpr (kTokens == 2) return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
-  if constexpr (kTokens == 4) return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd));
-  if constexpr (kTokens == 8) return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee));
-  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
-}
-
-// The reduced scores of kTokens tokens from k for kG heads, as the tree leaves them
-// (for 16 tokens: per 128-bit lane j, tokens j, j + 4, j + 8, j + 12).
-template <int kTokens, int kV, int kG>
-TIERKV_AVX512_INLINE void DotTree(const float* q, size_t hd, const uint8_t* k, size_t vb, __m512* out) {
-  if constexpr (kTokens == 1) {
-    DotTokenHeads<kV, kG>(q, hd, k, vb, out);
-  } else {
-    __m512 a[kG], b[kG];
-    DotTree<kTokens / 2, kV, kG>(q, hd, k, vb, a);
-    DotTree<kTokens / 2, kV, kG>(q, hd, k + (kTokens / 2) * vb, vb, b);
-    for (int h = 0; h < kG; ++h) out[h] = CombineLevel<kTokens>(a[h], b[h]);
-  }
-}
+};
 
 // scores[h * stride + t] for kG heads and the first n - n % 16 tokens.
 template <int kV, int kG>
 TIERKV_AVX512 void DotF16Tiles16(const float* q, size_t hd, const uint8_t* k, size_t n, size_t vb, float* scores,
                                  size_t stride) {
-  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i order = kv_tree::TreeKeyOrder();
   for (size_t t0 = 0; t0 + 16 <= n; t0 += 16) {
     __m512 r[kG];
-    DotTree<16, kV, kG>(q, hd, k + t0 * vb, vb, r);
+    kv_tree::DotTree<16, kG>(F16KeyLeaf<kV, kG>{q, hd, k + t0 * vb, vb}, 0, r);
     for (int h = 0; h < kG; ++h) {
       _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, _mm512_permutexvar_ps(order, r[h]));
     }

@@ -11,8 +11,8 @@
 //   Decode:     x_g = scale * R_g^T c_b[idx]               (c_b: the designed centroids in fp16)
 //   Dot:        sum_g scale_g * <R_g q_g, c_b[idx]>     (R q computed once: PrepareQuery)
 //   Accumulate: acc_g += (w * scale_g) * c_b[idx]     (rotated; FinishOutput: R^T acc)
-// The dot products and sums run in the f16 codec's kernels over decoded centroids (see
-// "kernels" below).
+// The dot products and sums run in the f16 codec's kernels over decoded centroids, or in
+// fused AVX-512 kernels with the same arithmetic (see "kernels" below).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -20,12 +20,15 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "kernels/cpu_features.h"
+#include "kernels/kv_dot_tree.h"
 #include "kvcache/codec.h"
 #include "memory/half.h"
+#include "memory/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -264,7 +267,9 @@ inline float SumLanes8(const float* l) {
 //   score      = scale_0 * <q_0, c_0>  (+ scale_g * <q_g, c_g> for further groups, in order)
 //   acc_g     += (w * scale_g) * c_g
 // Every form (one vector, many, grouped) goes this way, so their bits agree with each
-// other and do not depend on the kernel family: the decode only looks values up.
+// other and do not depend on the kernel family: the decode only looks values up. With
+// AVX-512 the decode steps' forms take fused kernels instead (below): the same operations
+// in the same order, without the scratch in between.
 
 struct TqView {
   int groups;           // head_dim / group
@@ -366,6 +371,7 @@ TIERKV_AVX512BW inline void HeadersToScales(const uint16_t* raw, size_t m, uint1
 struct UnpackControl {
   alignas(64) int8_t shuffle[64];
   alignas(64) int16_t shift[32];
+  alignas(64) int32_t shift32[32];  // the same shifts, for 32-bit lanes (the fused kernels below)
 };
 constexpr UnpackControl MakeUnpackControl(int bits, int bytes) {
   UnpackControl c{};
@@ -375,6 +381,7 @@ constexpr UnpackControl MakeUnpackControl(int bits, int bytes) {
     c.shuffle[2 * j] = static_cast<int8_t>(lo);
     c.shuffle[2 * j + 1] = static_cast<int8_t>(lo + 1 < bytes ? lo + 1 : 0x80);  // 0x80: a zero byte
     c.shift[j] = static_cast<int16_t>(bit % 8);
+    c.shift32[j] = bit % 8;
   }
   return c;
 }
@@ -432,6 +439,238 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
     default: return bits == 4 ? DecodeGroupAvx512<4, 64> : DecodeGroupAvx512<3, 64>;
   }
 }
+
+// ---- fused AVX-512 kernels: scores and weighted sums straight from the indices ---------
+// The decode-then-f16 path above writes each batch's centroids to scratch, reads them back
+// in the f16 kernels and scales in separate passes. These do the same arithmetic in one
+// pass, so they give its bits: per key a group's centroids become the same floats as the
+// f16 kernels' LoadHalf16 of them (a 32-bit lookup, vpermps, from the book's float table,
+// whose entries are the fp16 values), the scores take kernels/kv_dot_tree.h's reduction
+// (DotF16GroupAvx512Any's), then scale_0 * s_0 (+ scale_g * s_g, a product then a sum);
+// the sums take acc = fma(w * scale_g, c, acc) key by key, as AccumulateF16TileAvx512 over
+// the scaled weights. AVX-512F + AVX2 only (the tree's target), groups of 32 or 64.
+
+#define TIERKV_AVX512F __attribute__((target("avx512f,avx2,fma,f16c")))
+#define TIERKV_AVX512F_INLINE TIERKV_AVX512F __attribute__((always_inline)) inline
+
+// GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports (as in kernels/kv_codec_simd.cc).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// The index bytes of 32 values (16 for tq4, 12 for tq3: no byte past them is read) in
+// both 128-bit lanes.
+template <int kBits>
+TIERKV_AVX512F_INLINE __m256i LoadRun32(const uint8_t* run) {
+  __m128i b;
+  if constexpr (kBits == 4) {
+    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(run));
+  } else {
+    int32_t tail;
+    std::memcpy(&tail, run + 8, 4);
+    b = _mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(run)), tail, 2);
+  }
+  return _mm256_broadcastsi128_si256(b);
+}
+
+// Values [16 * half, 16 * half + 16) of a run of 32 as floats: a byte shuffle brings each
+// index's two bytes to a 16-bit lane, widened to 32 bits and shifted by its bit offset;
+// vpermps reads the low 4 bits (tq3's table repeats with period 8).
+template <int kBits>
+TIERKV_AVX512F_INLINE __m512 Lookup16(__m256i bytes, int half, const float* book) {
+  constexpr const UnpackControl& c = kBits == 4 ? kUnpack4 : kUnpack3;
+  const __m256i words =
+      _mm256_shuffle_epi8(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(c.shuffle + 32 * half)));
+  const __m512i ix = _mm512_srlv_epi32(_mm512_cvtepu16_epi32(words), _mm512_load_si512(c.shift32 + 16 * half));
+  return _mm512_permutexvar_ps(ix, _mm512_loadu_ps(book));
+}
+
+// The 16 * kV centroids of one group (header at p) as floats, and the group's book.
+template <int kBits, int kV>
+TIERKV_AVX512F_INLINE void LookupGroup(const TqTables& t, uint16_t book_mask, const uint8_t* p, __m512* x) {
+  constexpr int kRunBytes = 32 * kBits / 8;
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const float* book = t.floats[h & book_mask];
+  for (int j = 0; j < kV / 2; ++j) {
+    const __m256i bytes = LoadRun32<kBits>(p + 2 + j * kRunBytes);
+    x[2 * j] = Lookup16<kBits>(bytes, 0, book);
+    x[2 * j + 1] = Lookup16<kBits>(bytes, 1, book);
+  }
+}
+
+// The tree's leaf: key t's product sums over one group for kG heads (head h's slice of the
+// group at q + h * hd), as the f16 kernels' F16KeyLeaf forms them.
+template <int kBits, int kV, int kG>
+struct TqKeyLeaf {
+  const float* q;
+  size_t hd;
+  const uint8_t* p;  // key 0's group header
+  size_t vb;
+  const TqTables* tables;
+  uint16_t book_mask;
+  TIERKV_AVX512F_INLINE void operator()(size_t t, __m512* out) const {
+    __m512 kx[kV];
+    LookupGroup<kBits, kV>(*tables, book_mask, p + t * vb, kx);
+    for (int h = 0; h < kG; ++h) {
+      const float* qh = q + static_cast<size_t>(h) * hd;
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < kV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kx[i], acc);
+      out[h] = acc;
+    }
+  }
+};
+
+constexpr size_t kFusedPrefetchBytes = 2048;
+
+// scores[h * stride + t] for kG heads (queries hd floats apart) and n keys, n % 16 == 0.
+template <int kBits, int kV, int kG>
+TIERKV_AVX512F void TqScoresFused(const TqView& v, const TqTables& t, const float* q, size_t hd, const uint8_t* k,
+                                  size_t n, size_t vb, float* scores, size_t stride) {
+  constexpr int kGroup = 16 * kV;
+  const __m512i order = kernels::kv_tree::TreeKeyOrder();
+  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(~v.book_mask));
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const uint8_t* kt = k + t0 * vb;
+    PrefetchLines(kt + kFusedPrefetchBytes, 16 * vb);
+    __m512 s[kG];
+    for (int g = 0; g < v.groups; ++g) {
+      const uint8_t* pg = kt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes);
+      alignas(32) uint16_t raw[16];
+      for (size_t i = 0; i < 16; ++i) std::memcpy(&raw[i], pg + i * vb, 2);
+      const __m512 sc = _mm512_cvtph_ps(_mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(raw)), keep));
+      __m512 r[kG];
+      kernels::kv_tree::DotTree<16, kG>(TqKeyLeaf<kBits, kV, kG>{q + g * kGroup, hd, pg, vb, &t, v.book_mask}, 0, r);
+      for (int h = 0; h < kG; ++h) {
+        // The masked forms: GCC never contracts them into an FMA.
+        const __m512 x = _mm512_maskz_mul_ps(0xffff, sc, _mm512_permutexvar_ps(order, r[h]));
+        s[h] = g == 0 ? x : _mm512_maskz_add_ps(0xffff, s[h], x);
+      }
+    }
+    for (int h = 0; h < kG; ++h) _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, s[h]);
+  }
+}
+
+template <int kBits, int kV>
+void TqScoresFusedHeads(const TqView& v, const TqTables& t, const float* q, int heads, size_t hd, const uint8_t* k,
+                        size_t n, size_t vb, float* scores, size_t stride) {
+  for (int h = 0; h < heads;) {
+    const float* qh = q + static_cast<size_t>(h) * hd;
+    float* sh = scores + static_cast<size_t>(h) * stride;
+    switch (std::min(4, heads - h)) {
+      case 4: TqScoresFused<kBits, kV, 4>(v, t, qh, hd, k, n, vb, sh, stride); h += 4; break;
+      case 3: TqScoresFused<kBits, kV, 3>(v, t, qh, hd, k, n, vb, sh, stride); h += 3; break;
+      case 2: TqScoresFused<kBits, kV, 2>(v, t, qh, hd, k, n, vb, sh, stride); h += 2; break;
+      default: TqScoresFused<kBits, kV, 1>(v, t, qh, hd, k, n, vb, sh, stride); h += 1; break;
+    }
+  }
+}
+
+// acc[h][...] += sum_t w[h * w_stride + t] * V_t for kH heads of each of kR runs (run r at
+// v + r * run_stride, its heads rows r * kH .. of w and acc, rows hd floats apart), kGroups
+// groups of 16 * kV values a vector, every accumulator in registers over the n keys.
+template <int kBits, int kV, int kGroups, int kH, int kR>
+TIERKV_AVX512F void TqSumsFused(const TqView& v, const TqTables& t, const float* w, size_t w_stride,
+                                const uint8_t* vp, size_t run_stride, size_t n, size_t vb, float* acc, size_t hd) {
+  constexpr int kA = kGroups * kV;  // accumulators a head
+  static_assert(kR * kH * kA <= 16);
+  __m512 a[kR * kH][kA];
+#pragma GCC unroll 16
+  for (int h = 0; h < kR * kH; ++h) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kA; ++i) a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
+  }
+  for (size_t i = 0; i < n; ++i) {
+#pragma GCC unroll 4
+    for (int r = 0; r < kR; ++r) {
+      const uint8_t* vt = vp + static_cast<size_t>(r) * run_stride + i * vb;
+      PrefetchLines(vt + kFusedPrefetchBytes, vb);
+#pragma GCC unroll 4
+      for (int g = 0; g < kGroups; ++g) {
+        const uint8_t* pg = vt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes);
+        uint16_t header;
+        std::memcpy(&header, pg, 2);
+        const float scale = _cvtsh_ss(static_cast<uint16_t>(header & ~v.book_mask));
+        __m512 x[kV];
+        LookupGroup<kBits, kV>(t, v.book_mask, pg, x);
+#pragma GCC unroll 16
+        for (int h = r * kH; h < (r + 1) * kH; ++h) {
+          const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + i] * scale);
+#pragma GCC unroll 16
+          for (int j = 0; j < kV; ++j) a[h][g * kV + j] = _mm512_fmadd_ps(wv, x[j], a[h][g * kV + j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < kR * kH; ++h) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kA; ++i) _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
+  }
+}
+
+// The fused sums for `heads` heads of `runs` runs, two runs a pass where their
+// accumulators fit the registers; false (nothing done) when one run's heads do not.
+template <int kBits, int kV, int kGroups>
+bool TqSumsFusedRuns(const TqView& v, const TqTables& t, const float* w, size_t w_stride, int heads, int runs,
+                     const uint8_t* vp, size_t run_stride, size_t n, size_t vb, float* acc, size_t hd) {
+  constexpr int kA = kGroups * kV;
+  if (heads * kA > 16 || (heads != 1 && heads != 2 && heads != 4)) return false;
+  const auto pass = [&](auto h_c, auto r_c, int r0) {
+    constexpr int kH = decltype(h_c)::value, kR = decltype(r_c)::value;
+    if constexpr (kR * kH * kA <= 16) {
+      const size_t row0 = static_cast<size_t>(r0) * static_cast<size_t>(kH);
+      TqSumsFused<kBits, kV, kGroups, kH, kR>(v, t, w + row0 * w_stride, w_stride, vp + r0 * run_stride, run_stride,
+                                              n, vb, acc + row0 * hd, hd);
+    }
+  };
+  const auto with_heads = [&](auto r_c, int r0) {
+    switch (heads) {
+      case 1: return pass(std::integral_constant<int, 1>{}, r_c, r0);
+      case 2: return pass(std::integral_constant<int, 2>{}, r_c, r0);
+      default: return pass(std::integral_constant<int, 4>{}, r_c, r0);
+    }
+  };
+  int r = 0;
+  if (2 * heads * kA <= 16) {
+    for (; r + 2 <= runs; r += 2) with_heads(std::integral_constant<int, 2>{}, r);
+  }
+  for (; r < runs; ++r) with_heads(std::integral_constant<int, 1>{}, r);
+  return true;
+}
+
+// The fused kernels of one (bits, group, groups a vector).
+struct TqFused {
+  void (*scores)(const TqView&, const TqTables&, const float*, int, size_t, const uint8_t*, size_t, size_t, float*,
+                 size_t) = nullptr;
+  bool (*sums)(const TqView&, const TqTables&, const float*, size_t, int, int, const uint8_t*, size_t, size_t, size_t,
+               float*, size_t) = nullptr;
+};
+
+template <int kBits, int kV>
+TqFused MakeTqFused(int groups) {
+  TqFused f;
+  f.scores = TqScoresFusedHeads<kBits, kV>;
+  if (groups == 1) f.sums = TqSumsFusedRuns<kBits, kV, 1>;
+  if constexpr (kV == 4) {
+    if (groups == 2) f.sums = TqSumsFusedRuns<kBits, kV, 2>;
+  }
+  return f;
+}
+
+// The fused kernels for a codec's shape; empty for groups other than 32 or 64 values.
+TqFused TqFusedFor(int bits, int group, int groups) {
+  if (group == 32) return bits == 4 ? MakeTqFused<4, 2>(groups) : MakeTqFused<3, 2>(groups);
+  if (group == 64) return bits == 4 ? MakeTqFused<4, 4>(groups) : MakeTqFused<3, 4>(groups);
+  return {};
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif  // TIERKV_CODEC_X86
 
 // The row loops around the f16 kernels: out = a * b, or acc = acc + a * b (a product,
@@ -513,6 +752,7 @@ class TqCodec final : public VectorCodec {
       const kernels::CpuFeatures& cpu = kernels::CpuHas();
       if (codec_internal::UseAvx512Kernels() && cpu.avx512bw && cpu.avx512vl && group >= 16) {
         decode_ = DecodeGroupAvx512For(bits, group);
+        fused_ = TqFusedFor(bits, group, head_dim / group);
         mul_row_ = MulRowAvx512;
         mul_add_row_ = MulAddRowAvx512;
         kernel_ = "avx512";
@@ -648,6 +888,9 @@ class TqCodec final : public VectorCodec {
   TqView view_;
   TqTables tables_;
   DecodeGroupFn decode_;
+#if defined(TIERKV_CODEC_X86)
+  TqFused fused_;  // empty: the decode-then-f16 path only
+#endif
   RowFn mul_row_ = MulRowGeneric;
   RowFn mul_add_row_ = MulAddRowGeneric;
   const char* kernel_ = "generic";
@@ -703,6 +946,17 @@ void TqCodec::ForEachDecodedChunk(const void* enc, size_t n, F&& fn) const {
 
 void TqCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, size_t n, float* scores,
                            size_t scores_stride) const {
+#if defined(TIERKV_CODEC_X86)
+  // Whole tiles of 16 keys fused; the rest (and other shapes) through the f16 kernels.
+  if (const size_t whole = fused_.scores != nullptr ? n / 16 * 16 : 0; whole > 0) {
+    fused_.scores(view_, tables_, q_prep, heads, static_cast<size_t>(head_dim()), static_cast<const uint8_t*>(k_enc),
+                  whole, vector_bytes(), scores, scores_stride);
+    if (whole == n) return;
+    k_enc = static_cast<const uint8_t*>(k_enc) + whole * vector_bytes();
+    scores += whole;
+    n -= whole;
+  }
+#endif
   const size_t group = static_cast<size_t>(view_.group);
   const size_t nh = static_cast<size_t>(heads);
   TqScratch& s = Scratch();
@@ -722,6 +976,12 @@ void TqCodec::DotManyGroup(const float* q_prep, int heads, const void* k_enc, si
 
 void TqCodec::AccumulateManyGroup(const float* w, size_t w_stride, int heads, const void* v_enc, size_t n,
                                   float* acc) const {
+#if defined(TIERKV_CODEC_X86)
+  if (fused_.sums != nullptr && fused_.sums(view_, tables_, w, w_stride, heads, 1, static_cast<const uint8_t*>(v_enc),
+                                            0, n, vector_bytes(), acc, static_cast<size_t>(head_dim()))) {
+    return;
+  }
+#endif
   const size_t group = static_cast<size_t>(view_.group);
   const size_t nh = static_cast<size_t>(heads);
   TqScratch& s = Scratch();
@@ -805,6 +1065,13 @@ void TqCodec::AccumulateManyGroupDecoded(const float* w, size_t w_stride, int he
 // side where they fit the registers); per head the same bits as one run at a time.
 void TqCodec::AccumulateManyGroupRuns(const float* w, size_t w_stride, int heads, int runs, const void* v_enc,
                                       size_t run_stride, size_t n, float* acc) const {
+#if defined(TIERKV_CODEC_X86)
+  if (fused_.sums != nullptr && fused_.sums(view_, tables_, w, w_stride, heads, runs,
+                                            static_cast<const uint8_t*>(v_enc), run_stride, n, vector_bytes(), acc,
+                                            static_cast<size_t>(head_dim()))) {
+    return;
+  }
+#endif
   const size_t group = static_cast<size_t>(view_.group);
   const size_t nr = static_cast<size_t>(runs);
   if (view_.groups > 1 || runs < 2 || nr * group > TqScratch::kHalves) {

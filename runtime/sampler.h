@@ -60,7 +60,10 @@ class Sampler {
   std::mt19937_64 rng_;
   std::deque<int32_t> history_;                 // the last repeat_last_n accepted tokens
   std::unordered_map<int32_t, int> counts_;     // occurrences in history_
+  float Penalized(float logit, int count) const;
+
   std::vector<std::pair<float, int32_t>> candidates_;  // scratch
+  std::vector<std::pair<int32_t, float>> overrides_;   // scratch (greedy): ids whose value is not their logit
   std::vector<double> probs_;                   // scratch
 };
 

@@ -17,6 +17,10 @@ dir=${1:-/tmp/tierkv-moe-bench}
 budgets=${BUDGETS:-"6 10 14"}
 n=${TOKENS:-16}
 prompt="The keeper of the lighthouse wrote in his log"
+# PROMPT_FILE=FILE: the prompt's text from FILE instead (the depth-8K rows: ~28 KB of
+# docs/ text, 8,1xx tokens of the Qwen vocabulary); both engines read the same file.
+ours_prompt=(-p "$prompt") theirs_prompt=$prompt
+if [ -n "${PROMPT_FILE:-}" ]; then ours_prompt=(-f "$PROMPT_FILE"); theirs_prompt=@$PROMPT_FILE; fi
 shared=${TIERKV_SHARED_DIR:-$(cd "$repo/.." && pwd)/shared}
 mkdir -p "$dir"
 tierkv=$repo/build/release/runtime/tierkv
@@ -49,22 +53,24 @@ run() {
 }
 
 for gib in $budgets; do
-  run tierkv "$gib" "$tierkv" run -m "$model" -p "$prompt" -n "$n" --host "$((gib - 1))GiB" --weights paged \
+  run tierkv "$gib" "$tierkv" run -m "$model" "${ours_prompt[@]}" -n "$n" --host "$((gib - 1))GiB" --weights paged \
       --mlock off --no-display-prompt --json
-  run llama.cpp "$gib" $llama "$model" "$prompt" "$n" 2
-done | python3 -c '
+  run llama.cpp "$gib" $llama "$model" "$theirs_prompt" "$n" 2
+done | tee "$dir/raw-$(date +%Y%m%d-%H%M).tsv" | python3 -c '
 import json, sys
-print("| engine | B | prefill tok/s | decode tok/s | peak RSS | cgroup peak (RSS + cache) | read from storage / token |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| engine | B | prompt tokens | prefill tok/s | decode tok/s | peak RSS | cgroup peak (RSS + cache) | read from storage / token |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for line in sys.stdin:
     name, b, js, tm, cg = line.rstrip("\n").split("\t")
     rss_kib, blocks = map(int, tm.split())
     try: j = json.loads(js)
-    except Exception: print(f"| {name} | {b} | failed | | | | |"); continue
+    except Exception: print(f"| {name} | {b} | | failed | | | | |"); continue
     if name == "tierkv":
-        t = j["timings"]; pre, dec, toks = t["prefill_tok_s"], t["decode_tok_s"], len(j["prompt_tokens"]) + len(j["generated_tokens"])
+        t = j["timings"]; pre, dec, nprompt = t["prefill_tok_s"], t["decode_tok_s"], len(j["prompt_tokens"])
+        toks = nprompt + len(j["generated_tokens"])
     else:
-        pre, dec, toks = j["prefill_tok_s"], j["decode_tok_s"], j["prompt_tokens"] + j["generated"]
+        pre, dec, nprompt = j["prefill_tok_s"], j["decode_tok_s"], j["prompt_tokens"]
+        toks = nprompt + j["generated"]
     gib = lambda x: f"{x / 2**30:.2f} GiB"
-    print(f"| {name} | {b} GiB | {pre:.2f} | {dec:.2f} | {gib(rss_kib * 1024)} | {gib(int(cg))} | {blocks * 512 / toks / 2**20:.0f} MiB |")
+    print(f"| {name} | {b} GiB | {nprompt} | {pre:.2f} | {dec:.2f} | {gib(rss_kib * 1024)} | {gib(int(cg))} | {blocks * 512 / toks / 2**20:.0f} MiB |")
 '

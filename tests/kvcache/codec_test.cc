@@ -659,12 +659,16 @@ TEST(CodecGroupTest, GroupedAndBatchedFormsMatchSingleVectorCalls) {
 
 // The f16 AVX-512 forms give the AVX2 ones' bits (the single-vector calls are AVX2 in
 // both; this compares the batched kernels of the two families directly). tq runs on the
-// f16 kernels over centroids looked up exactly, so its two families agree bit for bit too.
+// f16 kernels over centroids looked up exactly, or (AVX-512) on fused kernels with the
+// same arithmetic, so its two families agree bit for bit too: head counts that the fused
+// kernels take in one pass, in several, and not at all (then the f16 kernels), run pairs.
 TEST(CodecGroupTest, F16AndTqAvx512AndAvx2KernelsAgree) {
   if (!codec_internal::UseAvx512Kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
   for (KvCodec codec : {KvCodec::kF16, KvCodec::kTq4, KvCodec::kTq3})
-  for (int d : {16, 32, 64, 128, 256}) {
-    SCOPED_TRACE(std::string(KvCodecName(codec)) + " head_dim " + std::to_string(d));
+  for (int d : {16, 32, 64, 128, 256})
+  for (int heads : {1, 2, 3, 4, 6}) {
+    SCOPED_TRACE(std::string(KvCodecName(codec)) + " head_dim " + std::to_string(d) + " heads " +
+                 std::to_string(heads));
     std::unique_ptr<VectorCodec> fast = MakeCodec(codec, d);
     codec_internal::ForceNoAvx512Kernels(true);
     std::unique_ptr<VectorCodec> avx2 = MakeCodec(codec, d);
@@ -674,7 +678,7 @@ TEST(CodecGroupTest, F16AndTqAvx512AndAvx2KernelsAgree) {
     }
     ASSERT_STREQ(fast->kernel_name(), "avx512");
     ASSERT_STREQ(avx2->kernel_name(), "avx2");
-    const int n = 300, heads = 4;
+    const int n = 300;
     const std::vector<float> kv = RandomRows(n, d, 71, true);
     const std::vector<float> q = RandomRows(heads, d, 72, false);
     std::vector<uint8_t> enc(n * fast->vector_bytes());

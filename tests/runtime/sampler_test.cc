@@ -1,13 +1,18 @@
 // tests/runtime/sampler_test.cc
 #include "runtime/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "kernels/cpu_features.h"
 
 namespace tierkv {
 namespace {
@@ -33,6 +38,79 @@ TEST(SamplerTest, GreedyIsArgmaxWithTiesToTheSmallerId) {
   Sampler s(Opts(0.0f, 40, 0.95f, 1, 0.05f));
   EXPECT_EQ(s.Sample(logits), 1);
   EXPECT_EQ(Argmax(logits), 1);
+}
+
+// Greedy picks without copying the vocabulary (runtime/sampler.cc, GreedyPick): the same
+// token as the definition (bans to -inf, llama.cpp's penalties on the window's counts,
+// then the first maximum on strict >) on vocabularies of every size around the 16-lane
+// loop and its tail, with ties, infinities and NaN, bans and penalties at the ends, on
+// each other and on the maximum.
+void CheckGreedyAgainstTheDefinition() {
+  std::mt19937 rng(20261207);
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  int checked = 0;
+  for (int n : {1, 2, 15, 16, 17, 31, 33, 64, 100, 1000, 151936}) {
+    for (int trial = 0; trial < (n > 1000 ? 4 : 40); ++trial) {
+      std::vector<float> logits(static_cast<size_t>(n));
+      std::uniform_int_distribution<int> coarse(-4, 4);  // few distinct values: many ties
+      for (float& l : logits) l = static_cast<float>(coarse(rng)) * 0.5f;
+      std::uniform_int_distribution<int> pick(0, n - 1);
+      const int specials = trial % 4;
+      for (int k = 0; k < specials; ++k) {
+        const float v[] = {inf, -inf, nan, 2.0f};
+        logits[static_cast<size_t>(pick(rng))] = v[(trial + k) % 4];
+      }
+      if (trial % 5 == 1) logits[0] = nan;
+      SamplerOptions o = Opts(0.0f, 40, 0.95f, 1);
+      if (trial % 2 == 1) {
+        o.repeat_penalty = 1.3f;
+        o.frequency_penalty = 0.25f;
+        o.presence_penalty = 0.5f;
+      }
+      std::vector<int32_t> history;
+      for (int k = 0; k < trial % 7; ++k) history.push_back(pick(rng));
+      if (trial % 3 == 0) history.push_back(n - 1);
+      for (int k = 0; k < trial % 3; ++k) o.banned_tokens.push_back(pick(rng));
+      if (trial % 4 == 2) o.banned_tokens.push_back(0);
+      if (trial % 6 == 5 && !history.empty()) o.banned_tokens.push_back(history[0]);
+
+      std::vector<float> want_logits = logits;
+      std::map<int32_t, int> counts;
+      for (int32_t id : history) ++counts[id];
+      for (int32_t id : o.banned_tokens) want_logits[static_cast<size_t>(id)] = -inf;
+      if (o.penalizes()) {
+        for (const auto& [id, c] : counts) {
+          float& l = want_logits[static_cast<size_t>(id)];
+          l = l <= 0.0f ? l * o.repeat_penalty : l / o.repeat_penalty;
+          l -= static_cast<float>(c) * o.frequency_penalty + o.presence_penalty;
+        }
+      }
+      int32_t want = 0;
+      for (int i = 1; i < n; ++i) {
+        if (want_logits[static_cast<size_t>(i)] > want_logits[static_cast<size_t>(want)]) want = i;
+      }
+      Sampler s(o);
+      for (int32_t id : history) s.Accept(id);
+      ASSERT_EQ(s.Sample(logits), want) << "n " << n << " trial " << trial;
+      if (o.banned_tokens.empty() && !o.penalizes()) {
+        ASSERT_EQ(Argmax(logits), want);
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 300);
+}
+
+TEST(SamplerTest, GreedyMatchesTheDefinitionWithBansPenaltiesTiesAndNonFinite) {
+  // Every SIMD level this CPU has (the AVX-512 search and the portable one).
+  const kernels::SimdLevel detected = kernels::DetectedSimdLevel();
+  for (kernels::SimdLevel level : {kernels::SimdLevel::kScalar, kernels::SimdLevel::kAvx2, kernels::SimdLevel::kAvx512}) {
+    if (level > detected) continue;
+    SCOPED_TRACE(kernels::SimdLevelName(level));
+    kernels::ForceSimdLevel(level);
+    CheckGreedyAgainstTheDefinition();
+  }
+  kernels::ForceSimdLevel(detected);
 }
 
 TEST(SamplerTest, TopLogitsSortedWithTieBreak) {

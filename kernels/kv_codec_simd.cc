@@ -190,12 +190,10 @@ void WithConstant(int64_t v, F&& fn) {
 // groups of up to kTileGroup.
 template <typename F>
 void ForTileHeadGroups(const float* q, int heads, size_t hd, float* scores, size_t stride, F&& fn) {
-  static_assert(kTileGroup == 4);
-  for (int h = 0; h < heads; h += kTileGroup) {
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    float* sh = scores + static_cast<size_t>(h) * stride;
-    WithConstant<4, 1, 2, 3>(std::min(kTileGroup, heads - h), [&](auto group) { fn(group, qh, sh); });
-  }
+  static_assert(kTileGroup == 4);  // kv_tree::ForTreeHeadGroups' group
+  kv_tree::ForTreeHeadGroups(heads, [&](auto group, int h) {
+    fn(group, q + static_cast<size_t>(h) * hd, scores + static_cast<size_t>(h) * stride);
+  });
 }
 
 // fn(std::integral_constant<int, hd>{}) for the usual head_dims (their loops unroll), and
@@ -432,17 +430,9 @@ template <int kV>
 void DotF16Tiles16Heads(const float* q, int heads, const uint8_t* k, size_t n, size_t vb, float* scores,
                         size_t stride) {
   const size_t hd = 16 * static_cast<size_t>(kV);
-  int h = 0;
-  for (; h + 4 <= heads; h += 4) {
-    DotF16Tiles16<kV, 4>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
-  }
-  if (heads - h == 3) {
-    DotF16Tiles16<kV, 3>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
-  } else if (heads - h == 2) {
-    DotF16Tiles16<kV, 2>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
-  } else if (heads - h == 1) {
-    DotF16Tiles16<kV, 1>(q + static_cast<size_t>(h) * hd, hd, k, n, vb, scores + static_cast<size_t>(h) * stride, stride);
-  }
+  ForTileHeadGroups(q, heads, hd, scores, stride, [&](auto group, const float* qh, float* sh) {
+    DotF16Tiles16<kV, decltype(group)::value>(qh, hd, k, n, vb, sh, stride);
+  });
 }
 
 void DotF16GroupAvx512Any(const float* q, int heads, const uint8_t* k, size_t n, size_t vb, int nv,

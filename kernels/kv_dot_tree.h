@@ -24,6 +24,7 @@
 #include <immintrin.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #define TIERKV_KV_TREE_INLINE __attribute__((target("avx512f,avx2,fma,f16c"), always_inline)) inline
 
@@ -57,6 +58,20 @@ TIERKV_KV_TREE_INLINE void DotTree(const Leaf& leaf, size_t t, __m512* out) {
 // The permutation (for _mm512_permutexvar_ps) from a 16-key tree's lanes to key order.
 TIERKV_KV_TREE_INLINE __m512i TreeKeyOrder() {
   return _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+}
+
+// fn(std::integral_constant<int, kG>{}, h0) over the heads [0, heads) in groups of kG <= 4
+// (a tree's per-head sums stay in registers): fours, then the 3, 2 or 1 left.
+template <typename F>
+inline void ForTreeHeadGroups(int heads, F&& fn) {
+  int h = 0;
+  for (; h + 4 <= heads; h += 4) fn(std::integral_constant<int, 4>{}, h);
+  switch (heads - h) {
+    case 3: fn(std::integral_constant<int, 3>{}, h); break;
+    case 2: fn(std::integral_constant<int, 2>{}, h); break;
+    case 1: fn(std::integral_constant<int, 1>{}, h); break;
+    default: break;
+  }
 }
 
 }  // namespace tierkv::kernels::kv_tree

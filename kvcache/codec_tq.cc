@@ -557,16 +557,10 @@ TIERKV_AVX512F void TqScoresFused(const TqView& v, const TqTables& t, const floa
 template <int kBits, int kV>
 void TqScoresFusedHeads(const TqView& v, const TqTables& t, const float* q, int heads, size_t hd, const uint8_t* k,
                         size_t n, size_t vb, float* scores, size_t stride) {
-  for (int h = 0; h < heads;) {
-    const float* qh = q + static_cast<size_t>(h) * hd;
-    float* sh = scores + static_cast<size_t>(h) * stride;
-    switch (std::min(4, heads - h)) {
-      case 4: TqScoresFused<kBits, kV, 4>(v, t, qh, hd, k, n, vb, sh, stride); h += 4; break;
-      case 3: TqScoresFused<kBits, kV, 3>(v, t, qh, hd, k, n, vb, sh, stride); h += 3; break;
-      case 2: TqScoresFused<kBits, kV, 2>(v, t, qh, hd, k, n, vb, sh, stride); h += 2; break;
-      default: TqScoresFused<kBits, kV, 1>(v, t, qh, hd, k, n, vb, sh, stride); h += 1; break;
-    }
-  }
+  kernels::kv_tree::ForTreeHeadGroups(heads, [&](auto group, int h) {
+    TqScoresFused<kBits, kV, decltype(group)::value>(v, t, q + static_cast<size_t>(h) * hd, hd, k, n, vb,
+                                                     scores + static_cast<size_t>(h) * stride, stride);
+  });
 }
 
 // acc[h][...] += sum_t w[h * w_stride + t] * V_t for kH heads of each of kR runs (run r at

@@ -36,6 +36,7 @@
 #include "kvcache/kv_cache.h"
 #include "memory/memory_manager.h"
 #include "memory/status.h"
+#include "runtime/expert_split.h"
 #include "runtime/gguf.h"
 
 namespace tierkv {
@@ -163,6 +164,23 @@ struct ModelOptions {
   // The prediction of the next layer's experts takes the router's top
   // n_expert_used + predict_extra (more copies, fewer misses); -1 = n_expert_used / 2.
   int predict_extra = -1;
+  // Experts when UseMemory pages the weights onto a device tier the executor computes
+  // on (`--device cuda` or `sim`; docs/gpu.md, "Hybrid experts"). kDevice: every
+  // expert a token picks computes on the device, a miss copied there first. kHost: the
+  // experts the device holds (hits) compute there while the host CPU computes the
+  // others (misses) from host memory; kAuto: likewise, but each step the cost model
+  // (ExpertSplitModel, fed by expert_rates and by what it measures) may copy some
+  // misses to the device instead. Results do not depend on it.
+  enum class ExpertSplit : uint8_t { kDevice, kHost, kAuto };
+  ExpertSplit expert_split = ExpertSplit::kDevice;
+  // kHost / kAuto: of the misses the host computed, at most this many per layer and
+  // step (per chunk in prefill) are copied to the device in the background: admissions
+  // into the device's expert cache, whose victims the frequency policy picks.
+  int expert_admit = 1;
+  ExpertSplitRates expert_rates;
+  // The CPU executor of kHost / kAuto (null: the executor itself when it computes on
+  // host memory, else a CPU executor of `threads` threads). Tests inject a checking one.
+  std::shared_ptr<kernels::Executor> host_executor;
 };
 
 // One routing decision of a MoE layer (traces for the expert-paging benchmark).
@@ -194,6 +212,11 @@ struct DecodeCounters {
   uint64_t experts_chosen_predicted = 0, experts_chosen_in_prediction = 0;
   // Page ids queued for prefetch (KV blocks, weights and experts).
   uint64_t prefetched_pages = 0;
+  // Hybrid experts (ModelOptions::expert_split kHost / kAuto): experts (one per token
+  // and slot in decode, one per chunk in prefill) computed on the device (hits and
+  // copied misses), of which copied misses, computed on the host, and host-computed
+  // misses copied to the device in the background (admissions).
+  uint64_t experts_on_device = 0, experts_copied = 0, experts_on_host = 0, experts_admitted = 0;
 };
 
 class Model {
@@ -231,6 +254,9 @@ class Model {
   };
 
   const DecodeCounters& counters() const { return counters_; }
+  // Hybrid experts: whether UseMemory turned them on, and the cost model's current rates.
+  bool hybrid_experts() const { return hybrid_; }
+  const ExpertSplitRates& expert_split_rates() const { return split_.rates(); }
   void ResetCounters() { counters_ = {}; }
   // While set, each Forward appends one RouteRecord per MoE layer, and ForwardBatch one
   // per token and MoE layer, layer by layer (null: off).
@@ -270,6 +296,7 @@ class Model {
   struct Layer;
   struct Weights;
   struct Scratch;
+  struct HostExperts;
 
   Model(std::shared_ptr<const GgufFile> file, ModelConfig cfg, ModelOptions options);
   // KV batches in flight ahead of the one attention computes: the copy stream keeps
@@ -333,8 +360,15 @@ class Model {
   void Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights);
   int ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order);
   void MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p, int window);
-  void QueueExpert(int layer, int e, bool urgent);
-  Status AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin);
+  void QueueExpert(int layer, int e, bool urgent, Tier tier);
+  Status AcquireExpert(const Layer& L, int layer, int e, Tier tier, kernels::MatrixView out[3], Pin* pin);
+  // Hybrid experts: a token's experts split between device and host (HybridMoe), the
+  // host's share of a token (HostMoeGroup) or of a chunk (HostChunkExpert), admissions.
+  Status HybridMoe(const Layer& L, int layer);
+  Status HostMoeGroup(const Layer& L, int layer, std::span<const int> slots);
+  Status HostChunkExpert(const Layer& L, int layer, int e, std::span<const std::pair<int, int>> who, size_t n_tokens);
+  void AdmitExperts(int layer, std::span<const int> experts);
+  uint64_t ExpertBytes(const Layer& L) const;
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
   Status AcquireLayer(int layer, Layer* out);
   // Acquire (for reading) timed into wait_s and *wait; counts the acquire and a hit
@@ -372,6 +406,11 @@ class Model {
   DecodeCounters counters_;
   std::vector<RouteRecord>* route_trace_ = nullptr;
   std::vector<std::vector<int32_t>> predicted_;  // [n_layer]: experts predicted for the layer
+  // Hybrid experts (UseMemory, expert_split kHost / kAuto with a device tier).
+  bool hybrid_ = false;
+  std::shared_ptr<kernels::Executor> host_exec_;
+  std::unique_ptr<HostExperts> h_;
+  ExpertSplitModel split_;
 };
 
 }  // namespace tierkv

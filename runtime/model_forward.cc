@@ -453,7 +453,7 @@ int Model::ExpertOrder(int layer, std::span<const int> experts, int window, std:
   const int hits = static_cast<int>(order->size());
   order->insert(order->end(), misses.begin(), misses.end());
   for (int m = 0; m < window && m < static_cast<int>(misses.size()); ++m) {
-    QueueExpert(layer, experts[static_cast<size_t>(misses[static_cast<size_t>(m)])], /*urgent=*/true);
+    QueueExpert(layer, experts[static_cast<size_t>(misses[static_cast<size_t>(m)])], /*urgent=*/true, weight_tier_);
   }
   return hits;
 }
@@ -463,24 +463,25 @@ void Model::MissAhead(int layer, std::span<const int> experts, std::span<const i
                       int window) {
   const size_t ahead = p + static_cast<size_t>(window);
   if (p >= static_cast<size_t>(hits) && ahead < order.size()) {
-    QueueExpert(layer, experts[static_cast<size_t>(order[ahead])], /*urgent=*/true);
+    QueueExpert(layer, experts[static_cast<size_t>(order[ahead])], /*urgent=*/true, weight_tier_);
   }
 }
 
-// The copy of expert e of the layer to the compute tier, queued (paged, prefetch on).
-void Model::QueueExpert(int layer, int e, bool urgent) {
+// The copy of expert e of the layer to `tier`, queued (paged, prefetch on).
+void Model::QueueExpert(int layer, int e, bool urgent, Tier tier) {
   if (mm_ == nullptr || !options_.prefetch) return;
-  (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)]}, weight_tier_, urgent);
+  (void)mm_->Prefetch({expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)]}, tier, urgent);
 }
 
-// Expert e of the layer: its gate, up and down matrices, pinned on the compute tier when
-// paged (the acquire was counted by ExpertOrder).
-Status Model::AcquireExpert(const Layer& L, int layer, int e, kernels::MatrixView out[3], Pin* pin) {
+// Expert e of the layer: its gate, up and down matrices, pinned on `tier` when paged
+// (the compute tier, or the host for hybrid experts' misses; the acquire was counted by
+// ExpertOrder or HybridMoe).
+Status Model::AcquireExpert(const Layer& L, int layer, int e, Tier tier, kernels::MatrixView out[3], Pin* pin) {
   out[0] = Expert(L.gate_exps, e);
   out[1] = Expert(L.up_exps, e);
   out[2] = Expert(L.down_exps, e);
   if (mm_ == nullptr) return Status::Ok();
-  auto p = AcquireCounted(*mm_, expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)], weight_tier_,
+  auto p = AcquireCounted(*mm_, expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)], tier,
                           &counters_.expert_wait_s);
   if (!p.ok()) return p.status().Annotate("layer " + std::to_string(layer) + " expert " + std::to_string(e));
   *pin = std::move(p).value();
@@ -507,6 +508,7 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   s.expert_ids.resize(static_cast<size_t>(c.n_expert_used));
   s.expert_weights.resize(static_cast<size_t>(c.n_expert_used));
   Route(layer, pos, s.router.data(), /*predicted_for_it=*/true, s.expert_ids.data(), s.expert_weights.data());
+  if (hybrid_) return HybridMoe(L, layer);
   // A token's misses are all queued at once (window n_expert_used).
   const int hits = ExpertOrder(layer, s.expert_ids, c.n_expert_used, &s.expert_order);
   const size_t k = static_cast<size_t>(c.n_expert_used);
@@ -539,7 +541,8 @@ Status Model::MoeGroup(const Layer& L, int layer, std::span<const int> slots) {
   };
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
-    const Status st = AcquireExpert(L, layer, s.expert_ids[u], s.expert_views.data() + 3 * u, &s.expert_pins[u]);
+    const Status st =
+        AcquireExpert(L, layer, s.expert_ids[u], weight_tier_, s.expert_views.data() + 3 * u, &s.expert_pins[u]);
     if (!st.ok()) {
       release();
       return st;
@@ -599,16 +602,53 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
   }
   // As many expert copies in flight as one token's step has.
   const int window = c.n_expert_used;
-  const int hits = ExpertOrder(layer, used, window, &s.expert_order);
+  // Hybrid: the experts missing from the device that the cost model does not copy
+  // compute on the host, after the device's hits are under way and before its misses.
+  std::span<const int> on_device(used);
+  if (hybrid_) {
+    HostExperts& h = *h_;
+    h.chunk_device.clear();
+    h.chunk_host.clear();
+    const uint64_t bytes = ExpertBytes(L);
+    for (int e : used) {
+      const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + e)];
+      const int tokens = static_cast<int>(users[static_cast<size_t>(e)].size());
+      const bool copy = options_.expert_split == ModelOptions::ExpertSplit::kAuto && split_.CopyForTokens(tokens, bytes);
+      (mm_->ResidentOrArriving(page, weight_tier_) || copy ? h.chunk_device : h.chunk_host).push_back(e);
+    }
+    on_device = h.chunk_device;
+    counters_.expert_acquires += h.chunk_host.size();
+    counters_.experts_on_host += h.chunk_host.size();
+    counters_.experts_on_device += h.chunk_device.size();
+  }
+  // The host's inputs are read back before the device's work is queued (a read-back
+  // waits for the device's queue).
+  if (hybrid_ && !h_->chunk_host.empty()) {
+    HostExperts& h = *h_;
+    h.xn.resize(nt * n_embd);
+    exec_->ReadBack(h.xn.data(), s.chunk_xn.data(), nt * n_embd * sizeof(float));
+    if (h.acts.size() < nt) h.acts.resize(nt);
+    h.act_set.assign(nt, 0);
+  }
+  const int hits = ExpertOrder(layer, on_device, window, &s.expert_order);
+  if (hybrid_) counters_.experts_copied += on_device.size() - static_cast<size_t>(hits);
   s.chunk_expert_out.resize(nt * k * n_embd);
-  for (size_t p = 0; p < s.expert_order.size(); ++p) {
-    MissAhead(layer, used, s.expert_order, hits, p, window);
-    const int e = used[static_cast<size_t>(s.expert_order[p])];
+  for (size_t p = 0; p <= s.expert_order.size(); ++p) {  // p == size: only the host's turn
+    if (hybrid_ && p == static_cast<size_t>(hits) && !h_->chunk_host.empty()) {
+      HostExperts& h = *h_;
+      for (int e : h.chunk_host) {
+        TIERKV_RETURN_IF_ERROR(HostChunkExpert(L, layer, e, users[static_cast<size_t>(e)], nt));
+      }
+      AdmitExperts(layer, h.chunk_host);
+    }
+    if (p == s.expert_order.size()) break;
+    MissAhead(layer, on_device, s.expert_order, hits, p, window);
+    const int e = on_device[static_cast<size_t>(s.expert_order[p])];
     const std::vector<std::pair<int, int>>& who = users[static_cast<size_t>(e)];
     const size_t m = who.size();
     kernels::MatrixView w[3];
     Pin pin;
-    TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, e, w, &pin));
+    TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, e, weight_tier_, w, &pin));
     s.chunk_in_ptrs.clear();
     for (const auto& [t, slot] : who) s.chunk_in_ptrs.push_back(acts[t]);
     s.chunk_gate.resize(m * n_ff);

@@ -52,6 +52,26 @@ struct Model::AttentionPlan {
   kernels::AttentionVisit Visit(int v) const;
 };
 
+// Hybrid experts: the host CPU's side (HybridMoe, HostMoeGroup, HostChunkExpert). The
+// arrays are the host executor's memory; the device's rows are read back into xn and
+// the host's outputs uploaded into the device's expert rows.
+struct Model::HostExperts {
+  using Array = kernels::ExecArray<float>;
+  explicit HostExperts(kernels::Executor* e) : xn(e, 0), gate(e, 0), up(e, 0), out(e, 0) {}
+  Array xn;               // a token's (a chunk's) normed FFN input, read back
+  Array gate, up, out;    // per expert (per token of one expert): gate, up, output rows
+  kernels::ActivationRow act;                     // decode: the token's input
+  std::vector<kernels::ActivationRow> acts;       // prefill: per token of the chunk
+  std::vector<uint8_t> act_set;                   // prefill: acts[t] converted
+  std::vector<kernels::ActivationRow*> in_ptrs, hidden_ptrs;
+  std::vector<kernels::ActivationRow> hidden;
+  std::vector<kernels::MatrixView> views;
+  std::vector<Pin> pins;
+  std::vector<kernels::MatVecJob> jobs;
+  std::vector<int> device, misses, host;  // decode: slots by where they compute
+  std::vector<int> chunk_device, chunk_host;  // prefill: experts by where they compute
+};
+
 struct Model::Weights {
   kernels::MatrixView token_embd;
   kernels::MatrixView output;  // token_embd when tied

@@ -196,6 +196,17 @@ Status Model::UseMemory(MemoryManager* mm) {
   }
   mm_ = mm;
   weight_tier_ = tier;
+  // Hybrid experts: misses computed on the host need the experts on a host tier of
+  // their own, apart from the device's.
+  hybrid_ = cfg_.is_moe() && options_.expert_split != ModelOptions::ExpertSplit::kDevice && tier == Tier::kDevice &&
+            mm->has_tier(Tier::kHost);
+  if (hybrid_) {
+    host_exec_ = options_.host_executor != nullptr ? options_.host_executor
+                 : exec_->host_memory()             ? exec_
+                                                    : kernels::MakeCpuExecutor(options_.threads);
+    h_ = std::make_unique<HostExperts>(host_exec_.get());
+    split_ = ExpertSplitModel(options_.expert_rates);
+  }
   return Status::Ok();
 }
 
@@ -318,9 +329,13 @@ void Model::PredictExperts(int layer) {
   // One expert per task, so that a demand miss (urgent) waits for at most one expert's
   // copy in progress, not for the whole prediction.
   if (mm_ == nullptr) return;
+  // Hybrid: a predicted expert the device lacks is fetched to the host, which computes
+  // it on a miss (copies to the device are admissions, AdmitExperts).
   for (int32_t e : predicted) {
+    const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + e)];
+    if (hybrid_ && mm_->ResidentOrArriving(page, weight_tier_)) continue;
     ++counters_.prefetched_pages;
-    QueueExpert(layer, e, /*urgent=*/false);
+    QueueExpert(layer, e, /*urgent=*/false, hybrid_ ? Tier::kHost : weight_tier_);
   }
 }
 

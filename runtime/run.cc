@@ -452,6 +452,11 @@ Result<std::unique_ptr<Runtime>> OpenRuntime(const RunOptions& o, std::shared_pt
   mo.llama_attention_sums = o.kv_type == KvCodec::kF16 && o.llama_sums == RunOptions::LlamaSums::kOn;
   mo.kv_batch_blocks = o.kv_batch_blocks;
   mo.attn_topk = o.attn_topk;
+  mo.expert_split = o.expert_split;
+  mo.expert_admit = o.expert_admit;
+  // The cost model's copy rate: --device sim's throttle (0: unthrottled, free), else the
+  // prior of a PCIe 4.0 x8 card (ExpertSplitRates).
+  if (o.memory.device == DeviceKind::kSim) mo.expert_rates.copy = o.memory.sim_gbps * 1e9;
   mo.rope = o.rope;
   if (o.memory.device == DeviceKind::kCuda) {
     TIERKV_ASSIGN_OR_RETURN(mo.executor, CudaExecutorFor(o, config));
@@ -970,6 +975,9 @@ Result<RunReport> RunSession(const RunOptions& o) {
   r.kv_tokens = cache->Length(seq);
   r.kv_bytes = static_cast<uint64_t>(r.kv_tokens) * cache->token_bytes();
   r.decoder = model->counters();
+  r.hybrid_experts = model->hybrid_experts();
+  r.expert_split = model->options().expert_split;
+  r.expert_rates = model->expert_split_rates();
   r.copy_busy_s = mm->copy_busy_seconds() - copy_busy0;
   snapshot(&r.tiers);
   return r;

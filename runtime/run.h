@@ -127,6 +127,10 @@ struct RunOptions {
   LlamaSums llama_sums = LlamaSums::kOff;
   int kv_batch_blocks = 0;     // ModelOptions::kv_batch_blocks (0 = automatic)
   int attn_topk = 0;           // ModelOptions::attn_topk (--attn-topk; 0 = full attention)
+  // Experts with a device tier (ModelOptions::expert_split; --expert-split): kAuto here,
+  // the cost model's split; kDevice copies every miss; kHost computes every miss on the CPU.
+  ModelOptions::ExpertSplit expert_split = ModelOptions::ExpertSplit::kAuto;
+  int expert_admit = 1;        // ModelOptions::expert_admit (--expert-admit)
   int batch = 64;              // prompt tokens per ForwardBatch chunk (-b; the same logits for any value)
   RopeOverrides rope;          // --rope-* / --yarn-* (ModelOptions::rope)
   // Called with each generated token's text as soon as it is sampled (streaming
@@ -196,6 +200,11 @@ struct RunReport {
   // per-tier traffic during prefill and during decode (what followed) are differences.
   std::vector<TierStats> tiers_prefill_start, tiers_prefill_end;
   DecodeCounters decoder;     // the paged decoder's counters over prefill and decode
+  // Hybrid experts (--expert-split with a device tier): whether on, the split used and
+  // the cost model's rates at the end (what it measured).
+  bool hybrid_experts = false;
+  ModelOptions::ExpertSplit expert_split = ModelOptions::ExpertSplit::kDevice;
+  ExpertSplitRates expert_rates;
   double copy_busy_s = 0;     // the copy stream's busy time over the same span
   std::string kv_type;
   bool llama_sums = false;  // llama.cpp's summation orders taken (RunOptions::llama_sums resolved)

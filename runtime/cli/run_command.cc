@@ -62,6 +62,8 @@ struct RunFlags {
   std::string weights = "auto";
   int kv_batch = 0;
   int attn_topk = 0;
+  std::string expert_split = "auto";
+  int expert_admit = 1;
   int batch = 64;
   std::string rope_scaling;
   float rope_scale = 0, rope_freq_scale = 0, rope_freq_base = 0;
@@ -406,6 +408,17 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   o.kv_batch_blocks = f.kv_batch;
   if (f.attn_topk < 0) return Status::InvalidArgument("--attn-topk must be >= 0");
   o.attn_topk = f.attn_topk;
+  if (f.expert_split == "auto") {
+    o.expert_split = ModelOptions::ExpertSplit::kAuto;
+  } else if (f.expert_split == "device") {
+    o.expert_split = ModelOptions::ExpertSplit::kDevice;
+  } else if (f.expert_split == "host") {
+    o.expert_split = ModelOptions::ExpertSplit::kHost;
+  } else {
+    return Status::InvalidArgument("--expert-split must be auto, device or host, not '" + f.expert_split + "'");
+  }
+  if (f.expert_admit < 0) return Status::InvalidArgument("--expert-admit must be >= 0");
+  o.expert_admit = f.expert_admit;
   if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");
   o.batch = f.batch;
   TIERKV_ASSIGN_OR_RETURN(o.rope, ToRope(f));
@@ -756,6 +769,13 @@ void AddRuntimeFlags(CLI::App* app, RunFlags* f) {
   app->add_option("--attn-topk", f->attn_topk,
                   "Selective attention: each decode step reads the first block, the last two and the N with the "
                   "highest key bounds per KV head (0 = every block; an approximation)");
+  app->add_option("--expert-split", f->expert_split,
+                  "MoE experts with --device: auto (the experts the device holds compute there, the others on the "
+                  "CPU unless the cost model finds copying them faster; the default), device (copy every miss) or "
+                  "host (every miss on the CPU); same logits");
+  app->add_option("--expert-admit", f->expert_admit,
+                  "hybrid experts: CPU-computed experts copied to the device in the background, per layer and step "
+                  "(default 1)");
   app->add_option("--rope-scaling", f->rope_scaling, "RoPE scaling: none, linear, yarn (default: the model's)");
   app->add_option("--rope-scale", f->rope_scale, "RoPE context scaling factor N (the context grows N times)");
   app->add_option("--rope-freq-scale", f->rope_freq_scale, "RoPE frequency scale (1 / --rope-scale)");

@@ -76,6 +76,21 @@ nlohmann::json RunReportJson(const RunReport& r) {
                   {"expert_hit_rate", ratio(d.expert_hits, d.expert_acquires)},
                   {"expert_prediction_recall", ratio(d.experts_chosen_in_prediction, d.experts_chosen_predicted)},
                   {"prefetched_pages", d.prefetched_pages}};
+  j["expert_split"] = nullptr;
+  if (r.hybrid_experts) {
+    const ExpertSplitRates& e = r.expert_rates;
+    const char* mode = r.expert_split == ModelOptions::ExpertSplit::kHost ? "host" : "auto";
+    j["expert_split"] = {{"mode", mode},
+                         {"on_device", d.experts_on_device},
+                         {"copied", d.experts_copied},
+                         {"on_host", d.experts_on_host},
+                         {"admitted", d.experts_admitted},
+                         {"rates_gbps", {{"copy", e.copy / 1e9},
+                                         {"device", e.device / 1e9},
+                                         {"host", e.host / 1e9},
+                                         {"host_token", e.host_token / 1e9},
+                                         {"device_token", e.device_token / 1e9}}}};
+  }
   j["kv"] = {{"type", r.kv_type}, {"tokens", r.kv_tokens}, {"bytes", r.kv_bytes}, {"llama_sums", r.llama_sums}};
   j["rope"] = r.rope;
   j["weights"] = r.paged_weights ? "paged" : "mapped";

@@ -39,6 +39,9 @@ class DeviceStyleExecutor final : public Executor {
   // The row counts of the matrices whose weights were host memory.
   const std::set<int64_t>& host_matrices() const { return host_matrices_; }
 
+  // Whether p is in one of this executor's allocations or on the device tier.
+  bool Owns(const void* p) const { return Mine(p); }
+
   const char* name() const override { return "device-style"; }
   int threads() const override { return cpu_->threads(); }
   Tier tier_for(const MemoryManager& mm) const override { return Tier::kDevice; }
@@ -150,6 +153,80 @@ class DeviceStyleExecutor final : public Executor {
   int checked_ = 0;
 };
 
+// The host CPU's executor of hybrid experts beside a DeviceStyleExecutor: the CPU
+// kernels, failing the test when an op gets memory only the device could read (the
+// device executor's allocations, pages on the device tier).
+class HostStyleExecutor final : public Executor {
+ public:
+  HostStyleExecutor(const DeviceStyleExecutor* device) : cpu_(kernels::MakeCpuExecutor(2)), device_(device) {}
+  int products() const { return products_; }
+
+  const char* name() const override { return "host-style"; }
+  int threads() const override { return cpu_->threads(); }
+  Tier tier_for(const MemoryManager& mm) const override { return Tier::kHost; }
+  bool host_memory() const override { return true; }
+  void* Allocate(size_t bytes) override { return cpu_->Allocate(bytes); }
+  void Deallocate(void* p) override { cpu_->Deallocate(p); }
+  void Upload(void* dst, const void* src, size_t n) override { Host(dst), Host(src), cpu_->Upload(dst, src, n); }
+  void ReadBack(void* dst, const void* src, size_t n) override { Host(dst), Host(src), cpu_->ReadBack(dst, src, n); }
+  void Copy(void* dst, const void* src, size_t n) override { Host(dst), Host(src), cpu_->Copy(dst, src, n); }
+  void WaitFor(const Pin& pin) override { cpu_->WaitFor(pin); }
+  void Retire(Pin pin) override { cpu_->Retire(std::move(pin)); }
+  void Synchronize() override { cpu_->Synchronize(); }
+  void GetRow(const kernels::MatrixView& w, int64_t r, float* out) override { Host(out), cpu_->GetRow(w, r, out); }
+  void RmsNorm(const float* x, const float* w, int64_t rows, int64_t n, float eps, float* out) override {
+    Host(x), Host(out), cpu_->RmsNorm(x, w, rows, n, eps, out);
+  }
+  void Rope(const kernels::RopeParams& p, int64_t pos, float* x, int n_heads, int head_dim) override {
+    Host(x), cpu_->Rope(p, pos, x, n_heads, head_dim);
+  }
+  void Add(float* y, const float* x, size_t n) override { Host(y), Host(x), cpu_->Add(y, x, n); }
+  void SwiGlu(const float* gate, const float* up, float* out, int64_t n) override {
+    Host(gate), Host(up), Host(out), cpu_->SwiGlu(gate, up, out, n);
+  }
+  void SetActivation(kernels::ActivationRow& row, const float* x, int64_t n) override {
+    Host(x), cpu_->SetActivation(row, x, n);
+  }
+  void MatVec(std::span<const kernels::MatVecJob> jobs) override {
+    for (const auto& j : jobs) Host(j.y), Host(j.w->data), ++products_;
+    cpu_->MatVec(jobs);
+  }
+  void MatMul(std::span<const kernels::MatMulJob> jobs) override {
+    for (const auto& j : jobs) Host(j.y), Host(j.w->data), ++products_;
+    cpu_->MatMul(jobs);
+  }
+  void RouteTopK(const float* logits, int n_expert, int k, bool normalize, int* ids, float* weights) override {
+    Host(logits), cpu_->RouteTopK(logits, n_expert, k, normalize, ids, weights);
+  }
+  void CombineExperts(const float* weights, const float* rows, int k, int64_t n, float* out) override {
+    Host(rows), Host(out), cpu_->CombineExperts(weights, rows, k, n, out);
+  }
+  void AppendKv(const kernels::KvVectorKernels& codec, const kernels::KvWriteSlot& slot, const float* k,
+                const float* v) override {
+    ADD_FAILURE() << "the host executor of hybrid experts appended KV";
+  }
+  void AttentionBegin(const kernels::KvVectorKernels&, const kernels::AttentionParams&, const float*,
+                      kernels::AttentionState*) override {
+    ADD_FAILURE() << "the host executor of hybrid experts computed attention";
+  }
+  void AttentionStep(const kernels::KvVectorKernels&, kernels::AttentionVisit, const kernels::AttentionParams&,
+                     const kernels::PagedKvView&, kernels::AttentionState*) override {}
+  void AttentionSoftmax(const kernels::AttentionParams&, kernels::AttentionState*) override {}
+  void AttentionStepMulti(const kernels::KvVectorKernels&, kernels::AttentionVisit, const kernels::AttentionParams*,
+                          kernels::AttentionState* const*, int64_t, const kernels::PagedKvView&) override {}
+  void AttentionSoftmaxMulti(const kernels::AttentionParams*, kernels::AttentionState* const*, int64_t) override {}
+  void AttentionEnd(const kernels::KvVectorKernels&, const kernels::AttentionParams&, kernels::AttentionState*,
+                    float*) override {}
+
+ private:
+  void Host(const void* p) {
+    if (p != nullptr && device_->Owns(p)) ADD_FAILURE() << "device memory given to the host executor";
+  }
+  std::unique_ptr<Executor> cpu_;
+  const DeviceStyleExecutor* device_;
+  int products_ = 0;
+};
+
 int32_t TokenAt(int pos, int n_vocab) { return static_cast<int32_t>((pos * 7919 + 13) % n_vocab); }
 
 // Logits of every 4th position of a fixed token stream: decode steps (chunks empty) or
@@ -158,22 +235,39 @@ int32_t TokenAt(int pos, int n_vocab) { return static_cast<int32_t>((pos * 7919 
 // tier that holds them all; kCuda: the CUDA executor, weights and KV in VRAM, the device
 // tier holding all the weights and `spare_frames` frames more (few: KV blocks and
 // weights evicted and fetched again at every step).
-enum class Exec { kCpu, kDeviceStyle, kCuda };
+// kCpuSim: the CPU executor computing on a simulated device tier (--device sim).
+enum class Exec { kCpu, kDeviceStyle, kCuda, kCpuSim };
 
 struct DeviceRun {
   int checked = 0;
   std::set<int64_t> host_matrices;
   int64_t n_expert = 0;
+  DecodeCounters counters;
+  bool hybrid = false;
+  int host_products = 0;  // matrix products the HostStyleExecutor computed
+};
+
+// Hybrid experts: the split, and the device tier's frames: the largest weight page's,
+// a share of the other weights' and spare_frames more (share 0: all the weights and
+// spare_frames more).
+struct Hybrid {
+  ModelOptions::ExpertSplit split = ModelOptions::ExpertSplit::kDevice;
+  double device_share = 0;
+  ExpertSplitRates rates;
 };
 
 std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, Exec kind, int tokens,
-                          const std::vector<int>& chunks, DeviceRun* run = nullptr, uint32_t spare_frames = 256) {
+                          const std::vector<int>& chunks, DeviceRun* run = nullptr, uint32_t spare_frames = 256,
+                          const Hybrid& hybrid = {}) {
   testing::TempDir dir;
   ModelOptions mo;
   mo.threads = 2;
+  mo.expert_split = hybrid.split;
+  mo.expert_rates = hybrid.rates;
   const bool device = kind != Exec::kCpu;
   auto exec = std::make_shared<DeviceStyleExecutor>();
-  if (kind == Exec::kDeviceStyle) mo.executor = exec;
+  auto host = std::make_shared<HostStyleExecutor>(exec.get());
+  if (kind == Exec::kDeviceStyle) mo.executor = exec, mo.host_executor = host;
   if (kind == Exec::kCuda) mo.executor = kernels::MakeExecutor("cuda", 1, nullptr);
   auto model = Model::Load(file, mo);
   EXPECT_TRUE(model.ok()) << model.status().ToString();
@@ -182,6 +276,11 @@ std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, E
   s.frame_bytes = 64 * 1024;
   const uint32_t weights = static_cast<uint32_t>((*model)->WeightPageBytes(s.frame_bytes) / s.frame_bytes);
   s.device_frames = device ? weights + spare_frames : 0;
+  if (device && hybrid.device_share > 0) {
+    const uint32_t largest =
+        static_cast<uint32_t>(((*model)->LargestWeightPage(s.frame_bytes) + s.frame_bytes - 1) / s.frame_bytes);
+    s.device_frames = largest + static_cast<uint32_t>((weights - largest) * hybrid.device_share) + spare_frames;
+  }
   s.cuda_device = kind == Exec::kCuda;
   s.host_frames = weights + 256;
   s.disk_frames = 0;
@@ -218,7 +317,10 @@ std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, E
     all.insert(all.end(), logits.begin(), logits.end());
     pos += n;
   }
-  if (run != nullptr) *run = {exec->checked(), exec->host_matrices(), (*model)->config().n_expert};
+  if (run != nullptr) {
+    *run = {exec->checked(),           exec->host_matrices(),   (*model)->config().n_expert,
+            (*model)->counters(),      (*model)->hybrid_experts(), host->products()};
+  }
   cache->reset();
   model->reset();  // before the memory manager
   return all;
@@ -252,6 +354,71 @@ TEST(ModelDeviceTest, DeviceExecutorPathGivesTheCpuLogits) {
         // Every weight matrix on the device but the routers (n_expert rows).
         for (int64_t rows : run.host_matrices) {
           EXPECT_EQ(rows, run.n_expert) << "a matrix of " << rows << " rows on the host";
+        }
+      }
+    }
+  }
+}
+
+// Hybrid experts (docs/gpu.md): with a device tier holding a share of the weights, the
+// experts it holds compute on the device and the others on the host CPU from the host
+// tier (kHost), or some are copied as the cost model chooses (kAuto, its copy rate
+// made comparable to the host's so that both sides get work). The logits are the
+// all-resident CPU run's bit for bit, in decode steps and prefill chunks, at every
+// share; the host executor is never handed device memory; the counters add up.
+TEST(ModelDeviceTest, HybridExpertsGiveTheAllResidentLogits) {
+  std::vector<std::pair<std::string, std::shared_ptr<const GgufFile>>> models;
+  auto tiny = BuildBuiltinModel("tiny-moe");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  models.emplace_back("builtin:tiny-moe", std::move(tiny).value());
+  const std::string ref = std::string(TIERKV_SHARED_DIR) + "/reference/models/ref-qwen3moe-q8_0.gguf";
+  if (std::filesystem::exists(ref)) {
+    auto f = GgufFile::Open(ref);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    models.emplace_back("ref-qwen3moe-q8_0", std::move(f).value());
+  } else {
+    ASSERT_FALSE(testing::ReferenceRequired()) << ref << " is absent and TIERKV_REQUIRE_REFERENCE is set";
+  }
+  using Split = ModelOptions::ExpertSplit;
+  for (const auto& [name, file] : models) {
+    for (const std::vector<int>& chunks : {std::vector<int>{}, std::vector<int>{9, 2, 13}}) {
+      const std::vector<float> cpu = Logits(file, KvCodec::kQ8_0, Exec::kCpu, 40, chunks);
+      ASSERT_FALSE(cpu.empty());
+      for (Exec kind : {Exec::kCpuSim, Exec::kDeviceStyle}) {
+        for (double share : {0.2, 0.5, 0.0}) {
+          for (Split split : {Split::kHost, Split::kAuto}) {
+            SCOPED_TRACE(name + (chunks.empty() ? ", decode" : ", prefill chunks") +
+                         (kind == Exec::kCpuSim ? ", sim" : ", device-style") + ", device share " +
+                         std::to_string(share) + (split == Split::kHost ? ", host" : ", auto"));
+            Hybrid hybrid{split, share, {}};
+            hybrid.rates.copy = 2e9;
+            hybrid.rates.host = 2e9;
+            hybrid.rates.host_token = 2e9;
+            DeviceRun run;
+            const std::vector<float> dev = Logits(file, KvCodec::kQ8_0, kind, 40, chunks, &run, 32, hybrid);
+            ASSERT_EQ(cpu.size(), dev.size());
+            EXPECT_EQ(std::memcmp(cpu.data(), dev.data(), cpu.size() * sizeof(float)), 0)
+                << "hybrid experts changed the logits";
+            const DecodeCounters& d = run.counters;
+            EXPECT_TRUE(run.hybrid);
+            EXPECT_EQ(d.experts_on_device + d.experts_on_host, d.expert_acquires);
+            EXPECT_LE(d.experts_copied, d.experts_on_device);
+            // The device starts empty: its first experts are misses, and some of them
+            // (kHost: all) compute on the host, which admits them.
+            if (split == Split::kHost) {
+              EXPECT_GT(d.experts_on_host, 0u);
+            }
+            if (d.experts_on_host > 0) {
+              EXPECT_GT(d.experts_admitted, 0u);
+            }
+            if (kind == Exec::kDeviceStyle && d.experts_on_host > 0) {
+              EXPECT_GT(run.host_products, 0);
+            }
+            // With every expert fitting, the admissions make later tokens' experts hits.
+            if (share == 0.0) {
+              EXPECT_GT(d.expert_hits, 0u);
+            }
+          }
         }
       }
     }

@@ -77,6 +77,8 @@ TEST(RunCommandTest, BadFlagsGiveOneErrorLineAndExitTwo) {
       {{"--weights", "somewhere"}, "--weights must be auto, paged or mapped"},
       {{"--device", "tpu"}, "--device must be cuda, sim or none"},
       {{"--kv-batch", "-1"}, "--kv-batch must be >= 0"},
+      {{"--expert-split", "gpu"}, "--expert-split must be auto, device or host, not 'gpu'"},
+      {{"--expert-admit", "-1"}, "--expert-admit must be >= 0"},
       {{"-b", "0"}, "-b/--batch-size must be >= 1"},
       {{"--disk", "lots"}, "lots"},
       {{"--rope-scaling", "ntk"}, "--rope-scaling must be none, linear or yarn, not 'ntk'"},
@@ -643,6 +645,37 @@ TEST(RunCommandTest, VramWithoutADeviceIsAWarning) {
   const CliResult sim = RunCli(Quick({"--device", "sim", "--vram", "16MiB"}));
   EXPECT_EQ(sim.exit_code, 0) << sim.err;
   EXPECT_EQ(sim.err.find("ignored"), std::string::npos) << sim.err;
+}
+
+// --expert-split reaches the model: with a device tier too small for every expert,
+// "host" computes misses on the CPU and admits some, "device" copies them all, "auto"
+// lets the cost model choose; the tokens are the same, and the report says which ran
+// where (no expert_split section without hybrid experts).
+TEST(RunCommandTest, ExpertSplitIsReportedAndChangesNoToken) {
+  nlohmann::json first;
+  for (const char* split : {"device", "host", "auto"}) {
+    SCOPED_TRACE(split);
+    const CliResult r = RunCli(Quick({"--device", "sim", "--vram", "6MiB", "--weights", "paged", "--expert-split",
+                                      split, "-n", "8", "--temp", "0", "--ignore-eos", "--json"}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    if (first.is_null()) first = j["generated_tokens"];
+    EXPECT_EQ(j["generated_tokens"], first);
+    const nlohmann::json& e = j["expert_split"];
+    if (std::string(split) == "device") {
+      EXPECT_TRUE(e.is_null()) << e;
+      continue;
+    }
+    ASSERT_TRUE(e.is_object()) << j.dump();
+    EXPECT_EQ(e["mode"], split);
+    EXPECT_EQ(e["on_device"].get<uint64_t>() + e["on_host"].get<uint64_t>(), j["decoder"]["expert_acquires"]);
+    if (std::string(split) == "host") {
+      EXPECT_GT(e["on_host"].get<uint64_t>(), 0u);
+      EXPECT_GT(e["admitted"].get<uint64_t>(), 0u);
+      EXPECT_EQ(e["copied"], 0);
+    }
+    EXPECT_GT(e["rates_gbps"]["host"].get<double>(), 0);
+  }
 }
 
 TEST(RunCommandTest, LlamaCacheTypeFlagsSelectTheCodec) {

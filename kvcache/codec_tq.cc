@@ -317,6 +317,13 @@ void DecodeGroupGeneric(const TqView& v, const TqTables& t, const uint8_t* p, si
   }
 }
 
+// 16 decoded keys (rows[16][group]) as an f16 key tile (tile[group][16]).
+void TileKeysGeneric(const uint16_t* rows, size_t group, uint16_t* tile) {
+  for (size_t d = 0; d < group; ++d) {
+    for (size_t l = 0; l < 16; ++l) tile[d * 16 + l] = rows[l * group + d];
+  }
+}
+
 #if defined(TIERKV_CODEC_X86)
 #define TIERKV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TIERKV_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -430,6 +437,30 @@ TIERKV_AVX512BW void DecodeGroupAvx512(const TqView& v, const TqTables& t, const
   }
   HeadersToScales(raw, n % 16, v.book_mask, scales + n - n % 16);
 }
+
+// 16 decoded keys (rows[16][group]) as an f16 key tile (tile[group][16]): per pair of
+// dimensions one 32-bit gather down the rows, split into its low and high halves.
+// (GCC 12's gather and narrowing intrinsics start from _mm512_undefined_*: see below.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+TIERKV_AVX512BW void TileKeysAvx512(const uint16_t* rows, size_t group, uint16_t* tile) {
+  const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          _mm512_set1_epi32(static_cast<int>(group / 2)));
+  const auto* words = reinterpret_cast<const int*>(rows);
+  for (size_t d = 0; d < group; d += 2) {
+    const __m512i pair = _mm512_i32gather_epi32(_mm512_add_epi32(down, _mm512_set1_epi32(static_cast<int>(d / 2))),
+                                                words, 4);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + d * 16), _mm512_cvtepi32_epi16(pair));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(tile + (d + 1) * 16),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(pair, 16)));
+  }
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // The AVX-512 decoder for a group size (16, 32 or 64).
 DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
@@ -746,6 +777,7 @@ class TqCodec final : public VectorCodec {
       const kernels::CpuFeatures& cpu = kernels::CpuHas();
       if (codec_internal::UseAvx512Kernels() && cpu.avx512bw && cpu.avx512vl && group >= 16) {
         decode_ = DecodeGroupAvx512For(bits, group);
+        tile_keys_ = TileKeysAvx512;
         fused_ = TqFusedFor(bits, group, head_dim / group);
         mul_row_ = MulRowAvx512;
         mul_add_row_ = MulAddRowAvx512;
@@ -882,6 +914,7 @@ class TqCodec final : public VectorCodec {
   TqView view_;
   TqTables tables_;
   DecodeGroupFn decode_;
+  void (*tile_keys_)(const uint16_t* rows, size_t group, uint16_t* tile) = TileKeysGeneric;
 #if defined(TIERKV_CODEC_X86)
   TqFused fused_;  // empty: the decode-then-f16 path only
 #endif
@@ -1009,10 +1042,7 @@ void TqCodec::DecodeRun(const void* enc, size_t n, bool keys, void* decoded) con
       const size_t m = std::min<size_t>(16, n - i0);
       decode_(view_, tables_, p + i0 * vector_bytes(), m, vector_bytes(), g, rows, scales + i0);
       std::fill(rows + m * group, rows + 16 * group, uint16_t{0});
-      uint16_t* tile = halves + i0 * group;
-      for (size_t d = 0; d < group; ++d) {
-        for (size_t l = 0; l < 16; ++l) tile[d * 16 + l] = rows[l * group + d];
-      }
+      tile_keys_(rows, group, halves + i0 * group);
     }
   }
 }

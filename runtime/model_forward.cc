@@ -692,7 +692,8 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
 // `batch` at a time: visit v covers blocks [FirstBlock(v), FirstBlock(v) + BlockCount(v))
 // of pass v / n_batches; a batch holding the whole layer does both passes in one visit
 // (AttentionVisit::kTwoPass).
-// Queries go in groups whose two-pass score rows fit kChunkScoreBytes.
+// Queries go in groups whose two-pass score rows fit kChunkScoreBytes (kDecodedScoreBytes
+// for codecs read through decoded runs).
 Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int pos, int n, bool chunk, int batch,
                                           int n_blocks) const {
   const ModelConfig& c = cfg_;
@@ -721,9 +722,13 @@ Model::AttentionPlan Model::PlanAttention(const KvCache& cache, SeqId seq, int p
   plan.n_visits = plan.fused ? 1 : plan.n_batches * (plan.two_pass ? 2 : 1);
   // 2 MiB: resident memory stays near llama.cpp's at 4K and 16K tokens, and prefill measured
   // the same as with 64 MiB (docs/decisions/2026-12-06-host-auto-sized-to-the-run.md).
-  constexpr uint64_t kChunkScoreBytes = uint64_t{2} << 20;
+  // 16 MiB for the codecs whose blocks are decoded once per group of queries (tq4, tq3):
+  // each query more in a group is a decode of every block fewer (a 20K-token prefill
+  // 1.2-1.4x faster than at 2 MiB; docs/decisions/2026-12-07-tq-prefill-query-groups.md).
+  constexpr uint64_t kChunkScoreBytes = uint64_t{2} << 20, kDecodedScoreBytes = uint64_t{16} << 20;
+  const uint64_t score_bytes = cache.codec().DecodedRunBytes(16, true) > 0 ? kDecodedScoreBytes : kChunkScoreBytes;
   const uint64_t row_bytes = static_cast<uint64_t>(c.n_head) * static_cast<uint64_t>(cache.Length(seq)) * 4;
-  plan.group = plan.two_pass ? static_cast<int>(std::clamp<uint64_t>(kChunkScoreBytes / row_bytes, 1, n)) : n;
+  plan.group = plan.two_pass ? static_cast<int>(std::clamp<uint64_t>(score_bytes / row_bytes, 1, n)) : n;
   if (options_.attention_query_group > 0) plan.group = std::min(n, options_.attention_query_group);
   return plan;
 }

@@ -296,6 +296,7 @@ class Model {
   struct Layer;
   struct Weights;
   struct Scratch;
+  struct ExpertWork;
   struct HostExperts;
 
   Model(std::shared_ptr<const GgufFile> file, ModelConfig cfg, ModelOptions options);
@@ -356,9 +357,17 @@ class Model {
   void Ffn(const Layer& L);
   Status Moe(const Layer& L, int layer, int pos);
   Status MoeGroup(const Layer& L, int layer, std::span<const int> slots);
+  // The products of experts, on either side: a token's experts in `slots` (ExpertGroup)
+  // or one expert for a chunk's tokens (ChunkExpert), on executor `e` from pins on `tier`
+  // with w's scratch; compute_s (optional): the seconds they computed, pins taken.
+  Status ExpertGroup(const Layer& L, int layer, std::span<const int> slots, kernels::Executor& e, Tier tier,
+                     ExpertWork& w, kernels::ActivationRow& act, float* out, double* compute_s = nullptr);
+  Status ChunkExpert(const Layer& L, int layer, int expert, kernels::Executor& e, Tier tier, ExpertWork& w,
+                     double* compute_s = nullptr);
   Status ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::ActivationRow* const* acts, float* x);
   void Route(int layer, int pos, const float* router, bool predicted_for_it, int* ids, float* weights);
   int ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order);
+  void SplitHits(int layer, std::span<const int> experts, std::vector<int>* hits, std::vector<int>* misses);
   void MissAhead(int layer, std::span<const int> experts, std::span<const int> order, int hits, size_t p, int window);
   void QueueExpert(int layer, int e, bool urgent, Tier tier);
   Status AcquireExpert(const Layer& L, int layer, int e, Tier tier, kernels::MatrixView out[3], Pin* pin);

@@ -50,7 +50,7 @@ void Model::RetirePins() {
   Scratch& s = *s_;
   RetireKvPins();
   exec_->Retire(std::move(s.layer_pin));
-  for (Pin& pin : s.expert_pins) exec_->Retire(std::move(pin));
+  for (Pin& pin : s.experts.pins) exec_->Retire(std::move(pin));
 }
 
 // The KV blocks (or output matrix) pinned in s_->pins, handed to the executor.
@@ -433,29 +433,31 @@ void Model::Route(int layer, int pos, const float* router, bool predicted_for_it
 // flight: a chunk's misses can be more experts than the compute tier holds at once.
 // Returns the number of hits. Unpaged: the given order, all hits.
 int Model::ExpertOrder(int layer, std::span<const int> experts, int window, std::vector<int>* order) {
-  const ModelConfig& c = cfg_;
   order->clear();
   if (mm_ == nullptr) {
     for (size_t i = 0; i < experts.size(); ++i) order->push_back(static_cast<int>(i));
     return static_cast<int>(experts.size());
   }
   std::vector<int> misses;
-  for (size_t i = 0; i < experts.size(); ++i) {
-    const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + experts[i])];
-    ++counters_.expert_acquires;
-    if (mm_->ResidentOrArriving(page, weight_tier_)) {
-      ++counters_.expert_hits;
-      order->push_back(static_cast<int>(i));
-    } else {
-      misses.push_back(static_cast<int>(i));
-    }
-  }
+  SplitHits(layer, experts, order, &misses);
   const int hits = static_cast<int>(order->size());
   order->insert(order->end(), misses.begin(), misses.end());
   for (int m = 0; m < window && m < static_cast<int>(misses.size()); ++m) {
     QueueExpert(layer, experts[static_cast<size_t>(misses[static_cast<size_t>(m)])], /*urgent=*/true, weight_tier_);
   }
   return hits;
+}
+
+// Paged: the indices of `experts` (of one layer) on the compute tier or arriving there
+// (hits) appended to *hits, the others to *misses, in order; each counted as an acquire.
+void Model::SplitHits(int layer, std::span<const int> experts, std::vector<int>* hits, std::vector<int>* misses) {
+  for (size_t i = 0; i < experts.size(); ++i) {
+    const PageId page = expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + experts[i])];
+    ++counters_.expert_acquires;
+    const bool hit = mm_->ResidentOrArriving(page, weight_tier_);
+    counters_.expert_hits += hit ? 1 : 0;
+    (hit ? hits : misses)->push_back(static_cast<int>(i));
+  }
 }
 
 // Before order[p] computes: the copy of the miss `window` places ahead.
@@ -523,48 +525,99 @@ Status Model::Moe(const Layer& L, int layer, int pos) {
   return Status::Ok();
 }
 
-// The experts in `slots` (indices into s.expert_ids) on s.act: each pinned for the
-// group, gate and up products in one pass, SwiGLU, down products in one pass into its
-// row of s.expert_out. Per expert the same products as one expert alone, bit for bit.
+// The experts in `slots` (indices into s.expert_ids) on s.act, on the device side: their
+// rows of s.expert_out.
 Status Model::MoeGroup(const Layer& L, int layer, std::span<const int> slots) {
+  Scratch& s = *s_;
+  return ExpertGroup(L, layer, slots, *exec_, weight_tier_, s.experts, s.act, s.expert_out.data());
+}
+
+// The experts in `slots` (indices into s.expert_ids) for the token whose input is act:
+// each pinned for the group, gate and up products in one pass, SwiGLU, down products in
+// one pass into its row of out ([n_expert_used][n_embd]). Per expert the same products
+// as one expert alone, bit for bit, on any executor.
+Status Model::ExpertGroup(const Layer& L, int layer, std::span<const int> slots, kernels::Executor& e, Tier tier,
+                          ExpertWork& w, kernels::ActivationRow& act, float* out, double* compute_s) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   const size_t k = static_cast<size_t>(c.n_expert_used), n_embd = static_cast<size_t>(c.n_embd);
   const size_t n_ff = static_cast<size_t>(c.n_ff_exp);
-  s.expert_gate.resize(k * n_ff);
-  s.expert_up.resize(k * n_ff);
-  if (s.expert_hidden.size() < k) s.expert_hidden.resize(k);
-  s.expert_views.resize(3 * k);
-  s.expert_pins.resize(k);
+  w.gate.resize(k * n_ff);
+  w.up.resize(k * n_ff);
+  if (w.hidden.size() < k) w.hidden.resize(k);
+  w.views.resize(3 * k);
+  w.pins.resize(k);
   const auto release = [&] {
-    for (int i : slots) exec_->Retire(std::move(s.expert_pins[static_cast<size_t>(i)]));
+    for (int i : slots) e.Retire(std::move(w.pins[static_cast<size_t>(i)]));
   };
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
-    const Status st =
-        AcquireExpert(L, layer, s.expert_ids[u], weight_tier_, s.expert_views.data() + 3 * u, &s.expert_pins[u]);
+    const Status st = AcquireExpert(L, layer, s.expert_ids[u], tier, w.views.data() + 3 * u, &w.pins[u]);
     if (!st.ok()) {
       release();
       return st;
     }
   }
-  s.expert_jobs.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  w.jobs.clear();
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
-    s.expert_jobs.push_back({&s.expert_views[3 * u], &s.act, s.expert_gate.data() + u * n_ff});
-    s.expert_jobs.push_back({&s.expert_views[3 * u + 1], &s.act, s.expert_up.data() + u * n_ff});
+    w.jobs.push_back({&w.views[3 * u], &act, w.gate.data() + u * n_ff});
+    w.jobs.push_back({&w.views[3 * u + 1], &act, w.up.data() + u * n_ff});
   }
-  exec_->MatVec(s.expert_jobs);
-  s.expert_jobs.clear();
+  e.MatVec(w.jobs);
+  w.jobs.clear();
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
-    float* g = s.expert_gate.data() + u * n_ff;
-    exec_->SwiGlu(g, s.expert_up.data() + u * n_ff, g, c.n_ff_exp);
-    exec_->SetActivation(s.expert_hidden[u], g, c.n_ff_exp);
-    s.expert_jobs.push_back({&s.expert_views[3 * u + 2], &s.expert_hidden[u], s.expert_out.data() + u * n_embd});
+    float* g = w.gate.data() + u * n_ff;
+    e.SwiGlu(g, w.up.data() + u * n_ff, g, c.n_ff_exp);
+    e.SetActivation(w.hidden[u], g, c.n_ff_exp);
+    w.jobs.push_back({&w.views[3 * u + 2], &w.hidden[u], out + u * n_embd});
   }
-  exec_->MatVec(s.expert_jobs);
+  e.MatVec(w.jobs);
+  if (compute_s != nullptr) {
+    e.Synchronize();
+    *compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   release();
+  return Status::Ok();
+}
+
+// Expert `expert` of the layer for the m tokens whose inputs are w.in_ptrs[0, m), one
+// token at a time as llama.cpp multiplies experts (ggml's vec_dot, even in a batch):
+// their outputs in rows [0, m) of w.out, on any executor the same bits.
+Status Model::ChunkExpert(const Layer& L, int layer, int expert, kernels::Executor& e, Tier tier, ExpertWork& w,
+                          double* compute_s) {
+  const ModelConfig& c = cfg_;
+  const size_t n_embd = static_cast<size_t>(c.n_embd), n_ff = static_cast<size_t>(c.n_ff_exp);
+  const size_t m = w.in_ptrs.size();
+  const int mi = static_cast<int>(m);
+  kernels::MatrixView mats[3];
+  Pin pin;
+  TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, expert, tier, mats, &pin));
+  const auto t0 = std::chrono::steady_clock::now();
+  w.gate.resize(m * n_ff);
+  w.up.resize(m * n_ff);
+  w.out.resize(m * n_embd);
+  constexpr kernels::TokenSums kOne = kernels::TokenSums::kPerToken;
+  const kernels::MatMulJob gu[] = {{&mats[0], w.in_ptrs.data(), mi, w.gate.data(), n_ff, kOne},
+                                   {&mats[1], w.in_ptrs.data(), mi, w.up.data(), n_ff, kOne}};
+  e.MatMul(gu);
+  if (w.hidden.size() < m) w.hidden.resize(m);
+  w.hidden_ptrs.clear();
+  for (size_t r = 0; r < m; ++r) {
+    float* g = w.gate.data() + r * n_ff;
+    e.SwiGlu(g, w.up.data() + r * n_ff, g, c.n_ff_exp);
+    e.SetActivation(w.hidden[r], g, c.n_ff_exp);
+    w.hidden_ptrs.push_back(&w.hidden[r]);
+  }
+  const kernels::MatMulJob down[] = {{&mats[2], w.hidden_ptrs.data(), mi, w.out.data(), n_embd, kOne}};
+  e.MatMul(down);
+  if (compute_s != nullptr) {
+    e.Synchronize();
+    *compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  e.Retire(std::move(pin));
   return Status::Ok();
 }
 
@@ -576,8 +629,7 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   const size_t k = static_cast<size_t>(c.n_expert_used), n_embd = static_cast<size_t>(c.n_embd);
-  const size_t n_ff = static_cast<size_t>(c.n_ff_exp), ne = static_cast<size_t>(c.n_expert);
-  const size_t nt = static_cast<size_t>(n);
+  const size_t ne = static_cast<size_t>(c.n_expert), nt = static_cast<size_t>(n);
   s.chunk_router.resize(nt * ne);
   const kernels::MatMulJob router[] = {{&L.gate_inp, acts, n, s.chunk_router.data(), ne}};
   exec_->MatMul(router);
@@ -645,37 +697,14 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
     MissAhead(layer, on_device, s.expert_order, hits, p, window);
     const int e = on_device[static_cast<size_t>(s.expert_order[p])];
     const std::vector<std::pair<int, int>>& who = users[static_cast<size_t>(e)];
-    const size_t m = who.size();
-    kernels::MatrixView w[3];
-    Pin pin;
-    TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, e, weight_tier_, w, &pin));
-    s.chunk_in_ptrs.clear();
-    for (const auto& [t, slot] : who) s.chunk_in_ptrs.push_back(acts[t]);
-    s.chunk_gate.resize(m * n_ff);
-    s.chunk_up.resize(m * n_ff);
-    const int mi = static_cast<int>(m);
-    // llama.cpp multiplies experts one token at a time (ggml's vec_dot), even in a batch.
-    constexpr kernels::TokenSums kOne = kernels::TokenSums::kPerToken;
-    const kernels::MatMulJob gu[] = {{&w[0], s.chunk_in_ptrs.data(), mi, s.chunk_gate.data(), n_ff, kOne},
-                                     {&w[1], s.chunk_in_ptrs.data(), mi, s.chunk_up.data(), n_ff, kOne}};
-    exec_->MatMul(gu);
-    if (s.chunk_hidden.size() < m) s.chunk_hidden.resize(m);
-    s.chunk_hidden_ptrs.clear();
-    for (size_t r = 0; r < m; ++r) {
-      float* g = s.chunk_gate.data() + r * n_ff;
-      exec_->SwiGlu(g, s.chunk_up.data() + r * n_ff, g, c.n_ff_exp);
-      exec_->SetActivation(s.chunk_hidden[r], g, c.n_ff_exp);
-      s.chunk_hidden_ptrs.push_back(&s.chunk_hidden[r]);
-    }
-    s.chunk_proj.resize(std::max(s.chunk_proj.size(), m * n_embd));
-    const kernels::MatMulJob down[] = {{&w[2], s.chunk_hidden_ptrs.data(), mi, s.chunk_proj.data(), n_embd, kOne}};
-    exec_->MatMul(down);
-    for (size_t r = 0; r < m; ++r) {
+    s.experts.in_ptrs.clear();
+    for (const auto& [t, slot] : who) s.experts.in_ptrs.push_back(acts[t]);
+    TIERKV_RETURN_IF_ERROR(ChunkExpert(L, layer, e, *exec_, weight_tier_, s.experts));
+    for (size_t r = 0; r < who.size(); ++r) {
       const auto [t, slot] = who[r];
       exec_->Copy(s.chunk_expert_out.data() + (static_cast<size_t>(t) * k + static_cast<size_t>(slot)) * n_embd,
-                  s.chunk_proj.data() + r * n_embd, n_embd * sizeof(float));
+                  s.experts.out.data() + r * n_embd, n_embd * sizeof(float));
     }
-    exec_->Retire(std::move(pin));
   }
   for (size_t i = 0; i < nt; ++i) {
     exec_->CombineExperts(s.chunk_expert_weights.data() + i * k, s.chunk_expert_out.data() + i * k * n_embd,

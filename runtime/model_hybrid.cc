@@ -14,19 +14,10 @@
 // cost model chose to copy compute on the device as their copies arrive. Afterwards at
 // most expert_admit of the host's misses are copied to the device in the background
 // (admissions), for the frequency policy to keep or evict.
-#include <chrono>
-
 #include "runtime/model.h"
 #include "runtime/model_internal.h"
 
 namespace tierkv {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 // The bytes of one expert's gate, up and down rows (the cost model's unit).
 uint64_t Model::ExpertBytes(const Layer& L) const {
@@ -43,16 +34,7 @@ Status Model::HybridMoe(const Layer& L, int layer) {
   s.expert_out.resize(static_cast<size_t>(c.n_expert_used) * n_embd);
   h.device.clear();
   h.misses.clear();
-  for (int i = 0; i < c.n_expert_used; ++i) {
-    const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + s.expert_ids[static_cast<size_t>(i)])];
-    ++counters_.expert_acquires;
-    if (mm_->ResidentOrArriving(page, weight_tier_)) {
-      ++counters_.expert_hits;
-      h.device.push_back(i);
-    } else {
-      h.misses.push_back(i);
-    }
-  }
+  SplitHits(layer, s.expert_ids, &h.device, &h.misses);
   const int hits = static_cast<int>(h.device.size()), misses = static_cast<int>(h.misses.size());
   const int on_host = options_.expert_split == ModelOptions::ExpertSplit::kHost
                           ? misses
@@ -84,54 +66,18 @@ Status Model::HybridMoe(const Layer& L, int layer) {
 }
 
 // The token's experts in `slots` on the host executor, each pinned on the host tier, as
-// MoeGroup computes them on the device (gate and up in one pass, SwiGLU, down in one
-// pass) from the token's input in h.xn (read back by HybridMoe); their outputs uploaded
-// into their rows of s.expert_out.
+// the device computes them (ExpertGroup), from the token's input in h.xn (read back by
+// HybridMoe); their outputs uploaded into their rows of s.expert_out.
 Status Model::HostMoeGroup(const Layer& L, int layer, std::span<const int> slots) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   HostExperts& h = *h_;
-  kernels::Executor& hx = *host_exec_;
-  const size_t k = static_cast<size_t>(c.n_expert_used), n_embd = static_cast<size_t>(c.n_embd);
-  const size_t n_ff = static_cast<size_t>(c.n_ff_exp);
-  hx.SetActivation(h.act, h.xn.data(), c.n_embd);
-  h.gate.resize(k * n_ff);
-  h.up.resize(k * n_ff);
-  h.out.resize(k * n_embd);
-  if (h.hidden.size() < k) h.hidden.resize(k);
-  h.views.resize(3 * k);
-  h.pins.resize(k);
-  const auto release = [&] {
-    for (int i : slots) hx.Retire(std::move(h.pins[static_cast<size_t>(i)]));
-  };
-  for (int i : slots) {
-    const size_t u = static_cast<size_t>(i);
-    const Status st = AcquireExpert(L, layer, s.expert_ids[u], Tier::kHost, h.views.data() + 3 * u, &h.pins[u]);
-    if (!st.ok()) {
-      release();
-      return st;
-    }
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  h.jobs.clear();
-  for (int i : slots) {
-    const size_t u = static_cast<size_t>(i);
-    h.jobs.push_back({&h.views[3 * u], &h.act, h.gate.data() + u * n_ff});
-    h.jobs.push_back({&h.views[3 * u + 1], &h.act, h.up.data() + u * n_ff});
-  }
-  hx.MatVec(h.jobs);
-  h.jobs.clear();
-  for (int i : slots) {
-    const size_t u = static_cast<size_t>(i);
-    float* g = h.gate.data() + u * n_ff;
-    hx.SwiGlu(g, h.up.data() + u * n_ff, g, c.n_ff_exp);
-    hx.SetActivation(h.hidden[u], g, c.n_ff_exp);
-    h.jobs.push_back({&h.views[3 * u + 2], &h.hidden[u], h.out.data() + u * n_embd});
-  }
-  hx.MatVec(h.jobs);
-  hx.Synchronize();
-  split_.ObserveHost(ExpertBytes(L) * slots.size(), 1, SecondsSince(t0));
-  release();
+  const size_t n_embd = static_cast<size_t>(c.n_embd);
+  host_exec_->SetActivation(h.act, h.xn.data(), c.n_embd);
+  h.out.resize(static_cast<size_t>(c.n_expert_used) * n_embd);
+  double seconds = 0;
+  TIERKV_RETURN_IF_ERROR(ExpertGroup(L, layer, slots, *host_exec_, Tier::kHost, h.work, h.act, h.out.data(), &seconds));
+  split_.ObserveHost(ExpertBytes(L) * slots.size(), 1, seconds);
   for (int i : slots) {
     const size_t u = static_cast<size_t>(i);
     exec_->Upload(s.expert_out.data() + u * n_embd, h.out.data() + u * n_embd, n_embd * sizeof(float));
@@ -140,56 +86,32 @@ Status Model::HostMoeGroup(const Layer& L, int layer, std::span<const int> slots
 }
 
 // Expert e of a prefill chunk on the host executor for its users `who` ((token, slot)
-// pairs), as ChunkMoe computes an expert on the device (one token at a time, llama.cpp's
-// order); each token's output uploaded into its row of s.chunk_expert_out. The chunk's
-// inputs are in h.xn (read back by ChunkMoe), converted here on first use.
+// pairs), as the device computes a chunk's expert (ChunkExpert); each token's output
+// uploaded into its row of s.chunk_expert_out. The chunk's inputs are in h.xn (read back
+// by ChunkMoe), converted here on first use.
 Status Model::HostChunkExpert(const Layer& L, int layer, int e, std::span<const std::pair<int, int>> who,
                               size_t n_tokens) {
   const ModelConfig& c = cfg_;
   Scratch& s = *s_;
   HostExperts& h = *h_;
-  kernels::Executor& hx = *host_exec_;
   const size_t k = static_cast<size_t>(c.n_expert_used), n_embd = static_cast<size_t>(c.n_embd);
-  const size_t n_ff = static_cast<size_t>(c.n_ff_exp), m = who.size();
-  const int mi = static_cast<int>(m);
-  h.in_ptrs.clear();
+  h.work.in_ptrs.clear();
   for (const auto& [t, slot] : who) {
     const size_t tu = static_cast<size_t>(t);
     if (tu >= n_tokens) return Status::Internal("hybrid experts: a user outside the chunk");
     if (h.act_set[tu] == 0) {
-      hx.SetActivation(h.acts[tu], h.xn.data() + tu * n_embd, c.n_embd);
+      host_exec_->SetActivation(h.acts[tu], h.xn.data() + tu * n_embd, c.n_embd);
       h.act_set[tu] = 1;
     }
-    h.in_ptrs.push_back(&h.acts[tu]);
+    h.work.in_ptrs.push_back(&h.acts[tu]);
   }
-  kernels::MatrixView w[3];
-  Pin pin;
-  TIERKV_RETURN_IF_ERROR(AcquireExpert(L, layer, e, Tier::kHost, w, &pin));
-  const auto t0 = std::chrono::steady_clock::now();
-  h.gate.resize(m * n_ff);
-  h.up.resize(m * n_ff);
-  h.out.resize(m * n_embd);
-  constexpr kernels::TokenSums kOne = kernels::TokenSums::kPerToken;  // as ChunkMoe's
-  const kernels::MatMulJob gu[] = {{&w[0], h.in_ptrs.data(), mi, h.gate.data(), n_ff, kOne},
-                                   {&w[1], h.in_ptrs.data(), mi, h.up.data(), n_ff, kOne}};
-  hx.MatMul(gu);
-  if (h.hidden.size() < m) h.hidden.resize(m);
-  h.hidden_ptrs.clear();
-  for (size_t r = 0; r < m; ++r) {
-    float* g = h.gate.data() + r * n_ff;
-    hx.SwiGlu(g, h.up.data() + r * n_ff, g, c.n_ff_exp);
-    hx.SetActivation(h.hidden[r], g, c.n_ff_exp);
-    h.hidden_ptrs.push_back(&h.hidden[r]);
-  }
-  const kernels::MatMulJob down[] = {{&w[2], h.hidden_ptrs.data(), mi, h.out.data(), n_embd, kOne}};
-  hx.MatMul(down);
-  hx.Synchronize();
-  split_.ObserveHost(ExpertBytes(L), mi, SecondsSince(t0));
-  hx.Retire(std::move(pin));
-  for (size_t r = 0; r < m; ++r) {
+  double seconds = 0;
+  TIERKV_RETURN_IF_ERROR(ChunkExpert(L, layer, e, *host_exec_, Tier::kHost, h.work, &seconds));
+  split_.ObserveHost(ExpertBytes(L), static_cast<int>(who.size()), seconds);
+  for (size_t r = 0; r < who.size(); ++r) {
     const auto [t, slot] = who[r];
     exec_->Upload(s.chunk_expert_out.data() + (static_cast<size_t>(t) * k + static_cast<size_t>(slot)) * n_embd,
-                  h.out.data() + r * n_embd, n_embd * sizeof(float));
+                  h.work.out.data() + r * n_embd, n_embd * sizeof(float));
   }
   return Status::Ok();
 }

@@ -52,22 +52,31 @@ struct Model::AttentionPlan {
   kernels::AttentionVisit Visit(int v) const;
 };
 
+// The scratch of computing experts on one executor (ExpertGroup, ChunkExpert): the
+// device's (Scratch::experts) or the host CPU's (HostExperts::work, hybrid experts). The
+// arrays are that executor's memory.
+struct Model::ExpertWork {
+  explicit ExpertWork(kernels::Executor* e) : gate(e, 0), up(e, 0), out(e, 0) {}
+  kernels::ExecArray<float> gate, up;  // per slot (a token's experts) or per token (a chunk's expert)
+  kernels::ExecArray<float> out;       // a chunk's expert: its tokens' output rows
+  std::vector<kernels::ActivationRow> hidden;
+  std::vector<kernels::ActivationRow*> in_ptrs, hidden_ptrs;  // a chunk's expert: its tokens'
+  std::vector<kernels::MatrixView> views;  // a token's experts: three per slot
+  std::vector<Pin> pins;                   // a token's experts: one per slot
+  std::vector<kernels::MatVecJob> jobs;
+};
+
 // Hybrid experts: the host CPU's side (HybridMoe, HostMoeGroup, HostChunkExpert). The
 // arrays are the host executor's memory; the device's rows are read back into xn and
 // the host's outputs uploaded into the device's expert rows.
 struct Model::HostExperts {
-  using Array = kernels::ExecArray<float>;
-  explicit HostExperts(kernels::Executor* e) : xn(e, 0), gate(e, 0), up(e, 0), out(e, 0) {}
-  Array xn;               // a token's (a chunk's) normed FFN input, read back
-  Array gate, up, out;    // per expert (per token of one expert): gate, up, output rows
+  explicit HostExperts(kernels::Executor* e) : xn(e, 0), out(e, 0), work(e) {}
+  kernels::ExecArray<float> xn;   // a token's (a chunk's) normed FFN input, read back
+  kernels::ExecArray<float> out;  // a token's experts' output rows
+  ExpertWork work;
   kernels::ActivationRow act;                     // decode: the token's input
   std::vector<kernels::ActivationRow> acts;       // prefill: per token of the chunk
   std::vector<uint8_t> act_set;                   // prefill: acts[t] converted
-  std::vector<kernels::ActivationRow*> in_ptrs, hidden_ptrs;
-  std::vector<kernels::ActivationRow> hidden;
-  std::vector<kernels::MatrixView> views;
-  std::vector<Pin> pins;
-  std::vector<kernels::MatVecJob> jobs;
   std::vector<int> device, misses, host;  // decode: slots by where they compute
   std::vector<int> chunk_device, chunk_host;  // prefill: experts by where they compute
 };
@@ -104,7 +113,7 @@ struct Model::Scratch {
         logits(e, 0),
         chunk_x(e, 0), chunk_xn(e, 0), chunk_q(e, 0), chunk_k(e, 0), chunk_v(e, 0), chunk_attn(e, 0),
         chunk_proj(e, 0), chunk_gate(e, 0), chunk_up(e, 0), chunk_router(e, 0), chunk_expert_out(e, 0),
-        expert_out(e, 0), expert_gate(e, 0), expert_up(e, 0) {}
+        expert_out(e, 0), experts(e) {}
 
   Array x;      // residual stream [n_embd]
   Array xn;     // normed input of a block
@@ -131,8 +140,6 @@ struct Model::Scratch {
   std::vector<float> chunk_expert_weights;  // host
   std::vector<int> chunk_expert_ids, chunk_experts;
   std::vector<std::vector<std::pair<int, int>>> chunk_expert_users;
-  std::vector<kernels::ActivationRow*> chunk_in_ptrs, chunk_hidden_ptrs;
-  std::vector<kernels::ActivationRow> chunk_hidden;
   std::vector<kernels::AttentionState> chunk_states;
   std::vector<kernels::AttentionParams> chunk_params;
   std::vector<kernels::AttentionState*> chunk_state_ptrs;
@@ -153,13 +160,7 @@ struct Model::Scratch {
   std::vector<int> expert_ids;     // host
   std::vector<int> expert_order;   // the order the selected experts compute in
   Array expert_out;                // [n_expert_used][n_embd]: each expert's output
-  // Moe's group of experts computing together: per slot its gate and up outputs
-  // ([n_expert_used][n_ff_exp]), hidden activation, matrices and pin.
-  Array expert_gate, expert_up;
-  std::vector<kernels::ActivationRow> expert_hidden;
-  std::vector<kernels::MatrixView> expert_views;
-  std::vector<Pin> expert_pins;
-  std::vector<kernels::MatVecJob> expert_jobs;
+  ExpertWork experts;  // the experts' scratch on this executor (ExpertGroup, ChunkExpert)
   std::vector<float> expert_weights;  // host
 };
 

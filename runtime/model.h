@@ -377,6 +377,7 @@ class Model {
   Status HostMoeGroup(const Layer& L, int layer, std::span<const int> slots);
   Status HostChunkExpert(const Layer& L, int layer, int e, std::span<const std::pair<int, int>> who, size_t n_tokens);
   void AdmitExperts(int layer, std::span<const int> experts);
+  bool ExpertOnDevice(PageId page) const;
   uint64_t ExpertBytes(const Layer& L) const;
   // Paged weights: the layer's matrices pinned on the compute tier, as views into the pin.
   Status AcquireLayer(int layer, Layer* out);

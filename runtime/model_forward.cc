@@ -448,13 +448,14 @@ int Model::ExpertOrder(int layer, std::span<const int> experts, int window, std:
   return hits;
 }
 
-// Paged: the indices of `experts` (of one layer) on the compute tier or arriving there
-// (hits) appended to *hits, the others to *misses, in order; each counted as an acquire.
+// Paged: the indices of `experts` (of one layer) that are hits appended to *hits, the
+// others to *misses, in order; each counted as an acquire. A hit is on the compute tier
+// or arriving there; with hybrid experts only on it (ExpertOnDevice).
 void Model::SplitHits(int layer, std::span<const int> experts, std::vector<int>* hits, std::vector<int>* misses) {
   for (size_t i = 0; i < experts.size(); ++i) {
     const PageId page = expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + experts[i])];
     ++counters_.expert_acquires;
-    const bool hit = mm_->ResidentOrArriving(page, weight_tier_);
+    const bool hit = hybrid_ ? ExpertOnDevice(page) : mm_->ResidentOrArriving(page, weight_tier_);
     counters_.expert_hits += hit ? 1 : 0;
     (hit ? hits : misses)->push_back(static_cast<int>(i));
   }
@@ -666,7 +667,7 @@ Status Model::ChunkMoe(const Layer& L, int layer, int pos, int n, kernels::Activ
       const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + e)];
       const int tokens = static_cast<int>(users[static_cast<size_t>(e)].size());
       const bool copy = options_.expert_split == ModelOptions::ExpertSplit::kAuto && split_.CopyForTokens(tokens, bytes);
-      (mm_->ResidentOrArriving(page, weight_tier_) || copy ? h.chunk_device : h.chunk_host).push_back(e);
+      (ExpertOnDevice(page) || copy ? h.chunk_device : h.chunk_host).push_back(e);
     }
     on_device = h.chunk_device;
     counters_.expert_acquires += h.chunk_host.size();

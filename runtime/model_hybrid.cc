@@ -116,6 +116,11 @@ Status Model::HostChunkExpert(const Layer& L, int layer, int e, std::span<const 
   return Status::Ok();
 }
 
+// Whether the page's top copy is on the device. Not "or arriving": a page in flight may
+// be moving to the host (a predicted expert), and a device acquire of it would copy it
+// up, unbudgeted; a page still arriving at the device is computed on the host this time.
+bool Model::ExpertOnDevice(PageId page) const { return mm_->TopTier(page) == weight_tier_; }
+
 // Background copies to the device of at most expert_admit of `experts` (ids of the
 // layer's host-computed misses, most wanted first) that it neither holds nor receives.
 void Model::AdmitExperts(int layer, std::span<const int> experts) {
@@ -123,7 +128,7 @@ void Model::AdmitExperts(int layer, std::span<const int> experts) {
   for (int e : experts) {
     if (admitted >= options_.expert_admit) break;
     const PageId page = expert_pages_[static_cast<size_t>(layer * cfg_.n_expert + e)];
-    if (mm_->ResidentOrArriving(page, weight_tier_)) continue;
+    if (ExpertOnDevice(page)) continue;
     (void)mm_->Prefetch({page}, weight_tier_, /*urgent=*/false);
     ++counters_.experts_admitted;
     ++admitted;

@@ -333,7 +333,7 @@ void Model::PredictExperts(int layer) {
   // it on a miss (copies to the device are admissions, AdmitExperts).
   for (int32_t e : predicted) {
     const PageId page = expert_pages_[static_cast<size_t>(layer * c.n_expert + e)];
-    if (hybrid_ && mm_->ResidentOrArriving(page, weight_tier_)) continue;
+    if (hybrid_ && ExpertOnDevice(page)) continue;
     ++counters_.prefetched_pages;
     QueueExpert(layer, e, /*urgent=*/false, hybrid_ ? Tier::kHost : weight_tier_);
   }

@@ -245,6 +245,7 @@ struct DeviceRun {
   DecodeCounters counters;
   bool hybrid = false;
   int host_products = 0;  // matrix products the HostStyleExecutor computed
+  int n_expert_used = 0;
 };
 
 // Hybrid experts: the split, and the device tier's frames: the largest weight page's,
@@ -254,6 +255,7 @@ struct Hybrid {
   ModelOptions::ExpertSplit split = ModelOptions::ExpertSplit::kDevice;
   double device_share = 0;
   ExpertSplitRates rates;
+  int admit = 1;
 };
 
 std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, Exec kind, int tokens,
@@ -264,6 +266,7 @@ std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, E
   mo.threads = 2;
   mo.expert_split = hybrid.split;
   mo.expert_rates = hybrid.rates;
+  mo.expert_admit = hybrid.admit;
   const bool device = kind != Exec::kCpu;
   auto exec = std::make_shared<DeviceStyleExecutor>();
   auto host = std::make_shared<HostStyleExecutor>(exec.get());
@@ -319,7 +322,8 @@ std::vector<float> Logits(std::shared_ptr<const GgufFile> file, KvCodec codec, E
   }
   if (run != nullptr) {
     *run = {exec->checked(),           exec->host_matrices(),   (*model)->config().n_expert,
-            (*model)->counters(),      (*model)->hybrid_experts(), host->products()};
+            (*model)->counters(),      (*model)->hybrid_experts(), host->products(),
+            (*model)->config().n_expert_used};
   }
   cache->reset();
   model->reset();  // before the memory manager
@@ -422,6 +426,42 @@ TEST(ModelDeviceTest, HybridExpertsGiveTheAllResidentLogits) {
         }
       }
     }
+  }
+}
+
+// Placement: with every miss on the host, experts reach the device only as admissions,
+// at most expert_admit per MoE layer and step; none admitted, the device never holds an
+// expert (every acquire a miss, computed on the host); more admitted, more hits. The
+// logits never change.
+TEST(ModelDeviceTest, HybridAdmissionsFollowTheirBudget) {
+  auto tiny = BuildBuiltinModel("tiny-moe");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  std::shared_ptr<const GgufFile> file = std::move(tiny).value();
+  const std::vector<float> cpu = Logits(file, KvCodec::kF16, Exec::kCpu, 40, {});
+  ASSERT_FALSE(cpu.empty());
+  uint64_t last_hits = 0;
+  for (int admit : {0, 1, 3}) {
+    SCOPED_TRACE("admit " + std::to_string(admit));
+    Hybrid hybrid;
+    hybrid.split = ModelOptions::ExpertSplit::kHost;
+    hybrid.admit = admit;
+    DeviceRun run;
+    const std::vector<float> dev = Logits(file, KvCodec::kF16, Exec::kCpuSim, 40, {}, &run, 64, hybrid);
+    ASSERT_EQ(dev.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(cpu.data(), dev.data(), cpu.size() * sizeof(float)), 0);
+    const DecodeCounters& d = run.counters;
+    const uint64_t layer_steps = d.expert_acquires / static_cast<uint64_t>(run.n_expert_used);
+    EXPECT_LE(d.experts_admitted, static_cast<uint64_t>(admit) * layer_steps);
+    EXPECT_EQ(d.experts_copied, 0u);
+    if (admit == 0) {
+      EXPECT_EQ(d.experts_admitted, 0u);
+      EXPECT_EQ(d.expert_hits, 0u);
+      EXPECT_EQ(d.experts_on_host, d.expert_acquires);
+    } else {
+      EXPECT_GT(d.experts_admitted, 0u);
+      EXPECT_GT(d.expert_hits, last_hits);
+    }
+    last_hits = d.expert_hits;
   }
 }
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -22,6 +23,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -89,19 +91,29 @@ Result<std::string> ReadRemotePassword(const std::string& path) {
   return line.substr(a, line.find_last_not_of(" \t\r") - a + 1);
 }
 
+// A flag that names one of a few choices: the value of `value` in `choices`, or the
+// error "FLAG must be a, b or c, not 'VALUE'".
+template <typename T>
+Result<T> ParseChoice(std::string_view flag, const std::string& value,
+                      std::initializer_list<std::pair<std::string_view, T>> choices) {
+  std::string names;
+  size_t i = 0;
+  for (const auto& [name, choice] : choices) {
+    if (name == value) return choice;
+    names += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::string(name);
+    ++i;
+  }
+  return Status::InvalidArgument(std::string(flag) + " must be " + names + ", not '" + value + "'");
+}
+
 // llama.cpp's RoPE flags. --rope-scale N and --rope-freq-scale 1/N say the same.
 Result<RopeOverrides> ToRope(const RunFlags& f) {
   RopeOverrides r;
   if (!f.rope_scaling.empty()) {
-    if (f.rope_scaling == "none") {
-      r.scaling = RopeScaling::kNone;
-    } else if (f.rope_scaling == "linear") {
-      r.scaling = RopeScaling::kLinear;
-    } else if (f.rope_scaling == "yarn") {
-      r.scaling = RopeScaling::kYarn;
-    } else {
-      return Status::InvalidArgument("--rope-scaling must be none, linear or yarn, not '" + f.rope_scaling + "'");
-    }
+    TIERKV_ASSIGN_OR_RETURN(r.scaling, ParseChoice<RopeScaling>("--rope-scaling", f.rope_scaling,
+                                                                {{"none", RopeScaling::kNone},
+                                                                 {"linear", RopeScaling::kLinear},
+                                                                 {"yarn", RopeScaling::kYarn}}));
   }
   if (f.rope_scale < 0 || f.rope_freq_scale < 0) return Status::InvalidArgument("--rope-scale and --rope-freq-scale must be positive");
   if (f.rope_scale > 0 && f.rope_freq_scale > 0 && std::fabs(f.rope_scale * f.rope_freq_scale - 1.0f) > 1e-6f) {
@@ -393,30 +405,20 @@ Result<RunOptions> ToOptions(const RunFlags& f) {
   if (f.no_mmap && f.weights != "auto" && f.weights != "paged") {
     return Status::InvalidArgument("--no-mmap (paged weights) contradicts --weights " + f.weights);
   }
-  if (f.no_mmap) {
-    o.weights = RunOptions::Weights::kPaged;
-  } else if (f.weights == "auto") {
-    o.weights = RunOptions::Weights::kAuto;
-  } else if (f.weights == "paged") {
-    o.weights = RunOptions::Weights::kPaged;
-  } else if (f.weights == "mapped") {
-    o.weights = RunOptions::Weights::kMapped;
-  } else {
-    return Status::InvalidArgument("--weights must be auto, paged or mapped, not '" + f.weights + "'");
-  }
+  using Weights = RunOptions::Weights;
+  TIERKV_ASSIGN_OR_RETURN(o.weights, ParseChoice<Weights>("--weights", f.no_mmap ? "paged" : f.weights,
+                                                          {{"auto", Weights::kAuto},
+                                                           {"paged", Weights::kPaged},
+                                                           {"mapped", Weights::kMapped}}));
   if (f.kv_batch < 0) return Status::InvalidArgument("--kv-batch must be >= 0");
   o.kv_batch_blocks = f.kv_batch;
   if (f.attn_topk < 0) return Status::InvalidArgument("--attn-topk must be >= 0");
   o.attn_topk = f.attn_topk;
-  if (f.expert_split == "auto") {
-    o.expert_split = ModelOptions::ExpertSplit::kAuto;
-  } else if (f.expert_split == "device") {
-    o.expert_split = ModelOptions::ExpertSplit::kDevice;
-  } else if (f.expert_split == "host") {
-    o.expert_split = ModelOptions::ExpertSplit::kHost;
-  } else {
-    return Status::InvalidArgument("--expert-split must be auto, device or host, not '" + f.expert_split + "'");
-  }
+  using Split = ModelOptions::ExpertSplit;
+  TIERKV_ASSIGN_OR_RETURN(o.expert_split, ParseChoice<Split>("--expert-split", f.expert_split,
+                                                             {{"auto", Split::kAuto},
+                                                              {"device", Split::kDevice},
+                                                              {"host", Split::kHost}}));
   if (f.expert_admit < 0) return Status::InvalidArgument("--expert-admit must be >= 0");
   o.expert_admit = f.expert_admit;
   if (f.batch < 1) return Status::InvalidArgument("-b/--batch-size must be >= 1");

@@ -29,6 +29,7 @@ CpuFeatures DetectFeatures() {
   f.avx512dq = __builtin_cpu_supports("avx512dq");
   f.avx512vnni = __builtin_cpu_supports("avx512vnni");
   f.avx_vnni = __builtin_cpu_supports("avxvnni");
+  f.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
 #endif
   return f;
 }

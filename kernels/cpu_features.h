@@ -17,6 +17,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false, avx_vnni = false;
+  bool avx512vbmi = false;  // vpermb: tq's fused KV kernels unpack indices with it
 };
 const CpuFeatures& CpuHas();
 

@@ -116,10 +116,23 @@ namespace codec_internal {
 namespace {
 std::atomic<bool> g_force_generic{false};
 std::atomic<bool> g_force_no_avx512{false};
+std::atomic<bool> g_force_no_vbmi{false};
 }  // namespace
 
 void ForceGenericKernels(bool force) { g_force_generic.store(force); }
 void ForceNoAvx512Kernels(bool force) { g_force_no_avx512.store(force); }
+void ForceNoAvx512Vbmi(bool force) { g_force_no_vbmi.store(force); }
+
+bool UseAvx512Vbmi() {
+  if (g_force_no_vbmi.load() || !UseAvx512Kernels()) return false;
+#if defined(TIERKV_CODEC_X86)
+  const kernels::CpuFeatures& cpu = kernels::CpuHas();
+  static const bool has = cpu.avx512bw && cpu.avx512vbmi && SimdCapFromEnv().avx512_vbmi;
+  return has;
+#else
+  return false;
+#endif
+}
 
 bool UseAvx512Kernels() {
   if (g_force_no_avx512.load() || !UseAvx2Kernels()) return false;

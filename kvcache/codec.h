@@ -268,6 +268,11 @@ bool UseAvx2Kernels();
 void ForceNoAvx512Kernels(bool force);
 // True when codecs created now may use AVX-512F (and the AVX2 kernels).
 bool UseAvx512Kernels();
+// Keeps AVX-512 VBMI out of codecs created afterwards (tq's fused kernels then unpack
+// indices without vpermb; tests compare the two, which give the same bits).
+void ForceNoAvx512Vbmi(bool force);
+// True when codecs created now may use AVX-512 VBMI (with AVX-512F/BW).
+bool UseAvx512Vbmi();
 
 }  // namespace codec_internal
 }  // namespace tierkv

@@ -479,10 +479,18 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
 // whose entries are the fp16 values), the scores take kernels/kv_dot_tree.h's reduction
 // (DotF16GroupAvx512Any's), then scale_0 * s_0 (+ scale_g * s_g, a product then a sum);
 // the sums take acc = fma(w * scale_g, c, acc) key by key, as AccumulateF16TileAvx512 over
-// the scaled weights. AVX-512F + AVX2 only (the tree's target), groups of 32 or 64.
+// the scaled weights. Groups of 32 or 64 values.
+//
+// Per block of 16 vectors a lookup function writes the group's centroids as floats (and
+// the 16 scales) to a small buffer that the arithmetic then reads as FMA operands, so the
+// lookup's target can differ from the arithmetic's: AVX-512F (a byte shuffle, a widening
+// and a shift per 16 indices) or, where the CPU has it, AVX-512 VBMI (one vpermb per 16
+// indices brings each index's two bytes into its 32-bit lane; a shift). The arithmetic is
+// AVX-512F + AVX2 (the tree's target) and identical for both.
 
 #define TIERKV_AVX512F __attribute__((target("avx512f,avx2,fma,f16c")))
 #define TIERKV_AVX512F_INLINE TIERKV_AVX512F __attribute__((always_inline)) inline
+#define TIERKV_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma,f16c")))
 
 // GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which
 // -Wmaybe-uninitialized reports (as in kernels/kv_codec_simd.cc).
@@ -519,37 +527,102 @@ TIERKV_AVX512F_INLINE __m512 Lookup16(__m256i bytes, int half, const float* book
   return _mm512_permutexvar_ps(ix, _mm512_loadu_ps(book));
 }
 
-// The 16 * kV centroids of one group (header at p) as floats, and the group's book.
+// The scales of a block's vectors [0, m) (vector 0's header at p, vb bytes apart;
+// scales[m..16) = 0): the headers gathered as 32-bit words (each vector has index bytes
+// after its 2-byte header), narrowed, the book bits masked off. (16 2-byte stores read
+// back as one vector would wait for the stores to drain: no store-to-load forwarding.)
+TIERKV_AVX512F_INLINE void BlockScales(const uint8_t* p, size_t vb, size_t m, uint16_t book_mask, float* scales) {
+  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32(static_cast<int>(vb)));
+  const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
+  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, p, 1);
+  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(~book_mask));
+  _mm512_store_ps(scales, _mm512_cvtph_ps(_mm256_and_si256(_mm512_cvtepi32_epi16(words), keep)));
+}
+
+// A block's lookup: vectors [0, m), m <= 16, of one group (vector 0's header at p, vb
+// bytes apart): vector i's 16 * kV centroids as floats at x + 16 * kV * i, its scale at
+// scales[i] (scales[m..16) = 0).
+using LookupBlockFn = void (*)(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m, float* x,
+                               float* scales);
+
 template <int kBits, int kV>
-TIERKV_AVX512F_INLINE void LookupGroup(const TqTables& t, uint16_t book_mask, const uint8_t* p, __m512* x) {
+TIERKV_AVX512F void LookupBlockAvx512(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m,
+                                      float* x, float* scales) {
   constexpr int kRunBytes = 32 * kBits / 8;
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  const float* book = t.floats[h & book_mask];
-  for (int j = 0; j < kV / 2; ++j) {
-    const __m256i bytes = LoadRun32<kBits>(p + 2 + j * kRunBytes);
-    x[2 * j] = Lookup16<kBits>(bytes, 0, book);
-    x[2 * j + 1] = Lookup16<kBits>(bytes, 1, book);
+  BlockScales(p, vb, m, v.book_mask, scales);
+  const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
+  for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const float* book = t.floats[h & book_mask];
+    for (int j = 0; j < kV / 2; ++j) {
+      const __m256i bytes = LoadRun32<kBits>(p + 2 + j * kRunBytes);
+      _mm512_store_ps(x + 32 * j, Lookup16<kBits>(bytes, 0, book));
+      _mm512_store_ps(x + 32 * j + 16, Lookup16<kBits>(bytes, 1, book));
+    }
+  }
+}
+
+// For vpermb: index j of a group (j < 64, bits [bits * j, bits * j + bits) of the index
+// bytes) gets the two bytes holding it in 32-bit lane j % 16 of control j / 16 (the upper
+// two bytes repeat the second: a shift of at most 7 leaves them above the 4 bits vpermps
+// reads), and its bit offset in the shift.
+struct VbmiControl {
+  alignas(64) int8_t bytes[4][64];
+  alignas(64) int32_t shift[4][16];
+};
+constexpr VbmiControl MakeVbmiControl(int bits) {
+  VbmiControl c{};
+  for (int j = 0; j < 64; ++j) {
+    const int bit = bits * j;
+    for (int b = 0; b < 4; ++b) c.bytes[j / 16][4 * (j % 16) + b] = static_cast<int8_t>(bit / 8 + (b > 0 ? 1 : 0));
+    c.shift[j / 16][j % 16] = bit % 8;
+  }
+  return c;
+}
+constexpr VbmiControl kVbmi4 = MakeVbmiControl(4);
+constexpr VbmiControl kVbmi3 = MakeVbmiControl(3);
+
+template <int kBits, int kV>
+TIERKV_AVX512VBMI void LookupBlockVbmi(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m,
+                                       float* x, float* scales) {
+  constexpr int kIndexBytes = 16 * kV * kBits / 8;  // 12 .. 32: the group's index bytes, read alone
+  constexpr __mmask64 kLoad = (__mmask64{1} << kIndexBytes) - 1;
+  constexpr const VbmiControl& c = kBits == 4 ? kVbmi4 : kVbmi3;
+  __m512i ctl[kV], shift[kV];
+  for (int j = 0; j < kV; ++j) {
+    ctl[j] = _mm512_load_si512(c.bytes[j]);
+    shift[j] = _mm512_load_si512(c.shift[j]);
+  }
+  BlockScales(p, vb, m, v.book_mask, scales);
+  const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
+#pragma GCC unroll 4
+  for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const __m512 book = _mm512_loadu_ps(t.floats[h & book_mask]);
+    const __m512i bytes = _mm512_maskz_loadu_epi8(kLoad, p + 2);
+    for (int j = 0; j < kV; ++j) {
+      const __m512i ix = _mm512_srlv_epi32(_mm512_permutexvar_epi8(ctl[j], bytes), shift[j]);
+      _mm512_store_ps(x + 16 * j, _mm512_permutexvar_ps(ix, book));
+    }
   }
 }
 
 // The tree's leaf: key t's product sums over one group for kG heads (head h's slice of the
-// group at q + h * hd), as the f16 kernels' F16KeyLeaf forms them.
-template <int kBits, int kV, int kG>
-struct TqKeyLeaf {
+// group at q + h * hd), as the f16 kernels' F16KeyLeaf forms them, from a looked-up block.
+template <int kV, int kG>
+struct TqBlockLeaf {
   const float* q;
   size_t hd;
-  const uint8_t* p;  // key 0's group header
-  size_t vb;
-  const TqTables* tables;
-  uint16_t book_mask;
+  const float* x;  // the block's centroids, 16 * kV floats a key
   TIERKV_AVX512F_INLINE void operator()(size_t t, __m512* out) const {
-    __m512 kx[kV];
-    LookupGroup<kBits, kV>(*tables, book_mask, p + t * vb, kx);
+    const float* xt = x + t * 16 * kV;
     for (int h = 0; h < kG; ++h) {
       const float* qh = q + static_cast<size_t>(h) * hd;
       __m512 acc = _mm512_setzero_ps();
-      for (int i = 0; i < kV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), kx[i], acc);
+      for (int i = 0; i < kV; ++i) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * i), _mm512_load_ps(xt + 16 * i), acc);
       out[h] = acc;
     }
   }
@@ -558,49 +631,49 @@ struct TqKeyLeaf {
 constexpr size_t kFusedPrefetchBytes = 2048;
 
 // scores[h * stride + t] for kG heads (queries hd floats apart) and n keys, n % 16 == 0.
-template <int kBits, int kV, int kG>
+template <int kV, int kG, LookupBlockFn kLookup>
 TIERKV_AVX512F void TqScoresFused(const TqView& v, const TqTables& t, const float* q, size_t hd, const uint8_t* k,
                                   size_t n, size_t vb, float* scores, size_t stride) {
   constexpr int kGroup = 16 * kV;
   const __m512i order = kernels::kv_tree::TreeKeyOrder();
-  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(~v.book_mask));
+  alignas(64) float x[16 * kGroup];
+  alignas(64) float sc[16];
   for (size_t t0 = 0; t0 < n; t0 += 16) {
     const uint8_t* kt = k + t0 * vb;
     PrefetchLines(kt + kFusedPrefetchBytes, 16 * vb);
     __m512 s[kG];
     for (int g = 0; g < v.groups; ++g) {
-      const uint8_t* pg = kt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes);
-      alignas(32) uint16_t raw[16];
-      for (size_t i = 0; i < 16; ++i) std::memcpy(&raw[i], pg + i * vb, 2);
-      const __m512 sc = _mm512_cvtph_ps(_mm256_and_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(raw)), keep));
+      kLookup(v, t, kt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes), vb, 16, x, sc);
       __m512 r[kG];
-      kernels::kv_tree::DotTree<16, kG>(TqKeyLeaf<kBits, kV, kG>{q + g * kGroup, hd, pg, vb, &t, v.book_mask}, 0, r);
+      kernels::kv_tree::DotTree<16, kG>(TqBlockLeaf<kV, kG>{q + g * kGroup, hd, x}, 0, r);
+      const __m512 scv = _mm512_load_ps(sc);
       for (int h = 0; h < kG; ++h) {
         // The masked forms: GCC never contracts them into an FMA.
-        const __m512 x = _mm512_maskz_mul_ps(0xffff, sc, _mm512_permutexvar_ps(order, r[h]));
-        s[h] = g == 0 ? x : _mm512_maskz_add_ps(0xffff, s[h], x);
+        const __m512 p = _mm512_maskz_mul_ps(0xffff, scv, _mm512_permutexvar_ps(order, r[h]));
+        s[h] = g == 0 ? p : _mm512_maskz_add_ps(0xffff, s[h], p);
       }
     }
     for (int h = 0; h < kG; ++h) _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, s[h]);
   }
 }
 
-template <int kBits, int kV>
+template <int kV, LookupBlockFn kLookup>
 void TqScoresFusedHeads(const TqView& v, const TqTables& t, const float* q, int heads, size_t hd, const uint8_t* k,
                         size_t n, size_t vb, float* scores, size_t stride) {
   kernels::kv_tree::ForTreeHeadGroups(heads, [&](auto group, int h) {
-    TqScoresFused<kBits, kV, decltype(group)::value>(v, t, q + static_cast<size_t>(h) * hd, hd, k, n, vb,
-                                                     scores + static_cast<size_t>(h) * stride, stride);
+    TqScoresFused<kV, decltype(group)::value, kLookup>(v, t, q + static_cast<size_t>(h) * hd, hd, k, n, vb,
+                                                       scores + static_cast<size_t>(h) * stride, stride);
   });
 }
 
 // acc[h][...] += sum_t w[h * w_stride + t] * V_t for kH heads of each of kR runs (run r at
 // v + r * run_stride, its heads rows r * kH .. of w and acc, rows hd floats apart), kGroups
 // groups of 16 * kV values a vector, every accumulator in registers over the n keys.
-template <int kBits, int kV, int kGroups, int kH, int kR>
+template <int kV, int kGroups, int kH, int kR, LookupBlockFn kLookup>
 TIERKV_AVX512F void TqSumsFused(const TqView& v, const TqTables& t, const float* w, size_t w_stride,
                                 const uint8_t* vp, size_t run_stride, size_t n, size_t vb, float* acc, size_t hd) {
   constexpr int kA = kGroups * kV;  // accumulators a head
+  constexpr int kGroup = 16 * kV;
   static_assert(kR * kH * kA <= 16);
   __m512 a[kR * kH][kA];
 #pragma GCC unroll 16
@@ -608,24 +681,37 @@ TIERKV_AVX512F void TqSumsFused(const TqView& v, const TqTables& t, const float*
 #pragma GCC unroll 16
     for (int i = 0; i < kA; ++i) a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
   }
-  for (size_t i = 0; i < n; ++i) {
-#pragma GCC unroll 4
+  alignas(64) float x[kR][kGroups][16 * kGroup];
+  alignas(64) float ws[kR * kH][kGroups][16];  // the block's weights times its scales
+  alignas(64) float sc[16];
+  for (size_t t0 = 0; t0 < n; t0 += 16) {
+    const size_t m = std::min<size_t>(16, n - t0);
+    const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
     for (int r = 0; r < kR; ++r) {
-      const uint8_t* vt = vp + static_cast<size_t>(r) * run_stride + i * vb;
-      PrefetchLines(vt + kFusedPrefetchBytes, vb);
-#pragma GCC unroll 4
+      const uint8_t* vt = vp + static_cast<size_t>(r) * run_stride + t0 * vb;
+      PrefetchLines(vt + kFusedPrefetchBytes, 16 * vb);
       for (int g = 0; g < kGroups; ++g) {
-        const uint8_t* pg = vt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes);
-        uint16_t header;
-        std::memcpy(&header, pg, 2);
-        const float scale = _cvtsh_ss(static_cast<uint16_t>(header & ~v.book_mask));
-        __m512 x[kV];
-        LookupGroup<kBits, kV>(t, v.book_mask, pg, x);
-#pragma GCC unroll 16
+        kLookup(v, t, vt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes), vb, m, x[r][g], sc);
         for (int h = r * kH; h < (r + 1) * kH; ++h) {
-          const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + i] * scale);
+          const __m512 wv = _mm512_maskz_loadu_ps(live, w + static_cast<size_t>(h) * w_stride + t0);
+          _mm512_store_ps(ws[h][g], _mm512_mul_ps(wv, _mm512_load_ps(sc)));
+        }
+      }
+    }
+    for (size_t i = 0; i < m; ++i) {
+#pragma GCC unroll 4
+      for (int r = 0; r < kR; ++r) {
+#pragma GCC unroll 4
+        for (int g = 0; g < kGroups; ++g) {
+          const float* xi = x[r][g] + i * kGroup;
 #pragma GCC unroll 16
-          for (int j = 0; j < kV; ++j) a[h][g * kV + j] = _mm512_fmadd_ps(wv, x[j], a[h][g * kV + j]);
+          for (int h = r * kH; h < (r + 1) * kH; ++h) {
+            const __m512 wv = _mm512_set1_ps(ws[h][g][i]);
+#pragma GCC unroll 16
+            for (int j = 0; j < kV; ++j) {
+              a[h][g * kV + j] = _mm512_fmadd_ps(wv, _mm512_load_ps(xi + 16 * j), a[h][g * kV + j]);
+            }
+          }
         }
       }
     }
@@ -639,7 +725,7 @@ TIERKV_AVX512F void TqSumsFused(const TqView& v, const TqTables& t, const float*
 
 // The fused sums for `heads` heads of `runs` runs, two runs a pass where their
 // accumulators fit the registers; false (nothing done) when one run's heads do not.
-template <int kBits, int kV, int kGroups>
+template <int kV, int kGroups, LookupBlockFn kLookup>
 bool TqSumsFusedRuns(const TqView& v, const TqTables& t, const float* w, size_t w_stride, int heads, int runs,
                      const uint8_t* vp, size_t run_stride, size_t n, size_t vb, float* acc, size_t hd) {
   constexpr int kA = kGroups * kV;
@@ -648,8 +734,8 @@ bool TqSumsFusedRuns(const TqView& v, const TqTables& t, const float* w, size_t 
     constexpr int kH = decltype(h_c)::value, kR = decltype(r_c)::value;
     if constexpr (kR * kH * kA <= 16) {
       const size_t row0 = static_cast<size_t>(r0) * static_cast<size_t>(kH);
-      TqSumsFused<kBits, kV, kGroups, kH, kR>(v, t, w + row0 * w_stride, w_stride, vp + r0 * run_stride, run_stride,
-                                              n, vb, acc + row0 * hd, hd);
+      TqSumsFused<kV, kGroups, kH, kR, kLookup>(v, t, w + row0 * w_stride, w_stride, vp + r0 * run_stride, run_stride,
+                                                n, vb, acc + row0 * hd, hd);
     }
   };
   const auto with_heads = [&](auto r_c, int r0) {
@@ -675,21 +761,27 @@ struct TqFused {
                float*, size_t) = nullptr;
 };
 
-template <int kBits, int kV>
+template <int kV, LookupBlockFn kLookup>
 TqFused MakeTqFused(int groups) {
   TqFused f;
-  f.scores = TqScoresFusedHeads<kBits, kV>;
-  if (groups == 1) f.sums = TqSumsFusedRuns<kBits, kV, 1>;
+  f.scores = TqScoresFusedHeads<kV, kLookup>;
+  if (groups == 1) f.sums = TqSumsFusedRuns<kV, 1, kLookup>;
   if constexpr (kV == 4) {
-    if (groups == 2) f.sums = TqSumsFusedRuns<kBits, kV, 2>;
+    if (groups == 2) f.sums = TqSumsFusedRuns<kV, 2, kLookup>;
   }
   return f;
 }
 
+template <int kBits, int kV>
+TqFused MakeTqFused(int groups, bool vbmi) {
+  return vbmi ? MakeTqFused<kV, LookupBlockVbmi<kBits, kV>>(groups)
+              : MakeTqFused<kV, LookupBlockAvx512<kBits, kV>>(groups);
+}
+
 // The fused kernels for a codec's shape; empty for groups other than 32 or 64 values.
-TqFused TqFusedFor(int bits, int group, int groups) {
-  if (group == 32) return bits == 4 ? MakeTqFused<4, 2>(groups) : MakeTqFused<3, 2>(groups);
-  if (group == 64) return bits == 4 ? MakeTqFused<4, 4>(groups) : MakeTqFused<3, 4>(groups);
+TqFused TqFusedFor(int bits, int group, int groups, bool vbmi) {
+  if (group == 32) return bits == 4 ? MakeTqFused<4, 2>(groups, vbmi) : MakeTqFused<3, 2>(groups, vbmi);
+  if (group == 64) return bits == 4 ? MakeTqFused<4, 4>(groups, vbmi) : MakeTqFused<3, 4>(groups, vbmi);
   return {};
 }
 
@@ -778,7 +870,7 @@ class TqCodec final : public VectorCodec {
       if (codec_internal::UseAvx512Kernels() && cpu.avx512bw && cpu.avx512vl && group >= 16) {
         decode_ = DecodeGroupAvx512For(bits, group);
         tile_keys_ = TileKeysAvx512;
-        fused_ = TqFusedFor(bits, group, head_dim / group);
+        fused_ = TqFusedFor(bits, group, head_dim / group, codec_internal::UseAvx512Vbmi());
         mul_row_ = MulRowAvx512;
         mul_add_row_ = MulAddRowAvx512;
         kernel_ = "avx512";

@@ -16,6 +16,8 @@ std::optional<SimdEnvCap> ParseSimdCap(std::string_view value) {
   } else if (value == "avx2-novnni") {
     cap.level = 1;
     cap.avx_vnni = false;
+  } else if (value == "avx512-novbmi") {
+    cap.avx512_vbmi = false;
   } else {
     return std::nullopt;
   }
@@ -27,7 +29,7 @@ const SimdEnvCap& SimdCapFromEnv() {
     const char* v = std::getenv("TIERKV_SIMD");
     if (v == nullptr) return SimdEnvCap{};
     if (std::optional<SimdEnvCap> c = ParseSimdCap(v)) return *c;
-    std::fprintf(stderr, "tierkv: ignoring TIERKV_SIMD=%s (expected scalar, avx2, avx2-novnni or avx512)\n", v);
+    std::fprintf(stderr, "tierkv: ignoring TIERKV_SIMD=%s (expected scalar, avx2, avx2-novnni, avx512-novbmi or avx512)\n", v);
     return SimdEnvCap{};
   }();
   return cap;

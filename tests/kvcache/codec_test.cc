@@ -661,15 +661,21 @@ TEST(CodecGroupTest, GroupedAndBatchedFormsMatchSingleVectorCalls) {
 // both; this compares the batched kernels of the two families directly). tq runs on the
 // f16 kernels over centroids looked up exactly, or (AVX-512) on fused kernels with the
 // same arithmetic, so its two families agree bit for bit too: head counts that the fused
-// kernels take in one pass, in several, and not at all (then the f16 kernels), run pairs.
+// kernels take in one pass, in several, and not at all (then the f16 kernels), run pairs;
+// the fused kernels' index unpacking with and (where the CPU has it) without VBMI.
 TEST(CodecGroupTest, F16AndTqAvx512AndAvx2KernelsAgree) {
   if (!codec_internal::UseAvx512Kernels()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const bool has_vbmi = codec_internal::UseAvx512Vbmi();
+  for (bool vbmi : {false, true})
   for (KvCodec codec : {KvCodec::kF16, KvCodec::kTq4, KvCodec::kTq3})
   for (int d : {16, 32, 64, 128, 256})
   for (int heads : {1, 2, 3, 4, 6}) {
+    if (vbmi && !has_vbmi) continue;
     SCOPED_TRACE(std::string(KvCodecName(codec)) + " head_dim " + std::to_string(d) + " heads " +
-                 std::to_string(heads));
+                 std::to_string(heads) + (vbmi ? " vbmi" : ""));
+    codec_internal::ForceNoAvx512Vbmi(!vbmi);
     std::unique_ptr<VectorCodec> fast = MakeCodec(codec, d);
+    codec_internal::ForceNoAvx512Vbmi(false);
     codec_internal::ForceNoAvx512Kernels(true);
     std::unique_ptr<VectorCodec> avx2 = MakeCodec(codec, d);
     codec_internal::ForceNoAvx512Kernels(false);

@@ -327,6 +327,8 @@ void TileKeysGeneric(const uint16_t* rows, size_t group, uint16_t* tile) {
 #if defined(TIERKV_CODEC_X86)
 #define TIERKV_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TIERKV_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define TIERKV_AVX512F __attribute__((target("avx512f,avx2,fma,f16c")))
+#define TIERKV_AVX512F_INLINE TIERKV_AVX512F __attribute__((always_inline)) inline
 
 
 // 8 centroids for the 8 indices in `word`, as fp16: 3-bit indices look up one 8-entry
@@ -361,15 +363,27 @@ TIERKV_AVX2 void DecodeGroupAvx2(const TqView& v, const TqTables& t, const uint8
   }
 }
 
-// The scales of m <= 16 vectors from their headers.
-TIERKV_AVX512BW inline void HeadersToScales(const uint16_t* raw, size_t m, uint16_t book_mask, float* scales) {
-  if (m == 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw));
-    _mm512_storeu_ps(scales, _mm512_maskz_cvtph_ps(0xffff, _mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(~book_mask)))));
-    return;
-  }
-  for (size_t i = 0; i < m; ++i) scales[i] = _cvtsh_ss(static_cast<uint16_t>(raw[i] & ~book_mask));
+// The scales of vectors [0, m), m <= 16 (vector 0's header at p, vb bytes apart; lanes
+// from m on: zeros): the headers gathered as 32-bit words (each vector has index bytes
+// after its 2-byte header, so the reads stay inside it), narrowed, the book bits masked
+// off. (16 two-byte stores read back as one vector wait for the stores to drain: there
+// is no store-to-load forwarding from several stores.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+TIERKV_AVX512F_INLINE __m512 GatherScales(const uint8_t* p, size_t vb, size_t m, uint16_t book_mask) {
+  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32(static_cast<int>(vb)));
+  const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
+  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, p, 1);
+  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(~book_mask));
+  return _mm512_cvtph_ps(_mm256_and_si256(_mm512_cvtepi32_epi16(words), keep));
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // Index j of a run of 32 (bits 3j or 4j of the run's bytes, which are broadcast to every
 // 128-bit lane) lands in 16-bit lane j: a byte shuffle brings the two bytes that hold it,
@@ -407,12 +421,13 @@ TIERKV_AVX512BW void DecodeGroupAvx512(const TqView& v, const TqTables& t, const
   const __m512i shift = _mm512_load_si512(c.shift);
   const uint32_t book_mask = v.book_mask;
   p += static_cast<size_t>(g) * v.group_bytes;
-  uint16_t raw[16];  // headers, turned into scales 16 at a time
   for (size_t i = 0; i < n; ++i, p += vb, out += kGroup) {
+    if (i % 16 == 0) {
+      const size_t m = std::min<size_t>(16, n - i);
+      _mm512_mask_storeu_ps(scales + i, static_cast<__mmask16>((1u << m) - 1), GatherScales(p, vb, m, v.book_mask));
+    }
     uint16_t h;
     std::memcpy(&h, p, 2);
-    raw[i % 16] = h;
-    if (i % 16 == 15) HeadersToScales(raw, 16, v.book_mask, scales + i - 15);
     const uint16_t* book = t.halves[h & book_mask];
     const uint8_t* idx = p + 2;
     if constexpr (kGroup == 16) {
@@ -435,7 +450,6 @@ TIERKV_AVX512BW void DecodeGroupAvx512(const TqView& v, const TqTables& t, const
       }
     }
   }
-  HeadersToScales(raw, n % 16, v.book_mask, scales + n - n % 16);
 }
 
 // 16 decoded keys (rows[16][group]) as an f16 key tile (tile[group][16]): per pair of
@@ -488,8 +502,6 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
 // indices brings each index's two bytes into its 32-bit lane; a shift). The arithmetic is
 // AVX-512F + AVX2 (the tree's target) and identical for both.
 
-#define TIERKV_AVX512F __attribute__((target("avx512f,avx2,fma,f16c")))
-#define TIERKV_AVX512F_INLINE TIERKV_AVX512F __attribute__((always_inline)) inline
 #define TIERKV_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma,f16c")))
 
 // GCC 12's AVX-512 intrinsics fill "don't care" lanes with _mm512_undefined_*(), which
@@ -527,19 +539,6 @@ TIERKV_AVX512F_INLINE __m512 Lookup16(__m256i bytes, int half, const float* book
   return _mm512_permutexvar_ps(ix, _mm512_loadu_ps(book));
 }
 
-// The scales of a block's vectors [0, m) (vector 0's header at p, vb bytes apart;
-// scales[m..16) = 0): the headers gathered as 32-bit words (each vector has index bytes
-// after its 2-byte header), narrowed, the book bits masked off. (16 2-byte stores read
-// back as one vector would wait for the stores to drain: no store-to-load forwarding.)
-TIERKV_AVX512F_INLINE void BlockScales(const uint8_t* p, size_t vb, size_t m, uint16_t book_mask, float* scales) {
-  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                        _mm512_set1_epi32(static_cast<int>(vb)));
-  const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
-  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, p, 1);
-  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(~book_mask));
-  _mm512_store_ps(scales, _mm512_cvtph_ps(_mm256_and_si256(_mm512_cvtepi32_epi16(words), keep)));
-}
-
 // A block's lookup: vectors [0, m), m <= 16, of one group (vector 0's header at p, vb
 // bytes apart): vector i's 16 * kV centroids as floats at x + 16 * kV * i, its scale at
 // scales[i] (scales[m..16) = 0).
@@ -550,7 +549,7 @@ template <int kBits, int kV>
 TIERKV_AVX512F void LookupBlockAvx512(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m,
                                       float* x, float* scales) {
   constexpr int kRunBytes = 32 * kBits / 8;
-  BlockScales(p, vb, m, v.book_mask, scales);
+  _mm512_store_ps(scales, GatherScales(p, vb, m, v.book_mask));
   const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
   for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {
     uint16_t h;
@@ -595,7 +594,7 @@ TIERKV_AVX512VBMI void LookupBlockVbmi(const TqView& v, const TqTables& t, const
     ctl[j] = _mm512_load_si512(c.bytes[j]);
     shift[j] = _mm512_load_si512(c.shift[j]);
   }
-  BlockScales(p, vb, m, v.book_mask, scales);
+  _mm512_store_ps(scales, GatherScales(p, vb, m, v.book_mask));
   const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
 #pragma GCC unroll 4
   for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {

@@ -629,40 +629,43 @@ struct TqBlockLeaf {
 
 constexpr size_t kFusedPrefetchBytes = 2048;
 
-// scores[h * stride + t] for kG heads (queries hd floats apart) and n keys, n % 16 == 0.
-template <int kV, int kG, LookupBlockFn kLookup>
-TIERKV_AVX512F void TqScoresFused(const TqView& v, const TqTables& t, const float* q, size_t hd, const uint8_t* k,
-                                  size_t n, size_t vb, float* scores, size_t stride) {
-  constexpr int kGroup = 16 * kV;
+// One looked-up block of group g for kG heads (queries hd floats apart, the group's slice
+// at q): scores[h * stride + t] = scale_t * s_t (g == 0) or += it (later groups), 16 keys.
+template <int kV, int kG>
+TIERKV_AVX512F void TqScoreBlock(const float* q, size_t hd, const float* x, const float* sc, int g, float* scores,
+                                 size_t stride) {
+  __m512 r[kG];
+  kernels::kv_tree::DotTree<16, kG>(TqBlockLeaf<kV, kG>{q, hd, x}, 0, r);
   const __m512i order = kernels::kv_tree::TreeKeyOrder();
+  const __m512 scv = _mm512_load_ps(sc);
+  for (int h = 0; h < kG; ++h) {
+    float* out = scores + static_cast<size_t>(h) * stride;
+    // The masked forms: GCC never contracts them into an FMA.
+    const __m512 p = _mm512_maskz_mul_ps(0xffff, scv, _mm512_permutexvar_ps(order, r[h]));
+    _mm512_storeu_ps(out, g == 0 ? p : _mm512_maskz_add_ps(0xffff, _mm512_loadu_ps(out), p));
+  }
+}
+
+// scores[h * stride + t] for `heads` heads (queries hd floats apart) and n keys, n % 16
+// == 0: each block of 16 keys' group looked up once for all heads, then reduced for groups
+// of up to 4 heads (ForTreeHeadGroups).
+template <int kV, LookupBlockFn kLookup>
+TIERKV_AVX512F void TqScoresFusedHeads(const TqView& v, const TqTables& t, const float* q, int heads, size_t hd,
+                                       const uint8_t* k, size_t n, size_t vb, float* scores, size_t stride) {
+  constexpr int kGroup = 16 * kV;
   alignas(64) float x[16 * kGroup];
   alignas(64) float sc[16];
   for (size_t t0 = 0; t0 < n; t0 += 16) {
     const uint8_t* kt = k + t0 * vb;
     PrefetchLines(kt + kFusedPrefetchBytes, 16 * vb);
-    __m512 s[kG];
     for (int g = 0; g < v.groups; ++g) {
       kLookup(v, t, kt + static_cast<size_t>(g) * static_cast<size_t>(v.group_bytes), vb, 16, x, sc);
-      __m512 r[kG];
-      kernels::kv_tree::DotTree<16, kG>(TqBlockLeaf<kV, kG>{q + g * kGroup, hd, x}, 0, r);
-      const __m512 scv = _mm512_load_ps(sc);
-      for (int h = 0; h < kG; ++h) {
-        // The masked forms: GCC never contracts them into an FMA.
-        const __m512 p = _mm512_maskz_mul_ps(0xffff, scv, _mm512_permutexvar_ps(order, r[h]));
-        s[h] = g == 0 ? p : _mm512_maskz_add_ps(0xffff, s[h], p);
-      }
+      kernels::kv_tree::ForTreeHeadGroups(heads, [&](auto group, int h) {
+        TqScoreBlock<kV, decltype(group)::value>(q + static_cast<size_t>(h) * hd + g * kGroup, hd, x, sc, g,
+                                                 scores + static_cast<size_t>(h) * stride + t0, stride);
+      });
     }
-    for (int h = 0; h < kG; ++h) _mm512_storeu_ps(scores + static_cast<size_t>(h) * stride + t0, s[h]);
   }
-}
-
-template <int kV, LookupBlockFn kLookup>
-void TqScoresFusedHeads(const TqView& v, const TqTables& t, const float* q, int heads, size_t hd, const uint8_t* k,
-                        size_t n, size_t vb, float* scores, size_t stride) {
-  kernels::kv_tree::ForTreeHeadGroups(heads, [&](auto group, int h) {
-    TqScoresFused<kV, decltype(group)::value, kLookup>(v, t, q + static_cast<size_t>(h) * hd, hd, k, n, vb,
-                                                       scores + static_cast<size_t>(h) * stride, stride);
-  });
 }
 
 // acc[h][...] += sum_t w[h * w_stride + t] * V_t for kH heads of each of kR runs (run r at

@@ -498,8 +498,8 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
 // Per block of 16 vectors a lookup function writes the group's centroids as floats (and
 // the 16 scales) to a small buffer that the arithmetic then reads as FMA operands, so the
 // lookup's target can differ from the arithmetic's: AVX-512F (a byte shuffle, a widening
-// and a shift per 16 indices) or, where the CPU has it, AVX-512 VBMI (one vpermb per 16
-// indices brings each index's two bytes into its 32-bit lane; a shift). The arithmetic is
+// and a shift per 16 indices) or, where the CPU has it, AVX-512 VBMI (one vpmultishiftqb
+// per 16 indices puts each index at the bottom of its 32-bit lane). The arithmetic is
 // AVX-512F + AVX2 (the tree's target) and identical for both.
 
 #define TIERKV_AVX512VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,fma,f16c")))
@@ -563,37 +563,35 @@ TIERKV_AVX512F void LookupBlockAvx512(const TqView& v, const TqTables& t, const 
   }
 }
 
-// For vpermb: index j of a group (j < 64, bits [bits * j, bits * j + bits) of the index
-// bytes) gets the two bytes holding it in 32-bit lane j % 16 of control j / 16 (the upper
-// two bytes repeat the second: a shift of at most 7 leaves them above the 4 bits vpermps
-// reads), and its bit offset in the shift.
+// For vpmultishiftqb: run j of a group's indices (values [16j, 16j + 16), bits * 16 bits
+// from index byte 2 * bits * j) comes in as the 8 bytes at offset[j] (never past the
+// group's index bytes) broadcast to every 64-bit lane, and value k's bits start at bit
+// bytes[j][4k] of its lane, the low byte of 32-bit lane k. The 8 bits taken from there
+// hold the index at the bottom; vpermps reads the low 4 (tq3's table repeats with period
+// 8, so a fourth bit from the next index does not matter).
 struct VbmiControl {
-  alignas(64) int8_t bytes[4][64];
-  alignas(64) int32_t shift[4][16];
+  alignas(64) uint8_t bytes[4][64];
+  int offset[4];
 };
-constexpr VbmiControl MakeVbmiControl(int bits) {
+constexpr VbmiControl MakeVbmiControl(int bits, int v) {
   VbmiControl c{};
-  for (int j = 0; j < 64; ++j) {
-    const int bit = bits * j;
-    for (int b = 0; b < 4; ++b) c.bytes[j / 16][4 * (j % 16) + b] = static_cast<int8_t>(bit / 8 + (b > 0 ? 1 : 0));
-    c.shift[j / 16][j % 16] = bit % 8;
+  const int index_bytes = 2 * bits * v;
+  for (int j = 0; j < v; ++j) {
+    const int start = 2 * bits * j;
+    c.offset[j] = start + 8 <= index_bytes ? start : index_bytes - 8;
+    for (int k = 0; k < 16; ++k) c.bytes[j][4 * k] = static_cast<uint8_t>(8 * (start - c.offset[j]) + bits * k);
   }
   return c;
 }
-constexpr VbmiControl kVbmi4 = MakeVbmiControl(4);
-constexpr VbmiControl kVbmi3 = MakeVbmiControl(3);
+template <int kBits, int kV>
+constexpr VbmiControl kVbmiControl = MakeVbmiControl(kBits, kV);
 
 template <int kBits, int kV>
 TIERKV_AVX512VBMI void LookupBlockVbmi(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m,
                                        float* x, float* scales) {
-  constexpr int kIndexBytes = 16 * kV * kBits / 8;  // 12 .. 32: the group's index bytes, read alone
-  constexpr __mmask64 kLoad = (__mmask64{1} << kIndexBytes) - 1;
-  constexpr const VbmiControl& c = kBits == 4 ? kVbmi4 : kVbmi3;
-  __m512i ctl[kV], shift[kV];
-  for (int j = 0; j < kV; ++j) {
-    ctl[j] = _mm512_load_si512(c.bytes[j]);
-    shift[j] = _mm512_load_si512(c.shift[j]);
-  }
+  constexpr const VbmiControl& c = kVbmiControl<kBits, kV>;
+  __m512i ctl[kV];
+  for (int j = 0; j < kV; ++j) ctl[j] = _mm512_load_si512(c.bytes[j]);
   _mm512_store_ps(scales, GatherScales(p, vb, m, v.book_mask));
   const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
 #pragma GCC unroll 4
@@ -601,9 +599,10 @@ TIERKV_AVX512VBMI void LookupBlockVbmi(const TqView& v, const TqTables& t, const
     uint16_t h;
     std::memcpy(&h, p, 2);
     const __m512 book = _mm512_loadu_ps(t.floats[h & book_mask]);
-    const __m512i bytes = _mm512_maskz_loadu_epi8(kLoad, p + 2);
     for (int j = 0; j < kV; ++j) {
-      const __m512i ix = _mm512_srlv_epi32(_mm512_permutexvar_epi8(ctl[j], bytes), shift[j]);
+      int64_t run;
+      std::memcpy(&run, p + 2 + c.offset[j], 8);
+      const __m512i ix = _mm512_multishift_epi64_epi8(ctl[j], _mm512_set1_epi64(run));
       _mm512_store_ps(x + 16 * j, _mm512_permutexvar_ps(ix, book));
     }
   }

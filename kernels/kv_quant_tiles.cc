@@ -49,7 +49,7 @@ inline float LoadF32(const uint8_t* p) {
   return x;
 }
 
-TIERKV_VNNI inline __mmask16 KeepLanes(size_t left) {
+inline __mmask16 KeepLanes(size_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
 
@@ -277,64 +277,70 @@ TIERKV_AVX512F inline void LoadBlockValues(const uint8_t* payload, __m512* x0, _
   }
 }
 
-// acc[h][32 * kBlocks] (rows hd floats apart) += w[h][j] * value j, j in key order, for
-// kHeads heads, kBlocks blocks of each vector from v (vectors vb bytes apart).
-template <bool kQ8, int kBlocks, int kHeads>
-TIERKV_AVX512F void AccumulateChunk(const float* w, size_t w_stride, const uint8_t* v, size_t n, size_t vb,
-                                    float* acc, size_t hd) {
+// The scales (fp16 at each block's start) of m <= 16 blocks vb bytes apart, as floats
+// (lanes m.. zero): one 32-bit gather (each block's payload follows its scale).
+TIERKV_AVX512F inline __m512 GatherBlockScales(const uint8_t* p, size_t vb, size_t m) {
+  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                        _mm512_set1_epi32(static_cast<int>(vb)));
+  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), KeepLanes(m), at, p, 1);
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+}
+
+// AccumulateRuns' products w * d of keys [j0, j0 + 16) (those below n; the rest zero).
+template <bool kQ8, int kBlocks, int kHeads, int kRuns>
+TIERKV_AVX512F inline void ScaleWeights(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride, size_t n,
+                                        size_t vb, size_t j0, float (*out)[kHeads][kBlocks][16]) {
   constexpr int kBlockBytes = kQ8 ? kQ8Bytes : kQ4Bytes;
-  __m512 a[kHeads][2 * kBlocks];
-  for (int h = 0; h < kHeads; ++h) {
-    for (int i = 0; i < 2 * kBlocks; ++i) a[h][i] = _mm512_loadu_ps(acc + h * hd + 16 * i);
-  }
-  for (size_t j = 0; j < n; ++j) {
-    const uint8_t* vj = v + j * vb;
+  const size_t m = std::min<size_t>(16, n - j0);
+  for (int r = 0; r < kRuns; ++r) {
     for (int c = 0; c < kBlocks; ++c) {
-      const uint8_t* blk = vj + c * kBlockBytes;
-      const float d = LoadHalf(blk);
-      __m512 x0, x1;
-      LoadBlockValues<kQ8>(blk + 2, &x0, &x1);
+      const __m512 d = GatherBlockScales(v + r * run_stride + j0 * vb + c * kBlockBytes, vb, m);
       for (int h = 0; h < kHeads; ++h) {
-        const __m512 wd = _mm512_set1_ps(w[h * w_stride + j] * d);
-        a[h][2 * c] = _mm512_fmadd_ps(wd, x0, a[h][2 * c]);
-        a[h][2 * c + 1] = _mm512_fmadd_ps(wd, x1, a[h][2 * c + 1]);
+        const __m512 wv = _mm512_maskz_loadu_ps(KeepLanes(m), w + (r * kHeads + h) * w_stride + j0);
+        _mm512_store_ps(out[r][h][c], _mm512_mul_ps(wv, d));
       }
     }
   }
-  for (int h = 0; h < kHeads; ++h) {
-    for (int i = 0; i < 2 * kBlocks; ++i) _mm512_storeu_ps(acc + h * hd + 16 * i, a[h][i]);
-  }
 }
 
-// The same for two runs of vectors (run_stride bytes apart) at once, kHeads heads each
-// (run 1's rows after run 0's): twice the independent FMA chains of one run.
-template <bool kQ8, int kBlocks, int kHeads>
-TIERKV_AVX512F void AccumulateChunkPair(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride, size_t n,
-                                        size_t vb, float* acc, size_t hd) {
+// acc[h][32 * kBlocks] (rows hd floats apart) += w[h][j] * d_j * value j, j in key order,
+// for kHeads heads of each of kRuns runs of vectors (run r at v + r * run_stride, its heads
+// rows r * kHeads .. of w and acc; vectors vb bytes apart), kBlocks blocks a vector. Per 16
+// keys the products w * d come first, as vectors (the scalar product's bits), so that the
+// FMAs broadcast them from memory; two runs give twice the independent FMA chains of one.
+template <bool kQ8, int kBlocks, int kHeads, int kRuns>
+TIERKV_AVX512F void AccumulateRuns(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride, size_t n,
+                                   size_t vb, float* acc, size_t hd) {
   constexpr int kBlockBytes = kQ8 ? kQ8Bytes : kQ4Bytes;
-  __m512 a[2][kHeads][2 * kBlocks];
-  for (int r = 0; r < 2; ++r) {
+  __m512 a[kRuns][kHeads][2 * kBlocks];
+  for (int r = 0; r < kRuns; ++r) {
     for (int h = 0; h < kHeads; ++h) {
       for (int i = 0; i < 2 * kBlocks; ++i) a[r][h][i] = _mm512_loadu_ps(acc + (r * kHeads + h) * hd + 16 * i);
     }
   }
-  for (size_t j = 0; j < n; ++j) {
-    for (int r = 0; r < 2; ++r) {
-      const uint8_t* vj = v + r * run_stride + j * vb;
-      for (int c = 0; c < kBlocks; ++c) {
-        const uint8_t* blk = vj + c * kBlockBytes;
-        const float d = LoadHalf(blk);
-        __m512 x0, x1;
-        LoadBlockValues<kQ8>(blk + 2, &x0, &x1);
-        for (int h = 0; h < kHeads; ++h) {
-          const __m512 wd = _mm512_set1_ps(w[(r * kHeads + h) * w_stride + j] * d);
-          a[r][h][2 * c] = _mm512_fmadd_ps(wd, x0, a[r][h][2 * c]);
-          a[r][h][2 * c + 1] = _mm512_fmadd_ps(wd, x1, a[r][h][2 * c + 1]);
+  // wd[b] holds the products of one chunk of 16 keys; the next chunk's are formed before
+  // this chunk's FMAs, so the gather's latency hides behind them.
+  alignas(64) float wd[2][kRuns][kHeads][kBlocks][16];
+  if (n > 0) ScaleWeights<kQ8, kBlocks, kHeads, kRuns>(w, w_stride, v, run_stride, n, vb, 0, wd[0]);
+  for (size_t j0 = 0, b = 0; j0 < n; j0 += 16, b ^= 1) {
+    const size_t m = std::min<size_t>(16, n - j0);
+    if (j0 + 16 < n) ScaleWeights<kQ8, kBlocks, kHeads, kRuns>(w, w_stride, v, run_stride, n, vb, j0 + 16, wd[b ^ 1]);
+    for (size_t i = 0; i < m; ++i) {
+      for (int r = 0; r < kRuns; ++r) {
+        const uint8_t* vj = v + r * run_stride + (j0 + i) * vb;
+        for (int c = 0; c < kBlocks; ++c) {
+          __m512 x0, x1;
+          LoadBlockValues<kQ8>(vj + c * kBlockBytes + 2, &x0, &x1);
+          for (int h = 0; h < kHeads; ++h) {
+            const __m512 wdv = _mm512_set1_ps(wd[b][r][h][c][i]);
+            a[r][h][2 * c] = _mm512_fmadd_ps(wdv, x0, a[r][h][2 * c]);
+            a[r][h][2 * c + 1] = _mm512_fmadd_ps(wdv, x1, a[r][h][2 * c + 1]);
+          }
         }
       }
     }
   }
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRuns; ++r) {
     for (int h = 0; h < kHeads; ++h) {
       for (int i = 0; i < 2 * kBlocks; ++i) _mm512_storeu_ps(acc + (r * kHeads + h) * hd + 16 * i, a[r][h][i]);
     }
@@ -347,7 +353,7 @@ void AccumulateDispatch(int heads, const float* w, size_t w_stride, const uint8_
   if constexpr (kHeads > 1) {
     if (heads < kHeads) return AccumulateDispatch<kQ8, kBlocks, kHeads - 1>(heads, w, w_stride, v, n, vb, acc, hd);
   }
-  AccumulateChunk<kQ8, kBlocks, kHeads>(w, w_stride, v, n, vb, acc, hd);
+  AccumulateRuns<kQ8, kBlocks, kHeads, 1>(w, w_stride, v, 0, n, vb, acc, hd);
 }
 
 // Up to 16 accumulators: heads x blocks in chunks of kBlocks blocks and 8 / kBlocks heads.
@@ -398,8 +404,8 @@ bool AccumulatePairAvx512(bool q8, const float* w, size_t w_stride, int heads, c
   const size_t hd = static_cast<size_t>(nb) * kQBlock;
   auto run = [&](auto blocks, auto heads_c) {
     constexpr int kB = decltype(blocks)::value, kH = decltype(heads_c)::value;
-    if (q8) return AccumulateChunkPair<true, kB, kH>(w, w_stride, v, run_stride, n, vb, acc, hd);
-    AccumulateChunkPair<false, kB, kH>(w, w_stride, v, run_stride, n, vb, acc, hd);
+    if (q8) return AccumulateRuns<true, kB, kH, 2>(w, w_stride, v, run_stride, n, vb, acc, hd);
+    AccumulateRuns<false, kB, kH, 2>(w, w_stride, v, run_stride, n, vb, acc, hd);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;

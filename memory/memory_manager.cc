@@ -226,8 +226,12 @@ void MemoryManager::DropCopy(PageId p, Tier t) {
   policy_->OnRemove(t, p);
 }
 
-void MemoryManager::SetInFlight(const std::vector<PageId>& pages, bool in_flight) {
-  for (PageId p : pages) table_.at(p).state = in_flight ? PageState::kInFlight : PageState::kResident;
+void MemoryManager::SetInFlight(const std::vector<PageId>& pages, bool in_flight, std::optional<Tier> to) {
+  for (PageId p : pages) {
+    PageEntry& e = table_.at(p);
+    e.state = in_flight ? PageState::kInFlight : PageState::kResident;
+    if (in_flight) e.flight_to = to ? *to : e.top();
+  }
   if (!in_flight) {
     landed_.fetch_add(1, std::memory_order_release);
     in_flight_cv_.notify_all();
@@ -382,7 +386,7 @@ Status MemoryManager::EvictLocked(Lock& lock, Tier t, uint64_t want_frames) {
                              "below it, would make room)");
   }
   if (demote.empty()) return Status::Ok();
-  SetInFlight(demote, true);
+  SetInFlight(demote, true, *below);
   std::vector<FrameId> dst;
   Status st = AllocateFramesLocked(lock, *below, demote, &dst);
   if (st.ok()) {
@@ -534,7 +538,7 @@ Result<PageId> MemoryManager::Allocate(uint64_t bytes, Tier tier, uint32_t tag) 
   Status st = RunOnStream([&](Lock& lock) {
     page = table_.Insert(bytes, static_cast<uint32_t>(n), tag);
     max_page_frames_ = std::max(max_page_frames_, static_cast<uint32_t>(n));
-    SetInFlight({page}, true);
+    SetInFlight({page}, true, tier);
     std::vector<FrameId> frames;
     Status s = AllocateFramesLocked(lock, tier, {page}, &frames);
     if (!s.ok()) {
@@ -677,7 +681,7 @@ Result<Pin> MemoryManager::Acquire(PageId page, Tier tier, Access access) {
     Status st = RunOnStream([&](Lock& l) {
       if (!table_.Contains(page)) return Status::NotFound("page freed during acquire");
       if (table_.at(page).pins > 0) return Status::Ok();  // someone pinned it meanwhile; re-check
-      SetInFlight({page}, true);
+      SetInFlight({page}, true, tier);
       Status r = promote ? PromoteLocked(l, {page}, tier) : DemoteLocked(l, {page}, tier);
       SetInFlight({page}, false);
       PageEntry& moved = table_.at(page);
@@ -735,7 +739,7 @@ Ticket MemoryManager::ReadThrough(std::vector<PageId> pages, std::vector<std::by
     // source into out[i] below instead, and stay where they were.
     if (!backing_only.empty()) {
       backing_only = UniquePages(backing_only);
-      SetInFlight(backing_only, true);
+      SetInFlight(backing_only, true, Tier::kHost);
       (void)PromoteLocked(lock, backing_only, Tier::kHost);
       SetInFlight(backing_only, false);
     }
@@ -847,7 +851,7 @@ Ticket MemoryManager::MoveAsync(std::vector<PageId> pages, Tier tier, bool promo
       if (e.pins > 0 || (promote ? top <= to : top >= to)) continue;
       todo.push_back(p);
     }
-    SetInFlight(todo, true);
+    SetInFlight(todo, true, tier);
     Status st = promote ? PromoteLocked(lock, todo, tier) : DemoteLocked(lock, todo, tier);
     SetInFlight(todo, false);
     if (promote) MarkPrefetchedLocked(unique, tier);
@@ -907,7 +911,7 @@ bool MemoryManager::ResidentOrArriving(PageId page, Tier tier) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!table_.Contains(page)) return false;
   const PageEntry& e = table_.at(page);
-  return e.top() == tier || e.in_flight();
+  return e.in_flight() ? e.flight_to == tier : e.top() == tier;
 }
 
 size_t MemoryManager::live_pages() const {

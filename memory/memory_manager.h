@@ -199,8 +199,9 @@ class MemoryManager {
   // A frame copy on `tier`, or for Disk also the backing.
   bool HasCopy(PageId page, Tier tier) const;
   std::optional<Tier> TopTier(PageId page) const;
-  // The page's top copy is on `tier`, or a move of it is in flight (a prefetch that
-  // will land): an Acquire now would not start a copy of its own.
+  // The page's top copy is on `tier`, or a move of it to `tier` is in flight (a prefetch
+  // that will land there): an Acquire now would not start a copy of its own. A page in
+  // flight elsewhere (demoted from `tier`, or promoted to another) is not.
   bool ResidentOrArriving(PageId page, Tier tier) const;
   size_t live_pages() const;
 
@@ -257,7 +258,9 @@ class MemoryManager {
   std::optional<Tier> Above(Tier t) const;
   void AddCopy(PageId p, Tier t, FrameId f);
   void DropCopy(PageId p, Tier t);
-  void SetInFlight(const std::vector<PageId>& pages, bool in_flight);
+  // Marks pages in flight (the stream owns their frames) or landed. `to`: the tier each
+  // page's top copy will be on when the move lands; none = where it is now (a read).
+  void SetInFlight(const std::vector<PageId>& pages, bool in_flight, std::optional<Tier> to = std::nullopt);
   void WaitNotInFlight(Lock& lock, PageId p);
   std::byte* FrameAddress(Tier t, FrameId f) const;
   void ReleasePin(PageId p);

@@ -36,6 +36,7 @@ struct PageEntry {
   uint32_t pins = 0;
   Tier pin_tier = Tier::kHost;
   PageState state = PageState::kResident;
+  Tier flight_to = Tier::kHost;  // in flight: the tier its top copy will be on when the move lands
   int32_t source = -1;       // index of the backing PageSource, -1 = not backed
   uint64_t source_key = 0;   // the page's key within its source
   uint64_t accesses = 0;     // lifetime uses

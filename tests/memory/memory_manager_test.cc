@@ -2,6 +2,7 @@
 #include "memory/memory_manager.h"
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -177,6 +178,38 @@ TEST(MemoryManagerTest, PinHitSaysWhetherTheAcquireCopied) {
   EXPECT_TRUE(hit->hit());
   EXPECT_TRUE(mm->ResidentOrArriving(a, Tier::kDevice));
   EXPECT_FALSE(mm->ResidentOrArriving(a, Tier::kHost));  // its top copy is on Device
+}
+
+// ResidentOrArriving counts a page in flight only for the tier its move lands on: a page
+// being demoted from Host to Disk is arriving on Disk, not resident on Host (an Acquire
+// there would wait, then copy it back) and not arriving on Device.
+TEST(MemoryManagerTest, ResidentOrArrivingNamesTheTierAMoveLandsOn) {
+  TempDir dir;
+  auto disk_faults = std::make_shared<FaultInjector>();
+  auto mm = MakeManager({}, dir.path(), nullptr, disk_faults);
+  auto a = mm->Allocate(4096, Tier::kHost).value();
+  EXPECT_TRUE(mm->ResidentOrArriving(a, Tier::kHost));
+  EXPECT_FALSE(mm->ResidentOrArriving(a, Tier::kDisk));
+  disk_faults->SetDelay(std::chrono::milliseconds(300));  // the demotion's write
+  Ticket t = mm->Demote({a}, Tier::kDisk);
+  bool seen_in_flight = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!seen_in_flight && std::chrono::steady_clock::now() < deadline) {
+    const bool to_disk = mm->ResidentOrArriving(a, Tier::kDisk);
+    const bool host = mm->ResidentOrArriving(a, Tier::kHost);
+    const bool device = mm->ResidentOrArriving(a, Tier::kDevice);
+    if (to_disk && mm->TopTier(a) == Tier::kHost) {  // started and not landed: read in flight
+      seen_in_flight = true;
+      EXPECT_FALSE(host);
+      EXPECT_FALSE(device);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  EXPECT_TRUE(seen_in_flight);
+  ASSERT_TRUE(t.Wait().ok());
+  EXPECT_EQ(mm->TopTier(a), Tier::kDisk);
+  EXPECT_TRUE(mm->ResidentOrArriving(a, Tier::kDisk));
+  EXPECT_FALSE(mm->ResidentOrArriving(a, Tier::kHost));
 }
 
 // TryAcquire is Acquire's hit path alone: it pins a page already on the tier (a hit)

@@ -392,7 +392,6 @@ TIERKV_AVX512F_INLINE __m512 GatherScales(const uint8_t* p, size_t vb, size_t m,
 struct UnpackControl {
   alignas(64) int8_t shuffle[64];
   alignas(64) int16_t shift[32];
-  alignas(64) int32_t shift32[32];  // the same shifts, for 32-bit lanes (the fused kernels below)
 };
 constexpr UnpackControl MakeUnpackControl(int bits, int bytes) {
   UnpackControl c{};
@@ -402,7 +401,6 @@ constexpr UnpackControl MakeUnpackControl(int bits, int bytes) {
     c.shuffle[2 * j] = static_cast<int8_t>(lo);
     c.shuffle[2 * j + 1] = static_cast<int8_t>(lo + 1 < bytes ? lo + 1 : 0x80);  // 0x80: a zero byte
     c.shift[j] = static_cast<int16_t>(bit % 8);
-    c.shift32[j] = bit % 8;
   }
   return c;
 }
@@ -497,8 +495,8 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
 //
 // Per block of 16 vectors a lookup function writes the group's centroids as floats (and
 // the 16 scales) to a small buffer that the arithmetic then reads as FMA operands, so the
-// lookup's target can differ from the arithmetic's: AVX-512F (a byte shuffle, a widening
-// and a shift per 16 indices) or, where the CPU has it, AVX-512 VBMI (one vpmultishiftqb
+// lookup's target can differ from the arithmetic's: AVX-512BW (a byte shuffle and a shift
+// per 16 indices) or, where the CPU has it, AVX-512 VBMI (one vpmultishiftqb
 // per 16 indices puts each index at the bottom of its 32-bit lane). The arithmetic is
 // AVX-512F + AVX2 (the tree's target) and identical for both.
 
@@ -512,53 +510,70 @@ DecodeGroupFn DecodeGroupAvx512For(int bits, int group) {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-// The index bytes of 32 values (16 for tq4, 12 for tq3: no byte past them is read) in
-// both 128-bit lanes.
-template <int kBits>
-TIERKV_AVX512F_INLINE __m256i LoadRun32(const uint8_t* run) {
-  __m128i b;
-  if constexpr (kBits == 4) {
-    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(run));
-  } else {
-    int32_t tail;
-    std::memcpy(&tail, run + 8, 4);
-    b = _mm_insert_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(run)), tail, 2);
-  }
-  return _mm256_broadcastsi128_si256(b);
-}
-
-// Values [16 * half, 16 * half + 16) of a run of 32 as floats: a byte shuffle brings each
-// index's two bytes to a 16-bit lane, widened to 32 bits and shifted by its bit offset;
-// vpermps reads the low 4 bits (tq3's table repeats with period 8).
-template <int kBits>
-TIERKV_AVX512F_INLINE __m512 Lookup16(__m256i bytes, int half, const float* book) {
-  constexpr const UnpackControl& c = kBits == 4 ? kUnpack4 : kUnpack3;
-  const __m256i words =
-      _mm256_shuffle_epi8(bytes, _mm256_load_si256(reinterpret_cast<const __m256i*>(c.shuffle + 32 * half)));
-  const __m512i ix = _mm512_srlv_epi32(_mm512_cvtepu16_epi32(words), _mm512_load_si512(c.shift32 + 16 * half));
-  return _mm512_permutexvar_ps(ix, _mm512_loadu_ps(book));
-}
-
 // A block's lookup: vectors [0, m), m <= 16, of one group (vector 0's header at p, vb
 // bytes apart): vector i's 16 * kV centroids as floats at x + 16 * kV * i, its scale at
 // scales[i] (scales[m..16) = 0).
 using LookupBlockFn = void (*)(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m, float* x,
                                float* scales);
 
+// Without VBMI (AVX-512BW): the 32 values of runs 2i and 2i + 1 have their index bytes
+// (16 for tq4, 12 for tq3) in one 16-byte window, broadcast to every 128-bit lane by the
+// load; a byte shuffle brings value k's two bytes to the bottom of 32-bit lane k and a
+// shift by its bit offset puts the index there. Window i starts at the run pair's first
+// byte, or earlier where 16 bytes from there would pass the group's index bytes; tq3's 12
+// bytes of a 32-value group are read alone (a masked load).
+struct ShuffleControl {
+  alignas(64) int8_t bytes[4][64];
+  alignas(64) int32_t shift[4][16];
+  int window[2];
+};
+constexpr ShuffleControl MakeShuffleControl(int bits, int v) {
+  ShuffleControl c{};
+  const int index_bytes = 2 * bits * v;
+  for (int j = 0; j < v; ++j) {
+    const int start = 4 * bits * (j / 2);
+    const int window = index_bytes <= 16 ? 0 : (start + 16 <= index_bytes ? start : index_bytes - 16);
+    c.window[j / 2] = window;
+    for (int k = 0; k < 16; ++k) {
+      const int bit = bits * (16 * j + k);
+      const int byte = bit / 8 - window;
+      c.bytes[j][4 * k] = static_cast<int8_t>(byte);
+      c.bytes[j][4 * k + 1] = static_cast<int8_t>(byte + 1 < 16 ? byte + 1 : 0x80);  // 0x80: a zero byte
+      c.bytes[j][4 * k + 2] = c.bytes[j][4 * k + 3] = static_cast<int8_t>(0x80);
+      c.shift[j][k] = bit % 8;
+    }
+  }
+  return c;
+}
 template <int kBits, int kV>
-TIERKV_AVX512F void LookupBlockAvx512(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m,
-                                      float* x, float* scales) {
-  constexpr int kRunBytes = 32 * kBits / 8;
+constexpr ShuffleControl kShuffleControl = MakeShuffleControl(kBits, kV);
+
+template <int kBits, int kV>
+TIERKV_AVX512BW void LookupBlockAvx512(const TqView& v, const TqTables& t, const uint8_t* p, size_t vb, size_t m,
+                                       float* x, float* scales) {
+  constexpr const ShuffleControl& c = kShuffleControl<kBits, kV>;
+  constexpr int kIndexBytes = 2 * kV * kBits;
+  __m512i ctl[kV], shift[kV];
+  for (int j = 0; j < kV; ++j) {
+    ctl[j] = _mm512_load_si512(c.bytes[j]);
+    shift[j] = _mm512_load_si512(c.shift[j]);
+  }
   _mm512_store_ps(scales, GatherScales(p, vb, m, v.book_mask));
   const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
+#pragma GCC unroll 4
   for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {
     uint16_t h;
     std::memcpy(&h, p, 2);
-    const float* book = t.floats[h & book_mask];
-    for (int j = 0; j < kV / 2; ++j) {
-      const __m256i bytes = LoadRun32<kBits>(p + 2 + j * kRunBytes);
-      _mm512_store_ps(x + 32 * j, Lookup16<kBits>(bytes, 0, book));
-      _mm512_store_ps(x + 32 * j + 16, Lookup16<kBits>(bytes, 1, book));
+    const __m512 book = _mm512_loadu_ps(t.floats[h & book_mask]);
+    for (int w = 0; w < kV / 2; ++w) {
+      const __m128i window = kIndexBytes < 16
+                                 ? _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << kIndexBytes) - 1), p + 2)
+                                 : _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 + c.window[w]));
+      const __m512i bytes = _mm512_broadcast_i32x4(window);
+      for (int j = 2 * w; j < 2 * w + 2; ++j) {
+        const __m512i ix = _mm512_srlv_epi32(_mm512_shuffle_epi8(bytes, ctl[j]), shift[j]);
+        _mm512_store_ps(x + 16 * j, _mm512_permutexvar_ps(ix, book));
+      }
     }
   }
 }

@@ -520,25 +520,81 @@ bool AccumulateF16PairAvx512(const float* w, size_t w_stride, int heads, const u
   }
 }
 
-// All heads over dims [0, 16 * kV) of v and acc (the caller offsets both).
+// The first 16 * kV values of m vectors (vb bytes apart) as floats, 16 * kV a vector.
 template <int kV>
-void AccumulateF16ChunkAvx512(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t n, size_t vb,
-                              float* acc, size_t hd) {
+TIERKV_AVX512 void ConvertHalves(const uint8_t* v, size_t m, size_t vb, float* x) {
+  for (size_t t = 0; t < m; ++t, v += vb, x += 16 * kV) {
+    PrefetchVector(v, 32 * kV);
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) _mm512_store_ps(x + 16 * i, LoadHalf16(v + 32 * i));
+  }
+}
+
+// acc[h][16 * i ...] += w[h * w_stride + t] * x_t for kH heads, x_t = x + t * 16 * kV
+// (floats), tokens in order: AccumulateF16TileAvx512's multiply-adds over values already
+// converted, read as FMA operands.
+template <int kV, int kH>
+TIERKV_AVX512 void AccumulateF32TileAvx512(const float* w, size_t w_stride, const float* x, size_t n, float* acc,
+                                           size_t hd) {
+  __m512 a[kH][kV];
+#pragma GCC unroll 16
+  for (int h = 0; h < kH; ++h) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) a[h][i] = _mm512_loadu_ps(acc + static_cast<size_t>(h) * hd + 16 * i);
+  }
+  for (size_t t = 0; t < n; ++t, x += 16 * kV) {
+#pragma GCC unroll 16
+    for (int h = 0; h < kH; ++h) {
+      const __m512 wv = _mm512_set1_ps(w[static_cast<size_t>(h) * w_stride + t]);
+#pragma GCC unroll 16
+      for (int i = 0; i < kV; ++i) a[h][i] = _mm512_fmadd_ps(wv, _mm512_load_ps(x + 16 * i), a[h][i]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int h = 0; h < kH; ++h) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kV; ++i) _mm512_storeu_ps(acc + static_cast<size_t>(h) * hd + 16 * i, a[h][i]);
+  }
+}
+
+// `heads` heads in groups of up to 16 / kV (their accumulators in registers): tile(kH, h)
+// runs heads [h, h + kH).
+template <int kV, typename Tile>
+inline void ForAccumulatorGroups(int heads, Tile&& tile) {
   constexpr int kMaxHeads = 16 / kV;  // at most 16 accumulators in registers
   int h = 0;
   if constexpr (kMaxHeads >= 4) {
-    for (; h + 4 <= heads; h += 4) {
-      AccumulateF16TileAvx512<kV, 4>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n, vb,
-                                     acc + static_cast<size_t>(h) * hd, hd);
-    }
+    for (; h + 4 <= heads; h += 4) tile(std::integral_constant<int, 4>{}, h);
   }
-  for (; h + 2 <= heads; h += 2) {
-    AccumulateF16TileAvx512<kV, 2>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n, vb,
-                                   acc + static_cast<size_t>(h) * hd, hd);
+  for (; h + 2 <= heads; h += 2) tile(std::integral_constant<int, 2>{}, h);
+  for (; h < heads; ++h) tile(std::integral_constant<int, 1>{}, h);
+}
+
+// All heads over dims [0, 16 * kV) of v and acc (the caller offsets both). When the
+// heads take more than one pass (more than 16 accumulators), each chunk of keys is
+// converted to floats once, into a buffer that stays in L1, and every pass reads that
+// instead of converting each V vector again. The multiply-adds, and so the bits, are
+// the same either way.
+template <int kV>
+void AccumulateF16ChunkAvx512(const float* w, size_t w_stride, int heads, const uint8_t* v, size_t n, size_t vb,
+                              float* acc, size_t hd) {
+  constexpr int kMaxHeads = 16 / kV;
+  if (heads <= kMaxHeads) {
+    ForAccumulatorGroups<kV>(heads, [&](auto group, int h) {
+      AccumulateF16TileAvx512<kV, decltype(group)::value>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n,
+                                                          vb, acc + static_cast<size_t>(h) * hd, hd);
+    });
+    return;
   }
-  for (; h < heads; ++h) {
-    AccumulateF16TileAvx512<kV, 1>(w + static_cast<size_t>(h) * w_stride, w_stride, v, 0, n, vb,
-                                   acc + static_cast<size_t>(h) * hd, hd);
+  constexpr size_t kChunk = 256 / kV;  // keys a chunk: 16 KiB of floats
+  alignas(64) float x[kChunk * 16 * kV];
+  for (size_t t0 = 0; t0 < n; t0 += kChunk) {
+    const size_t m = std::min(kChunk, n - t0);
+    ConvertHalves<kV>(v + t0 * vb, m, vb, x);
+    ForAccumulatorGroups<kV>(heads, [&](auto group, int h) {
+      AccumulateF32TileAvx512<kV, decltype(group)::value>(w + static_cast<size_t>(h) * w_stride + t0, w_stride, x, m,
+                                                          acc + static_cast<size_t>(h) * hd, hd);
+    });
   }
 }
 

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/kv_gather.h"
 #include "memory/half.h"
 
 namespace tierkv::kernels::kv_simd {
@@ -277,24 +278,16 @@ TIERKV_AVX512F inline void LoadBlockValues(const uint8_t* payload, __m512* x0, _
   }
 }
 
-// The scales (fp16 at each block's start) of m <= 16 blocks vb bytes apart, as floats
-// (lanes m.. zero): one 32-bit gather (each block's payload follows its scale).
-TIERKV_AVX512F inline __m512 GatherBlockScales(const uint8_t* p, size_t vb, size_t m) {
-  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                        _mm512_set1_epi32(static_cast<int>(vb)));
-  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), KeepLanes(m), at, p, 1);
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
-}
-
-// AccumulateRuns' products w * d of keys [j0, j0 + 16) (those below n; the rest zero).
+// AccumulateRuns' products w * d of keys [j0, j0 + 16) (those below n; the rest zero),
+// the block scales gathered (`at`: the vectors' offsets, kv_gather::StrideOffsets(vb)).
 template <bool kQ8, int kBlocks, int kHeads, int kRuns>
 TIERKV_AVX512F inline void ScaleWeights(const float* w, size_t w_stride, const uint8_t* v, size_t run_stride, size_t n,
-                                        size_t vb, size_t j0, float (*out)[kHeads][kBlocks][16]) {
+                                        size_t vb, __m512i at, size_t j0, float (*out)[kHeads][kBlocks][16]) {
   constexpr int kBlockBytes = kQ8 ? kQ8Bytes : kQ4Bytes;
   const size_t m = std::min<size_t>(16, n - j0);
   for (int r = 0; r < kRuns; ++r) {
     for (int c = 0; c < kBlocks; ++c) {
-      const __m512 d = GatherBlockScales(v + r * run_stride + j0 * vb + c * kBlockBytes, vb, m);
+      const __m512 d = _mm512_cvtph_ps(kv_gather::GatherWords(v + r * run_stride + j0 * vb + c * kBlockBytes, at, m));
       for (int h = 0; h < kHeads; ++h) {
         const __m512 wv = _mm512_maskz_loadu_ps(KeepLanes(m), w + (r * kHeads + h) * w_stride + j0);
         _mm512_store_ps(out[r][h][c], _mm512_mul_ps(wv, d));
@@ -321,10 +314,13 @@ TIERKV_AVX512F void AccumulateRuns(const float* w, size_t w_stride, const uint8_
   // wd[b] holds the products of one chunk of 16 keys; the next chunk's are formed before
   // this chunk's FMAs, so the gather's latency hides behind them.
   alignas(64) float wd[2][kRuns][kHeads][kBlocks][16];
-  if (n > 0) ScaleWeights<kQ8, kBlocks, kHeads, kRuns>(w, w_stride, v, run_stride, n, vb, 0, wd[0]);
+  const __m512i at = kv_gather::StrideOffsets(vb);
+  if (n > 0) ScaleWeights<kQ8, kBlocks, kHeads, kRuns>(w, w_stride, v, run_stride, n, vb, at, 0, wd[0]);
   for (size_t j0 = 0, b = 0; j0 < n; j0 += 16, b ^= 1) {
     const size_t m = std::min<size_t>(16, n - j0);
-    if (j0 + 16 < n) ScaleWeights<kQ8, kBlocks, kHeads, kRuns>(w, w_stride, v, run_stride, n, vb, j0 + 16, wd[b ^ 1]);
+    if (j0 + 16 < n) {
+      ScaleWeights<kQ8, kBlocks, kHeads, kRuns>(w, w_stride, v, run_stride, n, vb, at, j0 + 16, wd[b ^ 1]);
+    }
     for (size_t i = 0; i < m; ++i) {
       for (int r = 0; r < kRuns; ++r) {
         const uint8_t* vj = v + r * run_stride + (j0 + i) * vb;

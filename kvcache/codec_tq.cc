@@ -26,6 +26,7 @@
 
 #include "kernels/cpu_features.h"
 #include "kernels/kv_dot_tree.h"
+#include "kernels/kv_gather.h"
 #include "kvcache/codec.h"
 #include "memory/half.h"
 #include "memory/prefetch.h"
@@ -363,23 +364,19 @@ TIERKV_AVX2 void DecodeGroupAvx2(const TqView& v, const TqTables& t, const uint8
   }
 }
 
-// The scales of vectors [0, m), m <= 16 (vector 0's header at p, vb bytes apart; lanes
-// from m on: zeros): the headers gathered as 32-bit words (each vector has index bytes
-// after its 2-byte header, so the reads stay inside it), narrowed, the book bits masked
-// off. (16 two-byte stores read back as one vector wait for the stores to drain: there
-// is no store-to-load forwarding from several stores.)
+// The scales of vectors [0, m), m <= 16 (vector 0's header at p; `at`: the vectors'
+// offsets, kv_gather::StrideOffsets(vb); lanes from m on: zeros): the headers gathered
+// (each vector has index bytes after its 2-byte header, so the reads stay inside it), the
+// book bits masked off. (16 two-byte stores read back as one vector wait for the stores
+// to drain: there is no store-to-load forwarding from several stores.)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-TIERKV_AVX512F_INLINE __m512 GatherScales(const uint8_t* p, size_t vb, size_t m, uint16_t book_mask) {
-  const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                        _mm512_set1_epi32(static_cast<int>(vb)));
-  const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
-  const __m512i words = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, p, 1);
+TIERKV_AVX512F_INLINE __m512 GatherScales(const uint8_t* p, __m512i at, size_t m, uint16_t book_mask) {
   const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(~book_mask));
-  return _mm512_cvtph_ps(_mm256_and_si256(_mm512_cvtepi32_epi16(words), keep));
+  return _mm512_cvtph_ps(_mm256_and_si256(kernels::kv_gather::GatherWords(p, at, m), keep));
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -418,11 +415,12 @@ TIERKV_AVX512BW void DecodeGroupAvx512(const TqView& v, const TqTables& t, const
   const __m512i shuffle = _mm512_load_si512(c.shuffle);
   const __m512i shift = _mm512_load_si512(c.shift);
   const uint32_t book_mask = v.book_mask;
+  const __m512i at = kernels::kv_gather::StrideOffsets(vb);
   p += static_cast<size_t>(g) * v.group_bytes;
   for (size_t i = 0; i < n; ++i, p += vb, out += kGroup) {
     if (i % 16 == 0) {
       const size_t m = std::min<size_t>(16, n - i);
-      _mm512_mask_storeu_ps(scales + i, static_cast<__mmask16>((1u << m) - 1), GatherScales(p, vb, m, v.book_mask));
+      _mm512_mask_storeu_ps(scales + i, static_cast<__mmask16>((1u << m) - 1), GatherScales(p, at, m, v.book_mask));
     }
     uint16_t h;
     std::memcpy(&h, p, 2);
@@ -459,8 +457,7 @@ TIERKV_AVX512BW void DecodeGroupAvx512(const TqView& v, const TqTables& t, const
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 TIERKV_AVX512BW void TileKeysAvx512(const uint16_t* rows, size_t group, uint16_t* tile) {
-  const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          _mm512_set1_epi32(static_cast<int>(group / 2)));
+  const __m512i down = kernels::kv_gather::StrideOffsets(group / 2);
   const auto* words = reinterpret_cast<const int*>(rows);
   for (size_t d = 0; d < group; d += 2) {
     const __m512i pair = _mm512_i32gather_epi32(_mm512_add_epi32(down, _mm512_set1_epi32(static_cast<int>(d / 2))),
@@ -558,7 +555,7 @@ TIERKV_AVX512BW void LookupBlockAvx512(const TqView& v, const TqTables& t, const
     ctl[j] = _mm512_load_si512(c.bytes[j]);
     shift[j] = _mm512_load_si512(c.shift[j]);
   }
-  _mm512_store_ps(scales, GatherScales(p, vb, m, v.book_mask));
+  _mm512_store_ps(scales, GatherScales(p, kernels::kv_gather::StrideOffsets(vb), m, v.book_mask));
   const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
 #pragma GCC unroll 4
   for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {
@@ -607,7 +604,7 @@ TIERKV_AVX512VBMI void LookupBlockVbmi(const TqView& v, const TqTables& t, const
   constexpr const VbmiControl& c = kVbmiControl<kBits, kV>;
   __m512i ctl[kV];
   for (int j = 0; j < kV; ++j) ctl[j] = _mm512_load_si512(c.bytes[j]);
-  _mm512_store_ps(scales, GatherScales(p, vb, m, v.book_mask));
+  _mm512_store_ps(scales, GatherScales(p, kernels::kv_gather::StrideOffsets(vb), m, v.book_mask));
   const uint16_t book_mask = v.book_mask;  // a local: the stores to x could alias v
 #pragma GCC unroll 4
   for (size_t i = 0; i < m; ++i, p += vb, x += 16 * kV) {
